@@ -1,0 +1,32 @@
+# Every target installs what it needs into .venv first, so a fresh clone needs only these.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test lint bench-overhead clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/sluicegate serve
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/lint-imports
+
+test: lint
+	$(BIN)/pytest
+
+bench-overhead: $(STAMP)
+	$(BIN)/sluicegate bench overhead
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

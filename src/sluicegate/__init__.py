@@ -1,0 +1,1 @@
+"""Sluicegate: an LLM gateway that keeps accepted work inside real capacity."""

@@ -1,0 +1,3 @@
+from sluicegate.cli import main
+
+main()

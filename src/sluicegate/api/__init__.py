@@ -1,0 +1,1 @@
+"""The HTTP edge: pure ASGI routing, request reading and OpenAI-shaped errors."""

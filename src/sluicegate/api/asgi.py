@@ -1,0 +1,188 @@
+"""Minimal pure-ASGI plumbing shared by the gateway and the simulator.
+
+A framework would add a request object, a middleware stack and a task group per
+streamed response; the gateway's hot path needs none of them, so the edge is a
+route table and a handful of send helpers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import Any
+
+import orjson
+
+from sluicegate.core.errors import ErrorType, GatewayError
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
+Hook = Callable[[], Awaitable[None]]
+Headers = list[tuple[bytes, bytes]]
+
+JSON_HEADERS: Headers = [(b"content-type", b"application/json")]
+SSE_HEADERS: Headers = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+class ClientDisconnected(Exception):
+    """The caller went away; whatever it was waiting for has been cancelled."""
+
+
+def error_body(err: GatewayError) -> bytes:
+    return orjson.dumps(
+        {"error": {"message": err.message, "type": err.error_type, "param": None, "code": err.code}}
+    )
+
+
+def error_headers(err: GatewayError) -> Headers:
+    headers = list(JSON_HEADERS)
+    if err.retry_after_s is not None:
+        whole = max(0, int(-(-err.retry_after_s // 1)))
+        headers.append((b"retry-after", str(whole).encode()))
+        headers.append((b"retry-after-ms", str(max(0, round(err.retry_after_s * 1000))).encode()))
+    if err.should_retry is not None:
+        headers.append((b"x-should-retry", b"true" if err.should_retry else b"false"))
+    return headers
+
+
+async def send_bytes(send: Send, status: int, body: bytes, headers: Headers) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_json(send: Send, status: int, payload: object) -> None:
+    await send_bytes(send, status, orjson.dumps(payload), JSON_HEADERS)
+
+
+async def send_error(send: Send, err: GatewayError) -> None:
+    await send_bytes(send, err.status, error_body(err), error_headers(err))
+
+
+async def read_body(receive: Receive, limit: int) -> bytes:
+    """Read the whole request body, refusing it once it passes `limit` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise GatewayError(
+                413,
+                "body_too_large",
+                f"request body exceeds the limit of {limit} bytes",
+                ErrorType.INVALID_REQUEST,
+                should_retry=False,
+            )
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value
+    return None
+
+
+class DisconnectWatcher:
+    """Cancels the owning task the moment the client disconnects.
+
+    ASGI servers report a disconnect only through `receive()`, which nobody calls
+    once the body is read; without a watcher an abandoned request keeps its
+    upstream call (and the provider's work) running until it finishes.
+    """
+
+    __slots__ = ("_fired", "_owner", "_receive", "_task")
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._fired = False
+        self._owner: asyncio.Task[Any] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> DisconnectWatcher:
+        self._owner = asyncio.current_task()
+        self._task = asyncio.get_running_loop().create_task(self._watch())
+        return self
+
+    async def _watch(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        self._fired = True
+        if self._owner is not None:
+            self._owner.cancel()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> bool:
+        if self._task is not None:
+            self._task.cancel()
+        if self._fired and exc_type is asyncio.CancelledError and self._owner is not None:
+            self._owner.uncancel()
+            raise ClientDisconnected
+        return False
+
+
+class Router:
+    """Exact-path routing with 404/405 answers in OpenAI's error shape."""
+
+    def __init__(self, on_startup: Iterable[Hook] = (), on_shutdown: Iterable[Hook] = ()) -> None:
+        self._routes: dict[str, dict[str, Handler]] = {}
+        self._on_startup = list(on_startup)
+        self._on_shutdown = list(on_shutdown)
+
+    def add(self, method: str, path: str, handler: Handler) -> None:
+        self._routes.setdefault(path, {})[method] = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            methods = self._routes.get(scope["path"])
+            handler = methods.get(scope["method"]) if methods else None
+            if handler is not None:
+                await handler(scope, receive, send)
+            elif methods:
+                await send_error(send, _no_method(scope))
+            else:
+                await send_error(send, _no_route(scope))
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            phase = message["type"].rsplit(".", 1)[-1]
+            hooks = self._on_startup if phase == "startup" else self._on_shutdown
+            try:
+                for hook in hooks:
+                    await hook()
+            except Exception as exc:  # reported to the server, which stops cleanly
+                await send({"type": f"lifespan.{phase}.failed", "message": str(exc)})
+                return
+            await send({"type": f"lifespan.{phase}.complete"})
+            if phase == "shutdown":
+                return
+
+
+def _no_route(scope: Scope) -> GatewayError:
+    return GatewayError(
+        404, "unknown_route", f"no route {scope['path']}", ErrorType.NOT_FOUND, should_retry=False
+    )
+
+
+def _no_method(scope: Scope) -> GatewayError:
+    return GatewayError(
+        405,
+        "method_not_allowed",
+        f"{scope['method']} is not allowed on {scope['path']}",
+        ErrorType.INVALID_REQUEST,
+        should_retry=False,
+    )

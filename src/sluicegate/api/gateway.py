@@ -1,0 +1,189 @@
+"""The gateway's HTTP face: authentication, body limits, relaying, and the outcome record."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import orjson
+
+from sluicegate.api.asgi import (
+    JSON_HEADERS,
+    SSE_HEADERS,
+    ClientDisconnected,
+    DisconnectWatcher,
+    Receive,
+    Router,
+    Scope,
+    Send,
+    error_body,
+    header,
+    read_body,
+    send_bytes,
+    send_error,
+    send_json,
+)
+from sluicegate.api.payloads import parse
+from sluicegate.core.clock import Clock
+from sluicegate.core.errors import ErrorType, GatewayError
+from sluicegate.core.types import Endpoint, Settings, Tenant
+from sluicegate.observability.metrics import UNKNOWN_MODEL, GatewayMetrics
+from sluicegate.pipeline import Pipeline
+from sluicegate.providers.base import UpstreamResponse
+
+log = logging.getLogger("sluicegate")
+
+
+@dataclass(slots=True)
+class Exchange:
+    """What the edge learns about one request while answering it, for the outcome record."""
+
+    send: Send
+    arrived_s: float
+    model: str = UNKNOWN_MODEL
+    status: int = 499
+    started: bool = False
+    first_byte_s: float | None = None
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.status, self.started = status, True
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+
+
+class Gateway:
+    def __init__(
+        self, settings: Settings, pipeline: Pipeline, metrics: GatewayMetrics, clock: Clock
+    ) -> None:
+        self._settings = settings
+        self._keys: Mapping[bytes, Tenant] = settings.keys
+        self._pipeline = pipeline
+        self._metrics = metrics
+        self._clock = clock
+        self._model_lists: dict[str, bytes] = {}
+        self.ready = False
+
+    def routes(self, router: Router) -> Router:
+        for endpoint in Endpoint:
+            router.add("POST", endpoint.path, self._inference_handler(endpoint))
+        router.add("GET", "/v1/models", self._models)
+        router.add("GET", "/health", self._health)
+        router.add("GET", "/ready", self._ready)
+        router.add("GET", "/metrics", self._metrics_page)
+        return router
+
+    def _inference_handler(self, endpoint: Endpoint):  # noqa: ANN202 - an ASGI handler
+        async def handle(scope: Scope, receive: Receive, send: Send) -> None:
+            await self._inference(endpoint, scope, receive, send)
+
+        return handle
+
+    async def _inference(
+        self, endpoint: Endpoint, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        exchange = Exchange(send, self._clock.now())
+        in_flight = self._metrics.in_flight(endpoint.value)
+        in_flight.inc()
+        try:
+            tenant = self._authenticate(scope)
+            payload = parse(endpoint, await read_body(receive, self._settings.max_body_bytes))
+            call = self._pipeline.resolve(tenant, endpoint, payload, exchange.arrived_s)
+            exchange.model = call.model.name
+            async with DisconnectWatcher(receive), self._pipeline.attempt(call) as upstream:
+                if call.stream:
+                    await self._relay_stream(exchange, upstream)
+                else:
+                    body = await upstream.read()
+                    await exchange.start(200, JSON_HEADERS)
+                    await send({"type": "http.response.body", "body": body})
+        except GatewayError as err:
+            await self._fail(exchange, err)
+        except ClientDisconnected:
+            exchange.status = 499
+        except Exception:
+            log.exception("unexpected failure on %s", endpoint.path)
+            await self._fail(exchange, _internal())
+        finally:
+            in_flight.dec()
+            self._record(endpoint, exchange)
+
+    async def _relay_stream(self, exchange: Exchange, upstream: UpstreamResponse) -> None:
+        """Pass upstream bytes through as they arrive: no buffering, no re-serialisation."""
+        send = exchange.send
+        await exchange.start(200, SSE_HEADERS)
+        async for chunk in upstream.chunks():
+            if exchange.first_byte_s is None:
+                exchange.first_byte_s = self._clock.now()
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def _fail(self, exchange: Exchange, err: GatewayError) -> None:
+        """Answer an error; once a stream has started, end it with an explicit error event."""
+        if exchange.started:
+            event = b"data: " + error_body(err) + b"\n\n"
+            await exchange.send({"type": "http.response.body", "body": event})
+        else:
+            await send_error(exchange.send, err)
+        exchange.status = err.status
+
+    def _record(self, endpoint: Endpoint, exchange: Exchange) -> None:
+        self._metrics.answered(endpoint.value, exchange.model, exchange.status)
+        if exchange.status != 200:
+            return
+        bound = self._metrics.route(endpoint.value, exchange.model)
+        bound.latency.observe(self._clock.now() - exchange.arrived_s)
+        if exchange.first_byte_s is not None:
+            bound.ttft.observe(exchange.first_byte_s - exchange.arrived_s)
+
+    def _authenticate(self, scope: Scope) -> Tenant:
+        value = header(scope, b"authorization")
+        if value is None or value[:7].lower() != b"bearer ":
+            raise _unauthorised("missing API key: send 'Authorization: Bearer <key>'")
+        tenant = self._keys.get(hashlib.sha256(value[7:].strip()).digest())
+        if tenant is None:
+            raise _unauthorised("invalid API key")
+        return tenant
+
+    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            tenant = self._authenticate(scope)
+        except GatewayError as err:
+            await send_error(send, err)
+            return
+        listing = self._model_lists.get(tenant.name)
+        if listing is None:
+            listing = self._model_lists[tenant.name] = _model_list(self._settings, tenant)
+        await send_bytes(send, 200, listing, JSON_HEADERS)
+
+    async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_json(send, 200, {"status": "ok"})
+
+    async def _ready(self, scope: Scope, receive: Receive, send: Send) -> None:
+        status = 200 if self.ready else 503
+        await send_json(send, status, {"status": "ready" if self.ready else "not ready"})
+
+    async def _metrics_page(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = self._metrics.exposition()
+        await send_bytes(send, 200, body, [(b"content-type", b"text/plain; version=0.0.4")])
+
+
+def _model_list(settings: Settings, tenant: Tenant) -> bytes:
+    data = [
+        {"id": name, "object": "model", "created": 0, "owned_by": "sluicegate"}
+        for name in settings.models
+        if tenant.may_use(name)
+    ]
+    return orjson.dumps({"object": "list", "data": data})
+
+
+def _unauthorised(message: str) -> GatewayError:
+    return GatewayError(
+        401, "invalid_api_key", message, ErrorType.AUTHENTICATION, should_retry=False
+    )
+
+
+def _internal() -> GatewayError:
+    return GatewayError(
+        500, "internal_error", "the gateway failed unexpectedly", ErrorType.INTERNAL
+    )

@@ -1,0 +1,153 @@
+"""Wiring: config -> objects -> an ASGI app on uvicorn. The only module that imports everything."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+
+import uvicorn
+
+from sluicegate.api.asgi import Router
+from sluicegate.api.gateway import Gateway
+from sluicegate.config import ConfigError, load_settings
+from sluicegate.core.clock import Clock, MonotonicClock
+from sluicegate.core.types import Deployment, Settings
+from sluicegate.observability.metrics import GatewayMetrics
+from sluicegate.pipeline import Pipeline
+from sluicegate.providers.base import Provider
+from sluicegate.providers.openai import OpenAIProvider
+
+DEMO_KEYS = {"demo-alice": "sk-demo-alice", "demo-bob": "sk-demo-bob"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="YAML config; without it, the embedded demo")
+    parser.add_argument("--host", help="listen address (overrides server.host)")
+    parser.add_argument("--port", type=int, help="listen port (overrides server.port)")
+    parser.add_argument("--log-level", default="warning", help="uvicorn log level")
+
+
+def build(settings: Settings, clock: Clock | None = None) -> Router:
+    metrics = GatewayMetrics()
+    providers = {
+        name: [make_provider(d) for d in model.deployments]
+        for name, model in settings.models.items()
+    }
+    everyone = [p for chain in providers.values() for p in chain]
+    gateway = Gateway(
+        settings, Pipeline(settings.models, providers, metrics), metrics, clock or MonotonicClock()
+    )
+
+    async def startup() -> None:
+        for provider in everyone:
+            await provider.start()
+        gateway.ready = True
+
+    async def shutdown() -> None:
+        gateway.ready = False
+        for provider in everyone:
+            await provider.close()
+
+    return gateway.routes(Router(on_startup=[startup], on_shutdown=[shutdown]))
+
+
+def make_provider(deployment: Deployment) -> Provider:
+    if deployment.provider == "openai":
+        return OpenAIProvider(deployment)
+    raise ConfigError(f"deployment {deployment.name!r}: unknown provider {deployment.provider!r}")
+
+
+def run(args: argparse.Namespace) -> int:
+    with _demo_backend() if args.config is None else _no_backend() as env:
+        try:
+            settings = load_settings(args.config or _demo_config(), env)
+        except ConfigError as exc:
+            print(f"sluicegate: {exc}", file=sys.stderr)
+            return 2
+        settings = dataclasses.replace(
+            settings, host=args.host or settings.host, port=args.port or settings.port
+        )
+        app = build(settings)
+        print(_banner(settings, demo=args.config is None), flush=True)
+        config = uvicorn.Config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            loop="uvloop",
+            http="httptools",
+            lifespan="on",
+            access_log=False,
+            log_level=args.log_level,
+        )
+        uvicorn.Server(config).run()
+    return 0
+
+
+def _demo_config() -> Path:
+    return Path(str(resources.files("sluicegate") / "demo.yaml"))
+
+
+@contextmanager
+def _no_backend() -> Iterator[dict[str, str]]:
+    yield dict(os.environ)
+
+
+@contextmanager
+def _demo_backend() -> Iterator[dict[str, str]]:
+    """Start `sluicegate sim` as a child process for the demo and stop it afterwards."""
+    port = _free_port()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "sluicegate", "sim", "--host", "127.0.0.1", "--port", str(port)]
+    )
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}/health", child)
+        yield {**os.environ, "SLUICEGATE_DEMO_SIM_URL": f"http://127.0.0.1:{port}/v1"}
+    finally:
+        child.terminate()
+        child.wait(timeout=10)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_healthy(url: str, child: subprocess.Popen[bytes], timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            raise SystemExit(f"sluicegate: the demo simulator exited with {child.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit("sluicegate: the demo simulator did not start in time")
+
+
+def _banner(settings: Settings, *, demo: bool) -> str:
+    url = f"http://{settings.host}:{settings.port}"
+    lines = [f"Sluicegate listening on {url} (models: {', '.join(settings.models)})"]
+    if demo:
+        lines += [
+            "Demo mode: a simulated vLLM backend runs behind the gateway.",
+            f"Demo keys: {', '.join(f'{k} ({t})' for t, k in DEMO_KEYS.items())}",
+            "Try:",
+            f"  curl {url}/v1/chat/completions -H 'Authorization: Bearer sk-demo-alice' \\",
+            "    -H 'Content-Type: application/json' \\",
+            """    -d '{"model": "demo-chat", "messages": [{"role": "user", "content": "Hi"}],"""
+            """ "max_tokens": 16}'""",
+        ]
+    return "\n".join(lines)

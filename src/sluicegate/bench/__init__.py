@@ -1,0 +1,1 @@
+"""Benchmarks that drive real processes on loopback and report what they measured."""

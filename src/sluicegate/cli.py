@@ -1,0 +1,27 @@
+"""`sluicegate serve | sim | bench`: each subcommand owns its flags in its own module."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from sluicegate import app
+    from sluicegate.bench import cli as bench_cli
+    from sluicegate.sim import cli as sim_cli
+
+    parser = argparse.ArgumentParser(prog="sluicegate", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the gateway (the demo when no --config)")
+    app.add_arguments(serve)
+    serve.set_defaults(run=app.run)
+    sim = commands.add_parser("sim", help="run the vLLM-like simulated backend")
+    sim_cli.add_arguments(sim)
+    sim.set_defaults(run=sim_cli.run)
+    bench = commands.add_parser("bench", help="load benchmarks on loopback")
+    bench_cli.add_arguments(bench)
+    bench.set_defaults(run=bench_cli.run)
+    args = parser.parse_args(argv)
+    sys.exit(args.run(args))

@@ -1,0 +1,147 @@
+"""Read a config file into the frozen runtime `Settings`, or fail with a message per field."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from sluicegate.config.schema import DeploymentConfig, GatewayConfig, KeyConfig
+from sluicegate.core.types import Deployment, Model, Settings, Tenant, Timeouts
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class ConfigError(Exception):
+    """A config problem, worded for the operator: each line names the field and the reason."""
+
+
+def load_settings(path: Path | str, env: Mapping[str, str] | None = None) -> Settings:
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read: {exc.strerror or exc}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+    return parse_settings(raw, source, os.environ if env is None else env)
+
+
+def parse_settings(raw: object, source: str, env: Mapping[str, str]) -> Settings:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping")
+    expanded = _interpolate(raw, env, source, ())
+    try:
+        config = GatewayConfig.model_validate(expanded)
+    except ValidationError as exc:
+        raise ConfigError(_describe(source, exc)) from None
+    return _to_settings(config, env, source)
+
+
+def _interpolate(value: Any, env: Mapping[str, str], source: str, at: tuple[Any, ...]) -> Any:
+    """Expand `${VAR}` and `${VAR:-default}` in string values (not in the YAML text)."""
+    if isinstance(value, dict):
+        return {k: _interpolate(v, env, source, (*at, k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, env, source, (*at, i)) for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in env and env[name] != "":
+            return env[name]
+        if default is not None:
+            return default
+        raise ConfigError(f"{source}: {_path(at)}: environment variable {name} is not set")
+
+    expanded = _VAR.sub(substitute, value)
+    if expanded != value and _VAR.fullmatch(value) and _looks_numeric(expanded):
+        return yaml.safe_load(expanded)
+    return expanded
+
+
+def _looks_numeric(text: str) -> bool:
+    return re.fullmatch(r"-?\d+(\.\d+)?|true|false", text) is not None
+
+
+def _describe(source: str, exc: ValidationError) -> str:
+    lines = [f"{source}: invalid configuration"]
+    for error in exc.errors():
+        where = _path(error["loc"]) or "(top level)"
+        lines.append(f"  {where}: {error['msg']}")
+    return "\n".join(lines)
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _to_settings(config: GatewayConfig, env: Mapping[str, str], source: str) -> Settings:
+    models = {
+        m.name: Model(m.name, tuple(_deployment(d, m.name, env, source) for d in m.deployments))
+        for m in config.models
+    }
+    tenants: list[Tenant] = []
+    keys: dict[bytes, Tenant] = {}
+    for t_index, spec in enumerate(config.tenants):
+        tenant = Tenant(spec.name, None if spec.models is None else frozenset(spec.models))
+        tenants.append(tenant)
+        for k_index, key in enumerate(spec.keys):
+            where = f"{source}: tenants[{t_index}].keys[{k_index}]"
+            digest = _key_digest(key, env, where)
+            if digest in keys:
+                raise ConfigError(f"{where}: the same key is already given to another tenant")
+            keys[digest] = tenant
+    return Settings(
+        host=config.server.host,
+        port=config.server.port,
+        max_body_bytes=config.server.max_body_bytes,
+        models=models,
+        tenants=tuple(tenants),
+        keys=keys,
+    )
+
+
+def _deployment(
+    spec: DeploymentConfig, model: str, env: Mapping[str, str], source: str
+) -> Deployment:
+    api_key = None
+    if spec.api_key_env is not None:
+        api_key = env.get(spec.api_key_env) or None
+        if api_key is None:
+            raise ConfigError(
+                f"{source}: deployment {spec.name!r}: api_key_env: "
+                f"environment variable {spec.api_key_env} is not set"
+            )
+    t = spec.timeouts
+    return Deployment(
+        name=spec.name,
+        provider=spec.provider,
+        base_url=str(spec.base_url).rstrip("/"),
+        upstream_model=spec.model or model,
+        api_key=api_key,
+        timeouts=Timeouts(t.connect_s, t.read_s, t.total_s),
+        max_connections=spec.max_connections,
+    )
+
+
+def _key_digest(key: KeyConfig, env: Mapping[str, str], where: str) -> bytes:
+    if key.sha256 is not None:
+        return bytes.fromhex(key.sha256)
+    assert key.env is not None
+    value = env.get(key.env)
+    if not value:
+        raise ConfigError(f"{where}.env: environment variable {key.env} is not set")
+    return hashlib.sha256(value.encode()).digest()

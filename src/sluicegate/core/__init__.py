@@ -1,0 +1,1 @@
+"""Value types, errors and the clock: the bottom layer, importing nothing of the project."""

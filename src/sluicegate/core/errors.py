@@ -1,0 +1,53 @@
+"""Errors the gateway answers with, independent of how they reach the wire."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorType(enum.StrEnum):
+    """OpenAI's error `type` values, plus the gateway's own."""
+
+    INVALID_REQUEST = "invalid_request_error"
+    AUTHENTICATION = "authentication_error"
+    PERMISSION = "permission_error"
+    NOT_FOUND = "not_found_error"
+    RATE_LIMIT = "rate_limit_error"
+    UNAVAILABLE = "service_unavailable_error"
+    TIMEOUT = "timeout_error"
+    UPSTREAM = "upstream_error"
+    INTERNAL = "internal_error"
+
+
+class GatewayError(Exception):
+    """A refusal or failure with everything needed to answer it.
+
+    `retry_after_s` is set only when a meaningful time is known (a rate window, a
+    provider's own Retry-After, a cooldown's end), never guessed from a permit count.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        error_type: ErrorType,
+        *,
+        retry_after_s: float | None = None,
+        should_retry: bool | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.error_type = error_type
+        self.retry_after_s = retry_after_s
+        self.should_retry = should_retry
+
+
+def bad_request(message: str, code: str = "invalid_request") -> GatewayError:
+    return GatewayError(400, code, message, ErrorType.INVALID_REQUEST, should_retry=False)
+
+
+def not_found(message: str, code: str = "not_found") -> GatewayError:
+    return GatewayError(404, code, message, ErrorType.NOT_FOUND, should_retry=False)

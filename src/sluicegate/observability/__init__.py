@@ -1,0 +1,1 @@
+"""Every metric the gateway exports, defined in one place with bounded labels."""

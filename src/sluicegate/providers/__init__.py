@@ -1,0 +1,1 @@
+"""Adapters to upstream providers; each normalises its provider's errors into `GatewayError`."""

@@ -1,0 +1,133 @@
+"""The adapter boundary: what the pipeline may ask of any provider."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
+
+import orjson
+
+from sluicegate.core.errors import ErrorType, GatewayError
+from sluicegate.core.types import Deployment, Endpoint
+
+
+class UpstreamResponse(Protocol):
+    """An upstream answer that has started successfully (status < 400)."""
+
+    async def read(self) -> bytes: ...
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives, unparsed; failures surface as `GatewayError`."""
+        ...
+
+
+class Provider(Protocol):
+    deployment: Deployment
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def open(
+        self, endpoint: Endpoint, payload: dict[str, Any]
+    ) -> AbstractAsyncContextManager[UpstreamResponse]:
+        """Send the request; the context ends only once the upstream call has ended."""
+        ...
+
+
+def classify_status(
+    deployment: str, status: int, body: bytes, headers: Mapping[str, str]
+) -> GatewayError:
+    """Map an upstream error status to what the caller should see.
+
+    The caller's own mistakes (400-class validation) pass through; a provider's
+    auth or not-found errors are the gateway's misconfiguration (502); throttling
+    is exhausted shared capacity (503, with the provider's Retry-After if any).
+    """
+    detail = _upstream_message(body)
+    if status in (400, 413, 422):
+        return GatewayError(
+            400,
+            _upstream_code(body) or "invalid_request",
+            detail,
+            ErrorType.INVALID_REQUEST,
+            should_retry=False,
+        )
+    if status == 429:
+        return GatewayError(
+            503,
+            "upstream_throttled",
+            f"deployment {deployment} is throttling: {detail}",
+            ErrorType.UNAVAILABLE,
+            retry_after_s=_retry_after(headers),
+        )
+    if status in (401, 403, 404):
+        message = f"deployment {deployment} refused the gateway ({status}): {detail}"
+        return GatewayError(502, "upstream_misconfigured", message, ErrorType.UPSTREAM)
+    if status == 503:
+        return GatewayError(
+            503,
+            "upstream_unavailable",
+            f"deployment {deployment} is unavailable: {detail}",
+            ErrorType.UNAVAILABLE,
+            retry_after_s=_retry_after(headers),
+        )
+    return GatewayError(
+        502,
+        "upstream_error",
+        f"deployment {deployment} failed ({status}): {detail}",
+        ErrorType.UPSTREAM,
+    )
+
+
+def unreachable(deployment: str, exc: BaseException) -> GatewayError:
+    message = f"deployment {deployment} is unreachable: {exc.__class__.__name__}"
+    return GatewayError(502, "upstream_unreachable", message, ErrorType.UPSTREAM)
+
+
+def timed_out(deployment: str) -> GatewayError:
+    message = f"deployment {deployment} did not answer in time"
+    return GatewayError(504, "upstream_timeout", message, ErrorType.TIMEOUT)
+
+
+def interrupted(deployment: str, exc: BaseException | None = None) -> GatewayError:
+    reason = f": {exc.__class__.__name__}" if exc is not None else ""
+    message = f"deployment {deployment} ended the response early{reason}"
+    return GatewayError(502, "upstream_interrupted", message, ErrorType.UPSTREAM)
+
+
+def _parsed(body: bytes) -> dict[str, Any] | None:
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    error = value.get("error") if isinstance(value, dict) else None
+    return error if isinstance(error, dict) else None
+
+
+def _upstream_message(body: bytes) -> str:
+    error = _parsed(body)
+    if error is not None and isinstance(error.get("message"), str):
+        return error["message"][:1000]
+    return body[:200].decode("utf-8", "replace") or "(empty body)"
+
+
+def _upstream_code(body: bytes) -> str | None:
+    error = _parsed(body)
+    code = error.get("code") if error is not None else None
+    return code if isinstance(code, str) else None
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            seconds = float(value) * scale
+        except ValueError:
+            continue
+        if seconds >= 0:
+            return seconds
+    return None

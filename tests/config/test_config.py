@@ -1,0 +1,147 @@
+"""One bad config per error; each message must name the field and the reason."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sluicegate.config import ConfigError, load_settings
+from sluicegate.config.loader import parse_settings
+
+ENV = {"ALICE_KEY": "sk-alice", "SIM_URL": "http://127.0.0.1:9/v1"}
+
+
+def base() -> dict:
+    return {
+        "models": [
+            {
+                "name": "chat",
+                "deployments": [{"name": "sim-a", "base_url": "${SIM_URL}", "model": "sim-model"}],
+            }
+        ],
+        "tenants": [{"name": "alice", "keys": [{"env": "ALICE_KEY"}]}],
+    }
+
+
+def parse(raw: dict, env: dict[str, str] | None = None):
+    return parse_settings(raw, "test.yaml", ENV if env is None else env)
+
+
+def test_valid_config_builds_the_runtime_snapshot():
+    raw = base()
+    raw["tenants"].append(
+        {
+            "name": "bob",
+            "keys": [{"sha256": hashlib.sha256(b"sk-bob").hexdigest()}],
+            "models": ["chat"],
+        }
+    )
+    settings = parse(raw)
+    deployment = settings.models["chat"].deployments[0]
+    assert deployment.base_url == "http://127.0.0.1:9/v1"
+    assert deployment.upstream_model == "sim-model"
+    assert settings.keys[hashlib.sha256(b"sk-alice").digest()].name == "alice"
+    bob = settings.keys[hashlib.sha256(b"sk-bob").digest()]
+    assert bob.may_use("chat")
+    assert not bob.may_use("other")
+
+
+def test_interpolation_default_and_typed_values():
+    raw = base()
+    raw["server"] = {"port": "${PORT:-8123}", "host": "${HOST:-0.0.0.0}"}
+    settings = parse(raw)
+    assert settings.port == 8123
+    assert settings.host == "0.0.0.0"
+    assert parse(raw, {**ENV, "PORT": "9000"}).port == 9000
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda c: c.pop("models"), "models: Field required"),
+        (
+            lambda c: c["models"][0]["deployments"][0].update(base_url="not a url"),
+            "models[0].deployments[0].base_url",
+        ),
+        (
+            lambda c: c["models"][0]["deployments"][0].update(provider="grpc"),
+            "models[0].deployments[0].provider",
+        ),
+        (
+            lambda c: c["models"][0]["deployments"][0].update(timeouts={"read_s": -1}),
+            "models[0].deployments[0].timeouts.read_s: Input should be greater than 0",
+        ),
+        (lambda c: c["models"][0].update(deployments=[]), "models[0].deployments"),
+        (lambda c: c["models"][0].update(colour="red"), "models[0].colour: Extra inputs"),
+        (lambda c: c["tenants"][0]["keys"][0].update(sha256="abc"), "tenants[0].keys[0]"),
+        (lambda c: c["tenants"][0].update(models=["nope"]), "unknown models ['nope']"),
+        (lambda c: c["models"].append(c["models"][0]), "duplicate name 'chat' in models"),
+        (lambda c: c.update(server={"port": "many"}), "server.port"),
+    ],
+)
+def test_each_bad_field_is_named(mutate, expected):
+    raw = base()
+    mutate(raw)
+    with pytest.raises(ConfigError) as info:
+        parse(raw)
+    assert expected in str(info.value)
+    assert "test.yaml" in str(info.value)
+
+
+def test_missing_environment_variable_names_the_field():
+    with pytest.raises(ConfigError, match=r"models\[0\]\.deployments\[0\]\.base_url: .*SIM_URL"):
+        parse(base(), {"ALICE_KEY": "sk-alice"})
+
+
+def test_missing_key_variable_names_the_tenant_key():
+    with pytest.raises(ConfigError, match=r"tenants\[0\]\.keys\[0\]\.env: .*ALICE_KEY"):
+        parse(base(), {"SIM_URL": "http://127.0.0.1:9/v1"})
+
+
+def test_missing_upstream_key_variable_names_the_deployment():
+    raw = base()
+    raw["models"][0]["deployments"][0]["api_key_env"] = "UPSTREAM_KEY"
+    with pytest.raises(ConfigError, match=r"'sim-a': api_key_env: .*UPSTREAM_KEY"):
+        parse(raw)
+
+
+def test_one_key_for_two_tenants_is_refused():
+    raw = base()
+    raw["tenants"].append({"name": "mallory", "keys": [{"env": "ALICE_KEY"}]})
+    with pytest.raises(ConfigError, match=r"tenants\[1\]\.keys\[0\]: the same key"):
+        parse(raw)
+
+
+def test_unreadable_and_malformed_files(tmp_path: Path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_settings(tmp_path / "absent.yaml", ENV)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("models: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_settings(broken, ENV)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("42\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_settings(scalar, ENV)
+
+
+def test_serve_stops_with_a_clear_message_and_no_traceback(tmp_path: Path):
+    raw = base()
+    raw["models"][0]["deployments"][0]["timeouts"] = {"total_s": "soon"}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    done = subprocess.run(
+        [sys.executable, "-m", "sluicegate", "serve", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"ALICE_KEY": "k", "SIM_URL": "http://x/v1", "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 2
+    assert "models[0].deployments[0].timeouts.total_s" in done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
