@@ -14,10 +14,9 @@ from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 
-import uvicorn
-
 from sluicegate.api.asgi import Router
 from sluicegate.api.gateway import Gateway
+from sluicegate.api.server import serve
 from sluicegate.config import ConfigError, load_settings
 from sluicegate.core.clock import Clock, MonotonicClock
 from sluicegate.core.types import Deployment, Settings
@@ -78,17 +77,7 @@ def run(args: argparse.Namespace) -> int:
         )
         app = build(settings)
         print(_banner(settings, demo=args.config is None), flush=True)
-        config = uvicorn.Config(
-            app,
-            host=settings.host,
-            port=settings.port,
-            loop="uvloop",
-            http="httptools",
-            lifespan="on",
-            access_log=False,
-            log_level=args.log_level,
-        )
-        uvicorn.Server(config).run()
+        serve(app, settings.host, settings.port, log_level=args.log_level)
     return 0
 
 
