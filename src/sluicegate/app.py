@@ -11,12 +11,15 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from sluicegate.admission.boundary import Boundary
 from sluicegate.api.asgi import Router
 from sluicegate.api.gateway import Gateway
 from sluicegate.api.server import serve
+from sluicegate.capacity.pools import Pool
 from sluicegate.config import ConfigError, load_settings
 from sluicegate.core.clock import Clock, MonotonicClock
 from sluicegate.core.types import Deployment, Settings
@@ -24,6 +27,7 @@ from sluicegate.observability.metrics import GatewayMetrics
 from sluicegate.pipeline import Pipeline
 from sluicegate.providers.base import Provider
 from sluicegate.providers.openai import OpenAIProvider
+from sluicegate.stores.memory import MemoryLimitStore
 
 DEMO_KEYS = {"demo-alice": "sk-demo-alice", "demo-bob": "sk-demo-bob"}
 
@@ -35,16 +39,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="warning", help="uvicorn log level")
 
 
-def build(settings: Settings, clock: Clock | None = None) -> Router:
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """The wired objects: the ASGI app, and the pipeline for in-process (library) callers."""
+
+    app: Router
+    pipeline: Pipeline
+    pools: dict[str, Pool]
+
+
+def build(settings: Settings, clock: Clock | None = None) -> Runtime:
+    clock = clock or MonotonicClock()
+    store = MemoryLimitStore(clock)
     metrics = GatewayMetrics()
+    pools = {name: Pool(spec, store, clock) for name, spec in settings.pools.items()}
+    metrics.watch_pools(pools.values())
     providers = {
         name: [make_provider(d) for d in model.deployments]
         for name, model in settings.models.items()
     }
     everyone = [p for chain in providers.values() for p in chain]
-    gateway = Gateway(
-        settings, Pipeline(settings.models, providers, metrics), metrics, clock or MonotonicClock()
-    )
+    boundary = Boundary(store, settings.routes, settings.aggregate)
+    pipeline = Pipeline(settings, providers, pools, boundary, metrics, clock)
+    gateway = Gateway(settings, pipeline, metrics, clock)
 
     async def startup() -> None:
         for provider in everyone:
@@ -56,7 +73,8 @@ def build(settings: Settings, clock: Clock | None = None) -> Router:
         for provider in everyone:
             await provider.close()
 
-    return gateway.routes(Router(on_startup=[startup], on_shutdown=[shutdown]))
+    app = gateway.routes(Router(on_startup=[startup], on_shutdown=[shutdown]))
+    return Runtime(app, pipeline, pools)
 
 
 def make_provider(deployment: Deployment) -> Provider:
@@ -75,9 +93,9 @@ def run(args: argparse.Namespace) -> int:
         settings = dataclasses.replace(
             settings, host=args.host or settings.host, port=args.port or settings.port
         )
-        app = build(settings)
+        runtime = build(settings)
         print(_banner(settings, demo=args.config is None), flush=True)
-        serve(app, settings.host, settings.port, log_level=args.log_level)
+        serve(runtime.app, settings.host, settings.port, log_level=args.log_level)
     return 0
 
 

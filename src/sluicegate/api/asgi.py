@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from sluicegate.core.errors import ErrorType, GatewayError
+from sluicegate.core.refusals import Refusal
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -76,13 +77,7 @@ async def read_body(receive: Receive, limit: int) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise GatewayError(
-                413,
-                "body_too_large",
-                f"request body exceeds the limit of {limit} bytes",
-                ErrorType.INVALID_REQUEST,
-                should_retry=False,
-            )
+            raise Refusal.BODY_TOO_LARGE.error(f"request body exceeds the limit of {limit} bytes")
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Mapping
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
 import orjson
@@ -26,14 +27,18 @@ from sluicegate.api.asgi import (
     send_json,
 )
 from sluicegate.api.payloads import parse
+from sluicegate.core.call import Call
 from sluicegate.core.clock import Clock
-from sluicegate.core.errors import ErrorType, GatewayError
+from sluicegate.core.errors import ErrorType, GatewayError, bad_request
+from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Endpoint, Settings, Tenant
 from sluicegate.observability.metrics import UNKNOWN_MODEL, GatewayMetrics
 from sluicegate.pipeline import Pipeline
 from sluicegate.providers.base import UpstreamResponse
 
 log = logging.getLogger("sluicegate")
+
+REFUSALS = frozenset(Refusal)
 
 
 @dataclass(slots=True)
@@ -42,7 +47,7 @@ class Exchange:
 
     send: Send
     arrived_s: float
-    model: str = UNKNOWN_MODEL
+    call: Call | None = None
     status: int = 499
     started: bool = False
     first_byte_s: float | None = None
@@ -86,27 +91,39 @@ class Gateway:
         in_flight = self._metrics.in_flight(endpoint.value)
         in_flight.inc()
         try:
+            await self._serve(endpoint, scope, receive, exchange)
+        except GatewayError as err:
+            await self._fail(endpoint, exchange, err)
+        except ClientDisconnected:
+            exchange.status = 499
+        except Exception:
+            log.exception("unexpected failure on %s", endpoint.path)
+            await self._fail(endpoint, exchange, _internal())
+        finally:
+            in_flight.dec()
+            self._record(endpoint, exchange)
+
+    async def _serve(
+        self, endpoint: Endpoint, scope: Scope, receive: Receive, exchange: Exchange
+    ) -> None:
+        """The request's whole life; every permit taken is released when this returns."""
+        pipeline = self._pipeline
+        async with AsyncExitStack() as permits:
             tenant = self._authenticate(scope)
+            await pipeline.enter(endpoint, tenant, permits)
             payload = parse(endpoint, await read_body(receive, self._settings.max_body_bytes))
-            call = self._pipeline.resolve(tenant, endpoint, payload, exchange.arrived_s)
-            exchange.model = call.model.name
-            async with DisconnectWatcher(receive), self._pipeline.attempt(call) as upstream:
+            call = pipeline.resolve(
+                tenant, endpoint, payload, exchange.arrived_s, _timeout_s(scope)
+            )
+            exchange.call = call
+            await pipeline.charge(call, permits)
+            async with DisconnectWatcher(receive), pipeline.attempt(call) as upstream:
                 if call.stream:
                     await self._relay_stream(exchange, upstream)
                 else:
                     body = await upstream.read()
                     await exchange.start(200, JSON_HEADERS)
-                    await send({"type": "http.response.body", "body": body})
-        except GatewayError as err:
-            await self._fail(exchange, err)
-        except ClientDisconnected:
-            exchange.status = 499
-        except Exception:
-            log.exception("unexpected failure on %s", endpoint.path)
-            await self._fail(exchange, _internal())
-        finally:
-            in_flight.dec()
-            self._record(endpoint, exchange)
+                    await exchange.send({"type": "http.response.body", "body": body})
 
     async def _relay_stream(self, exchange: Exchange, upstream: UpstreamResponse) -> None:
         """Pass upstream bytes through as they arrive: no buffering, no re-serialisation."""
@@ -118,8 +135,10 @@ class Gateway:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
 
-    async def _fail(self, exchange: Exchange, err: GatewayError) -> None:
+    async def _fail(self, endpoint: Endpoint, exchange: Exchange, err: GatewayError) -> None:
         """Answer an error; once a stream has started, end it with an explicit error event."""
+        if err.code in REFUSALS:
+            self._metrics.refused(endpoint.value, err.code, err.status)
         if exchange.started:
             event = b"data: " + error_body(err) + b"\n\n"
             await exchange.send({"type": "http.response.body", "body": event})
@@ -128,13 +147,22 @@ class Gateway:
         exchange.status = err.status
 
     def _record(self, endpoint: Endpoint, exchange: Exchange) -> None:
-        self._metrics.answered(endpoint.value, exchange.model, exchange.status)
-        if exchange.status != 200:
+        call = exchange.call
+        model = UNKNOWN_MODEL if call is None else call.model.name
+        self._metrics.answered(endpoint.value, model, exchange.status)
+        if call is None or call.dispatched_s is None or exchange.status != 200:
             return
-        bound = self._metrics.route(endpoint.value, exchange.model)
-        bound.latency.observe(self._clock.now() - exchange.arrived_s)
-        if exchange.first_byte_s is not None:
-            bound.ttft.observe(exchange.first_byte_s - exchange.arrived_s)
+        now = self._clock.now()
+        bound = self._metrics.route(endpoint.value, model)
+        bound.latency.observe(now - exchange.arrived_s)
+        bound.admission.observe(call.dispatched_s - exchange.arrived_s)
+        first_byte = exchange.first_byte_s
+        if first_byte is None:
+            bound.upstream.observe(now - call.dispatched_s)
+        else:
+            bound.ttft.observe(first_byte - exchange.arrived_s)
+            bound.upstream.observe(first_byte - call.dispatched_s)
+            bound.stream.observe(now - first_byte)
 
     def _authenticate(self, scope: Scope) -> Tenant:
         value = header(scope, b"authorization")
@@ -175,6 +203,22 @@ def _model_list(settings: Settings, tenant: Tenant) -> bytes:
         if tenant.may_use(name)
     ]
     return orjson.dumps({"object": "list", "data": data})
+
+
+def _timeout_s(scope: Scope) -> float | None:
+    """The caller's deadline: ours explicitly, else the `openai` SDK's own read timeout."""
+    for name in (b"x-sluicegate-timeout", b"x-stainless-read-timeout"):
+        value = header(scope, name)
+        if value is None:
+            continue
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise bad_request(f"{name.decode()} must be a number of seconds") from None
+        if not seconds > 0 or seconds == float("inf"):
+            raise bad_request(f"{name.decode()} must be a positive number of seconds")
+        return seconds
+    return None
 
 
 def _unauthorised(message: str) -> GatewayError:

@@ -12,8 +12,26 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from sluicegate.config.schema import DeploymentConfig, GatewayConfig, KeyConfig
-from sluicegate.core.types import Deployment, Model, Settings, Tenant, Timeouts
+from sluicegate.config.schema import (
+    DeploymentConfig,
+    GatewayConfig,
+    KeyConfig,
+    PoolConfig,
+    QuotaConfig,
+    RouteConfig,
+)
+from sluicegate.core.limits import Rate
+from sluicegate.core.types import (
+    Deployment,
+    Endpoint,
+    Model,
+    PoolSpec,
+    Quota,
+    RoutePolicy,
+    Settings,
+    Tenant,
+    Timeouts,
+)
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -96,7 +114,12 @@ def _to_settings(config: GatewayConfig, env: Mapping[str, str], source: str) -> 
     tenants: list[Tenant] = []
     keys: dict[bytes, Tenant] = {}
     for t_index, spec in enumerate(config.tenants):
-        tenant = Tenant(spec.name, None if spec.models is None else frozenset(spec.models))
+        tenant = Tenant(
+            spec.name,
+            None if spec.models is None else frozenset(spec.models),
+            _quota(spec.limits),
+            spec.limits.max_prompt_tokens,
+        )
         tenants.append(tenant)
         for k_index, key in enumerate(spec.keys):
             where = f"{source}: tenants[{t_index}].keys[{k_index}]"
@@ -111,6 +134,51 @@ def _to_settings(config: GatewayConfig, env: Mapping[str, str], source: str) -> 
         models=models,
         tenants=tuple(tenants),
         keys=keys,
+        routes={e: _route(getattr(config.routes, e.value)) for e in Endpoint},
+        aggregate=_quota(config.aggregate),
+        pools=_pools(config),
+    )
+
+
+def _per_minute(limit: float | None) -> Rate | None:
+    return None if limit is None else Rate(limit=limit, period_s=60.0, burst=limit)
+
+
+def _quota(spec: QuotaConfig) -> Quota:
+    return Quota(
+        spec.max_concurrency,
+        _per_minute(spec.requests_per_minute),
+        _per_minute(spec.tokens_per_minute),
+    )
+
+
+def _route(spec: RouteConfig) -> RoutePolicy:
+    return RoutePolicy(
+        max_concurrency=spec.max_concurrency,
+        default_timeout_s=spec.default_timeout_s,
+        min_attempt_s=spec.min_attempt_s,
+        pool_wait_s=spec.pool_wait_s,
+        max_output_tokens=spec.max_output_tokens,
+        max_prompt_tokens=spec.max_prompt_tokens,
+    )
+
+
+def _pools(config: GatewayConfig) -> dict[str, PoolSpec]:
+    """Declared pools, plus one per deployment that names none (its connection limit)."""
+    pools = {p.name: _pool(p) for p in config.pools}
+    for model in config.models:
+        for d in model.deployments:
+            if not d.pools:
+                pools[d.name] = PoolSpec(d.name, d.max_connections)
+    return pools
+
+
+def _pool(spec: PoolConfig) -> PoolSpec:
+    return PoolSpec(
+        spec.name,
+        spec.max_concurrency,
+        _per_minute(spec.requests_per_minute),
+        _per_minute(spec.tokens_per_minute),
     )
 
 
@@ -134,6 +202,8 @@ def _deployment(
         api_key=api_key,
         timeouts=Timeouts(t.connect_s, t.read_s, t.total_s),
         max_connections=spec.max_connections,
+        pools=tuple(spec.pools) or (spec.name,),
+        cancel_grace_s=spec.cancel_grace_s,
     )
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from sluicegate.core.limits import Rate
 
 
 class Endpoint(enum.Enum):
@@ -47,6 +49,8 @@ class Deployment:
     api_key: str | None
     timeouts: Timeouts
     max_connections: int
+    pools: tuple[str, ...]
+    cancel_grace_s: float = 0.1
 
     def __repr__(self) -> str:
         return f"Deployment({self.name!r}, {self.provider}, {self.base_url})"
@@ -59,12 +63,43 @@ class Model:
 
 
 @dataclass(frozen=True, slots=True)
+class Quota:
+    """Limits on one caller (a tenant) or on all of them together (the aggregate)."""
+
+    max_concurrency: int | None = None
+    requests: Rate | None = None
+    tokens: Rate | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RoutePolicy:
+    """Per-route rules. `max_concurrency` is refused beyond, with no queue."""
+
+    max_concurrency: int | None = None
+    default_timeout_s: float = 600.0
+    min_attempt_s: float = 0.05
+    pool_wait_s: float = 0.0
+    max_output_tokens: int = 4096
+    max_prompt_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Tenant:
     name: str
     allowed_models: frozenset[str] | None
+    quota: Quota = field(default_factory=Quota)
+    max_prompt_tokens: int | None = None
 
     def may_use(self, model: str) -> bool:
         return self.allowed_models is None or model in self.allowed_models
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    name: str
+    max_concurrency: int
+    requests: Rate | None = None
+    tokens: Rate | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,3 +112,6 @@ class Settings:
     models: dict[str, Model]
     tenants: tuple[Tenant, ...]
     keys: dict[bytes, Tenant]
+    routes: dict[Endpoint, RoutePolicy]
+    aggregate: Quota
+    pools: dict[str, PoolSpec]

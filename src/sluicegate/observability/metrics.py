@@ -6,6 +6,7 @@ dict lookup rather than prometheus_client's label resolution on every request.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import (
@@ -17,6 +18,10 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from sluicegate.capacity.pools import Pool
 
 LATENCY_BUCKETS_S = (
     0.005,
@@ -46,10 +51,49 @@ def status_class(status: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class RouteMetrics:
-    """The children bound to one (route, model)."""
+    """The children bound to one (route, model); stages split a request's time."""
 
     latency: Histogram
     ttft: Histogram
+    admission: Histogram
+    upstream: Histogram
+    stream: Histogram
+
+
+class PoolCollector(Collector):
+    """Reads every pool's counters at scrape time, so the hot path updates no metric."""
+
+    def __init__(self, pools: Iterable[Pool]) -> None:
+        self._pools = list(pools)
+
+    def collect(self) -> Iterator[Metric]:
+        families = {
+            "active": GaugeMetricFamily(
+                "sluicegate_pool_active_attempts", "Attempts holding a permit now.", labels=["pool"]
+            ),
+            "limit": GaugeMetricFamily(
+                "sluicegate_pool_concurrency_limit", "Most attempts at once.", labels=["pool"]
+            ),
+            "reserved": CounterMetricFamily(
+                "sluicegate_pool_tokens_reserved", "Tokens reserved by attempts.", labels=["pool"]
+            ),
+            "used": CounterMetricFamily(
+                "sluicegate_pool_tokens_used", "Tokens the provider reported used.", labels=["pool"]
+            ),
+            "unsettled": CounterMetricFamily(
+                "sluicegate_pool_tokens_unsettled",
+                "Reserved tokens kept because no usage was reported (failed or cut attempts).",
+                labels=["pool"],
+            ),
+        }
+        for pool in self._pools:
+            c = pool.counters
+            families["active"].add_metric([pool.name], c.active)
+            families["limit"].add_metric([pool.name], pool.limits.max_concurrency)
+            families["reserved"].add_metric([pool.name], c.tokens_reserved)
+            families["used"].add_metric([pool.name], c.tokens_used)
+            families["unsettled"].add_metric([pool.name], c.tokens_unsettled)
+        yield from families.values()
 
 
 class GatewayMetrics:
@@ -84,6 +128,20 @@ class GatewayMetrics:
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
+        self._stages = Histogram(
+            "sluicegate_stage_seconds",
+            "Time per stage: admission (arrival to dispatch, waits included), upstream "
+            "(dispatch to first byte, or to the whole body), stream (first to last byte).",
+            ["route", "model", "stage"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self._refusals = Counter(
+            "sluicegate_refusals",
+            "Requests refused by the gateway's own limits, by reason.",
+            ["route", "reason", "status"],
+            registry=r,
+        )
         self._upstream_errors = Counter(
             "sluicegate_upstream_errors",
             "Failed upstream attempts, by normalised error code.",
@@ -100,6 +158,9 @@ class GatewayMetrics:
             bound = RouteMetrics(
                 self._latency.labels(route, model),
                 self._ttft.labels(route, model),
+                self._stages.labels(route, model, "admission"),
+                self._stages.labels(route, model, "upstream"),
+                self._stages.labels(route, model, "stream"),
             )
             self._routes[key] = bound
         return bound
@@ -115,6 +176,12 @@ class GatewayMetrics:
                 route, model, status_class(status)
             )
         counter.inc()
+
+    def refused(self, route: str, reason: str, status: int) -> None:
+        self._refusals.labels(route, reason, str(status)).inc()
+
+    def watch_pools(self, pools: Iterable[Pool]) -> None:
+        self.registry.register(PoolCollector(pools))
 
     def upstream_error(self, deployment: str, code: str) -> None:
         self._upstream_errors.labels(deployment, code).inc()

@@ -13,7 +13,13 @@ from sluicegate.core.types import Deployment, Endpoint
 
 
 class UpstreamResponse(Protocol):
-    """An upstream answer that has started successfully (status < 400)."""
+    """An upstream answer that has started successfully (status < 400).
+
+    `used_tokens` (prompt + completion) is known once the body was read to the end and
+    the provider reported usage; None otherwise.
+    """
+
+    used_tokens: int | None
 
     async def read(self) -> bytes: ...
 
@@ -30,9 +36,10 @@ class Provider(Protocol):
     async def close(self) -> None: ...
 
     def open(
-        self, endpoint: Endpoint, payload: dict[str, Any]
+        self, endpoint: Endpoint, payload: dict[str, Any], budget_s: float
     ) -> AbstractAsyncContextManager[UpstreamResponse]:
-        """Send the request; the context ends only once the upstream call has ended."""
+        """Send the request, giving up after `budget_s` at most; the context ends only
+        once the upstream call has ended."""
         ...
 
 

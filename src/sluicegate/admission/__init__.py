@@ -1,0 +1,1 @@
+"""Boundary gates: route, tenant and aggregate limits, token estimates, deadlines."""

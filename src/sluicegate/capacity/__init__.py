@@ -1,0 +1,1 @@
+"""Capacity pools: the shared gate every upstream attempt passes, whoever makes it."""

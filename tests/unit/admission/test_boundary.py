@@ -1,0 +1,141 @@
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+
+import pytest
+
+from sluicegate.admission.boundary import Boundary
+from sluicegate.core.call import Call
+from sluicegate.core.errors import GatewayError
+from sluicegate.core.limits import Rate
+from sluicegate.core.types import Endpoint, Model, Quota, RoutePolicy, Tenant
+from sluicegate.stores.memory import MemoryLimitStore
+from tests.support.clock import FakeClock
+
+MODEL = Model("m", ())
+DEFAULT_ROUTE = RoutePolicy()
+NO_QUOTA = Quota()
+
+
+def boundary(route=DEFAULT_ROUTE, aggregate=NO_QUOTA):
+    store = MemoryLimitStore(FakeClock())
+    return Boundary(store, dict.fromkeys(Endpoint, route), aggregate), store
+
+
+def call(tenant: Tenant, prompt: int = 10, reserved: int = 100, route=DEFAULT_ROUTE) -> Call:
+    return Call(Endpoint.CHAT, tenant, MODEL, route, {}, False, 0.0, 60.0, prompt, reserved)
+
+
+async def refusal(coro) -> GatewayError:
+    with pytest.raises(GatewayError) as info:
+        await coro
+    return info.value
+
+
+async def test_tenant_concurrency_is_429_without_retry_after_and_released_on_exit():
+    gate, store = boundary()
+    tenant = Tenant("a", None, Quota(max_concurrency=1))
+    async with AsyncExitStack() as permits:
+        await gate.enter(Endpoint.CHAT, tenant, permits)
+        err = await refusal(gate.enter(Endpoint.CHAT, tenant, AsyncExitStack()))
+        assert (err.status, err.code, err.retry_after_s) == (
+            429,
+            "tenant_concurrency_limited",
+            None,
+        )
+    assert await store.in_use("tenant:a") == 0
+
+
+async def test_route_and_aggregate_concurrency_are_503():
+    gate, store = boundary(RoutePolicy(max_concurrency=1), Quota(max_concurrency=5))
+    async with AsyncExitStack() as permits:
+        await gate.enter(Endpoint.CHAT, Tenant("a", None), permits)
+        err = await refusal(gate.enter(Endpoint.CHAT, Tenant("b", None), AsyncExitStack()))
+        assert (err.status, err.code) == (503, "capacity_exhausted")
+        await gate.enter(Endpoint.EMBEDDINGS, Tenant("b", None), permits)
+    assert await store.in_use("aggregate") == 0
+
+
+async def test_a_refused_later_gate_leaves_no_earlier_slot_taken():
+    gate, store = boundary(aggregate=Quota(max_concurrency=1))
+    async with AsyncExitStack() as permits:
+        await gate.enter(Endpoint.CHAT, Tenant("a", None, Quota(max_concurrency=3)), permits)
+    async with AsyncExitStack() as held:
+        await gate.enter(Endpoint.CHAT, Tenant("x", None), held)
+        with pytest.raises(GatewayError):
+            async with AsyncExitStack() as permits:
+                await gate.enter(
+                    Endpoint.CHAT, Tenant("a", None, Quota(max_concurrency=3)), permits
+                )
+        assert await store.in_use("tenant:a") == 0
+
+
+async def test_tenant_rate_is_429_with_the_windows_retry_after():
+    gate, _ = boundary()
+    tenant = Tenant("a", None, Quota(requests=Rate(2, 60, 2)))
+    for _ in range(2):
+        await gate.charge(call(tenant), AsyncExitStack())
+    err = await refusal(gate.charge(call(tenant), AsyncExitStack()))
+    assert (err.status, err.code, err.retry_after_s) == (
+        429,
+        "tenant_rate_limited",
+        pytest.approx(30),
+    )
+
+
+async def test_token_quota_limits_by_tokens_not_by_requests_and_refunds_the_request():
+    gate, store = boundary()
+    tenant = Tenant("a", None, Quota(requests=Rate(100, 60, 100), tokens=Rate(1000, 60, 1000)))
+    await gate.charge(call(tenant, reserved=900), AsyncExitStack())
+    err = await refusal(gate.charge(call(tenant, reserved=200), AsyncExitStack()))
+    assert err.code == "tenant_token_limited"
+    assert err.retry_after_s == pytest.approx(6.0)
+    assert await store.available("tenant:a:requests", Rate(100, 60, 100)) == pytest.approx(99)
+
+
+async def test_token_reservation_is_settled_with_the_reported_usage():
+    gate, store = boundary()
+    rate = Rate(1000, 60, 1000)
+    tenant = Tenant("a", None, Quota(tokens=rate))
+    admitted = call(tenant, reserved=800)
+    async with AsyncExitStack() as permits:
+        await gate.charge(admitted, permits)
+        assert await store.available("tenant:a:tokens", rate) == pytest.approx(200)
+        admitted.used_tokens = 50
+    assert await store.available("tenant:a:tokens", rate) == pytest.approx(950)
+
+
+async def test_aggregate_rate_is_503_even_when_each_tenant_is_within_its_own():
+    gate, _ = boundary(aggregate=Quota(requests=Rate(3, 60, 3)))
+    for name in "abc":
+        await gate.charge(
+            call(Tenant(name, None, Quota(requests=Rate(10, 60, 10)))), AsyncExitStack()
+        )
+    err = await refusal(gate.charge(call(Tenant("d", None)), AsyncExitStack()))
+    assert (err.status, err.code) == (503, "capacity_exhausted")
+    assert err.retry_after_s == pytest.approx(20)
+
+
+async def test_prompt_over_budget_is_400_naming_the_budget():
+    gate, _ = boundary()
+    err = await refusal(
+        gate.charge(call(Tenant("a", None, max_prompt_tokens=50), prompt=51), AsyncExitStack())
+    )
+    assert (err.status, err.code, err.should_retry) == (400, "prompt_too_long", False)
+    assert "at most 50" in err.message
+    err = await refusal(
+        gate.charge(
+            call(Tenant("a", None), prompt=51, route=RoutePolicy(max_prompt_tokens=40)),
+            AsyncExitStack(),
+        )
+    )
+    assert "route chat allows at most 40" in err.message
+
+
+async def test_a_request_larger_than_the_whole_quota_is_not_worth_retrying():
+    gate, _ = boundary()
+    tenant = Tenant("a", None, Quota(tokens=Rate(1000, 60, 1000)))
+    err = await refusal(gate.charge(call(tenant, reserved=5000), AsyncExitStack()))
+    assert err.should_retry is False
+    assert err.retry_after_s is None
+    assert "needs 5000 tokens" in err.message

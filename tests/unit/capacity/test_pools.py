@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sluicegate.capacity.pools import Pool
+from sluicegate.core.clock import MonotonicClock
+from sluicegate.core.errors import GatewayError
+from sluicegate.core.limits import Rate
+from sluicegate.core.types import PoolSpec
+from sluicegate.stores.memory import MemoryLimitStore
+from tests.support.clock import FakeClock
+
+
+def pool(clock=None, **limits) -> Pool:
+    clock = clock or FakeClock()
+    spec = PoolSpec("p", limits.pop("max_concurrency", 2), **limits)
+    return Pool(spec, MemoryLimitStore(clock), clock)
+
+
+async def test_concurrency_is_immediate_or_refuse_without_retry_after():
+    p = pool()
+    held = [await p.acquire(0), await p.acquire(0)]
+    with pytest.raises(GatewayError) as info:
+        await p.acquire(0)
+    assert (info.value.status, info.value.code) == (503, "capacity_exhausted")
+    assert info.value.retry_after_s is None
+    await held[0].release(None)
+    assert p.counters.active == 1
+    await p.acquire(0)
+
+
+async def test_release_is_idempotent():
+    p = pool(max_concurrency=1)
+    permit = await p.acquire(0)
+    await permit.release(None)
+    await permit.release(None)
+    assert p.counters.active == 0
+    await p.acquire(0)
+    with pytest.raises(GatewayError):
+        await p.acquire(0)
+
+
+async def test_a_1000_token_reservation_that_used_10_gives_990_back():
+    p = pool(tokens=Rate(100_000, 60, 100_000))
+    permit = await p.acquire(1000)
+    assert await p.available_tokens() == pytest.approx(99_000)
+    await permit.release(10)
+    assert await p.available_tokens() == pytest.approx(99_990)
+    assert (p.counters.tokens_reserved, p.counters.tokens_used) == (1000, 10)
+
+
+async def test_unknown_usage_keeps_the_whole_reservation():
+    p = pool(tokens=Rate(100_000, 60, 100_000))
+    permit = await p.acquire(1000)
+    await permit.release(None)
+    assert await p.available_tokens() == pytest.approx(99_000)
+    assert p.counters.tokens_unsettled == 1000
+
+
+async def test_token_refusal_frees_the_slot_and_the_request_unit():
+    p = pool(max_concurrency=1, requests=Rate(1, 60, 1), tokens=Rate(100, 60, 100))
+    with pytest.raises(GatewayError) as info:
+        await p.acquire(500)
+    assert info.value.code == "pool_token_limited"
+    assert info.value.should_retry is False
+    assert p.counters.active == 0
+    permit = await p.acquire(50)
+    await permit.release(50)
+
+
+async def test_request_rate_refusal_carries_the_window():
+    p = pool(max_concurrency=5, requests=Rate(2, 60, 2))
+    await p.acquire(0)
+    await p.acquire(0)
+    with pytest.raises(GatewayError) as info:
+        await p.acquire(0)
+    assert info.value.code == "pool_rate_limited"
+    assert info.value.retry_after_s == pytest.approx(30)
+    assert p.counters.active == 2
+
+
+async def test_cooldown_refuses_with_its_end():
+    clock = FakeClock()
+    p = pool(clock)
+    await p.cool(12)
+    clock.advance(2)
+    with pytest.raises(GatewayError) as info:
+        await p.acquire(0)
+    assert (info.value.code, info.value.retry_after_s) == ("pool_cooling_down", pytest.approx(10))
+    clock.advance(10)
+    await p.acquire(0)
+
+
+async def test_a_configured_wait_is_woken_by_a_release():
+    p = pool(MonotonicClock(), max_concurrency=1)
+    first = await p.acquire(0)
+    waiter = asyncio.create_task(p.acquire(0, wait_s=5))
+    await asyncio.sleep(0.01)
+    assert not waiter.done()
+    await first.release(None)
+    second = await asyncio.wait_for(waiter, 1)
+    assert p.counters.active == 1
+    await second.release(None)
+
+
+async def test_a_wait_gives_up_after_its_bound():
+    p = pool(MonotonicClock(), max_concurrency=1)
+    await p.acquire(0)
+    with pytest.raises(GatewayError):
+        await p.acquire(0, wait_s=0.05)
+    assert p.counters.active == 1
