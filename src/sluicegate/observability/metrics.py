@@ -150,6 +150,8 @@ class GatewayMetrics:
         )
         self._routes: dict[tuple[str, str], RouteMetrics] = {}
         self._outcomes: dict[tuple[str, str, int], Counter] = {}
+        self._in_flight_of: dict[str, Gauge] = {}
+        self._refusals_of: dict[tuple[str, str, int], Counter] = {}
 
     def route(self, route: str, model: str) -> RouteMetrics:
         key = (route, model)
@@ -166,7 +168,10 @@ class GatewayMetrics:
         return bound
 
     def in_flight(self, route: str) -> Gauge:
-        return self._in_flight.labels(route)
+        gauge = self._in_flight_of.get(route)
+        if gauge is None:
+            gauge = self._in_flight_of[route] = self._in_flight.labels(route)
+        return gauge
 
     def answered(self, route: str, model: str, status: int) -> None:
         key = (route, model, status)
@@ -178,7 +183,11 @@ class GatewayMetrics:
         counter.inc()
 
     def refused(self, route: str, reason: str, status: int) -> None:
-        self._refusals.labels(route, reason, str(status)).inc()
+        key = (route, reason, status)
+        counter = self._refusals_of.get(key)
+        if counter is None:
+            counter = self._refusals_of[key] = self._refusals.labels(route, reason, str(status))
+        counter.inc()
 
     def watch_pools(self, pools: Iterable[Pool]) -> None:
         self.registry.register(PoolCollector(pools))

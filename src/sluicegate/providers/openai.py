@@ -121,7 +121,11 @@ class OpenAIProvider:
             limit=self.deployment.max_connections, limit_per_host=0, keepalive_timeout=30
         )
         self._session = aiohttp.ClientSession(
-            connector=connector, timeout=self._timeout, auto_decompress=False
+            connector=connector,
+            timeout=self._timeout,
+            headers=self._headers,
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
 
     async def close(self) -> None:
@@ -146,7 +150,6 @@ class OpenAIProvider:
                 response = await self._session.post(
                     self._urls[endpoint],
                     data=orjson.dumps(payload),
-                    headers=self._headers,
                     timeout=self._timeout_within(budget_s),
                 )
             except TimeoutError:
