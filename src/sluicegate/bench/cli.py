@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import argparse
 
-from sluicegate.bench import overhead
+from sluicegate.bench import overhead, refusal
+
+SCENARIOS = {
+    "overhead": (
+        overhead,
+        "latency and CPU the gateway adds in front of a zero-latency backend",
+    ),
+    "refusal": (refusal, "what a refusal at the gateway's boundary costs the client and gateway"),
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     scenarios = parser.add_subparsers(dest="scenario", required=True)
-    overhead_parser = scenarios.add_parser(
-        "overhead", help="latency and CPU the gateway adds in front of a zero-latency backend"
-    )
-    overhead.add_arguments(overhead_parser)
-    overhead_parser.set_defaults(scenario_run=overhead.run)
+    for name, (module, summary) in SCENARIOS.items():
+        scenario_parser = scenarios.add_parser(name, help=summary)
+        module.add_arguments(scenario_parser)
+        scenario_parser.set_defaults(scenario_run=module.run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,186 @@
+"""The benchmark's own simulator and gateway: child processes on loopback, always stopped."""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import psutil
+
+HOST = "127.0.0.1"
+GATEWAY_MODEL = "bench-chat"
+SIM_MODEL = "sim-model"
+KEY_ENV = "SLUICEGATE_BENCH_KEY"
+READY_TIMEOUT_S = 30.0
+STOP_GRACE_S = 10.0
+_POLL_S = 0.05
+_LOG_TAIL_LINES = 30
+
+_GATEWAY_CONFIG = """\
+server: {{max_body_bytes: 4194304}}
+models:
+  - name: {model}
+    deployments:
+      - name: sim
+        provider: openai
+        base_url: {sim_url}/v1
+        model: {sim_model}
+        max_connections: 256
+tenants:
+  - name: bench
+    keys: [{{env: {key_env}}}]
+{limits}"""
+_TENANT_LIMITS = "    limits: {limits}\n"
+"""The bench tenant's `limits` (README), as a JSON flow mapping, which YAML reads as is."""
+
+
+class ServiceError(RuntimeError):
+    """A child process did not start or went away; the message carries its log's tail."""
+
+
+@dataclass(frozen=True, slots=True)
+class Child:
+    name: str
+    popen: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def check_alive(self) -> None:
+        if self.popen.poll() is not None:
+            raise ServiceError(f"{self.name} exited with {self.popen.returncode}\n{self.tail()}")
+
+    def tail(self) -> str:
+        lines = self.log.read_text(errors="replace").splitlines()[-_LOG_TAIL_LINES:]
+        return "\n".join(f"  {self.name}| {line}" for line in lines)
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    sim: Child
+    gateway: Child
+    key: str
+
+
+class ProcessMeter:
+    """The gateway's own accounting (psutil): user+system CPU and resident memory."""
+
+    def __init__(self, pid: int) -> None:
+        self._process = psutil.Process(pid)
+
+    def cpu_s(self) -> float:
+        try:
+            times = self._process.cpu_times()
+        except psutil.Error as exc:
+            raise ServiceError(f"cannot read the gateway's CPU time: {exc}") from exc
+        return times.user + times.system
+
+    def rss_bytes(self) -> int:
+        try:
+            return int(self._process.memory_info().rss)
+        except psutil.Error as exc:
+            raise ServiceError(f"cannot read the gateway's memory: {exc}") from exc
+
+
+@contextmanager
+def services(tenant_limits: Mapping[str, float] | None = None) -> Iterator[Services]:
+    """Start the zero-latency simulator, then a gateway in front of it; stop both after.
+
+    `tenant_limits` are the bench tenant's `limits`, for scenarios that need refusals.
+    """
+    limits = ""
+    if tenant_limits:
+        limits = _TENANT_LIMITS.format(limits=orjson.dumps(dict(tenant_limits)).decode())
+    key = f"sk-bench-{secrets.token_urlsafe(16)}"
+    with (
+        tempfile.TemporaryDirectory(prefix="sluicegate-bench-") as logs,
+        _spawn("sim", ["sim", "--time-scale", "0"], "/health", Path(logs)) as sim,
+    ):
+        log_dir = Path(logs)
+        config = log_dir / "gateway.yaml"
+        config.write_text(
+            _GATEWAY_CONFIG.format(
+                model=GATEWAY_MODEL,
+                sim_url=sim.url,
+                sim_model=SIM_MODEL,
+                key_env=KEY_ENV,
+                limits=limits,
+            )
+        )
+        serve = ["serve", "--config", str(config), "--log-level", "warning"]
+        with _spawn("gateway", serve, "/ready", log_dir, {KEY_ENV: key}) as gateway:
+            yield Services(sim, gateway, key)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def _spawn(
+    name: str,
+    args: Sequence[str],
+    ready_path: str,
+    log_dir: Path,
+    env: Mapping[str, str] | None = None,
+) -> Iterator[Child]:
+    """Run `python -m sluicegate ARGS` on a free port, logging to a file, until ready."""
+    port = free_port()
+    log = log_dir / f"{name}.log"
+    command = [sys.executable, "-m", "sluicegate", *args, "--host", HOST, "--port", str(port)]
+    with log.open("wb") as out:
+        popen = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+        child = Child(name, popen, f"http://{HOST}:{port}", log)
+        try:
+            _await_ready(child, child.url + ready_path)
+            yield child
+        finally:
+            _stop(popen)
+
+
+def _await_ready(child: Child, url: str) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    for _ in range(math.ceil(READY_TIMEOUT_S / _POLL_S)):
+        child.check_alive()
+        if _answers(url):
+            return
+        if time.monotonic() > deadline:
+            break
+        time.sleep(_POLL_S)
+    raise ServiceError(f"{child.name} not ready after {READY_TIMEOUT_S:g} s\n{child.tail()}")
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def _stop(popen: subprocess.Popen[bytes]) -> None:
+    """SIGINT lets uvicorn shut down cleanly; kill only what ignores it."""
+    if popen.poll() is not None:
+        return
+    popen.send_signal(signal.SIGINT)
+    try:
+        popen.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        popen.wait(timeout=STOP_GRACE_S)
