@@ -18,7 +18,7 @@ from pathlib import Path
 from sluicegate.admission.boundary import Boundary
 from sluicegate.api.asgi import Router
 from sluicegate.api.gateway import Gateway
-from sluicegate.api.server import serve
+from sluicegate.api.server import listen, serve
 from sluicegate.capacity.pools import Pool
 from sluicegate.config import ConfigError, load_settings
 from sluicegate.core.clock import Clock, MonotonicClock
@@ -93,9 +93,17 @@ def run(args: argparse.Namespace) -> int:
         settings = dataclasses.replace(
             settings, host=args.host or settings.host, port=args.port or settings.port
         )
+        try:
+            listener = listen(settings.host, settings.port)
+        except OSError as exc:
+            print(
+                f"sluicegate: cannot listen on {settings.host}:{settings.port}: {exc}",
+                file=sys.stderr,
+            )
+            return 1
         runtime = build(settings)
         print(_banner(settings, demo=args.config is None), flush=True)
-        serve(runtime.app, settings.host, settings.port, log_level=args.log_level)
+        serve(runtime.app, listener, log_level=args.log_level)
     return 0
 
 

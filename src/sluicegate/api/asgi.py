@@ -95,7 +95,9 @@ class DisconnectWatcher:
 
     ASGI servers report a disconnect only through `receive()`, which nobody calls
     once the body is read; without a watcher an abandoned request keeps its
-    upstream call (and the provider's work) running until it finishes.
+    upstream call (and the provider's work) running until it finishes. Servers also
+    answer `receive()` with a disconnect once the response is complete, so the
+    response's final message must be sent after the watched block.
     """
 
     __slots__ = ("_fired", "_owner", "_receive", "_task")
@@ -109,6 +111,7 @@ class DisconnectWatcher:
     async def __aenter__(self) -> DisconnectWatcher:
         self._owner = asyncio.current_task()
         self._task = asyncio.get_running_loop().create_task(self._watch())
+        self._task.add_done_callback(_retrieve)
         return self
 
     async def _watch(self) -> None:
@@ -121,10 +124,18 @@ class DisconnectWatcher:
     async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> bool:
         if self._task is not None:
             self._task.cancel()
-        if self._fired and exc_type is asyncio.CancelledError and self._owner is not None:
-            self._owner.uncancel()
+        if not self._fired or self._owner is None:
+            return False
+        self._owner.uncancel()
+        if exc_type is asyncio.CancelledError:
             raise ClientDisconnected
         return False
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    """Collect a watcher's failure so it is never reported as 'never retrieved'."""
+    if not task.cancelled():
+        task.exception()
 
 
 class Router:

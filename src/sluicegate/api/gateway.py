@@ -122,18 +122,21 @@ class Gateway:
                     await self._relay_stream(exchange, upstream)
                 else:
                     body = await upstream.read()
-                    await exchange.start(200, JSON_HEADERS)
-                    await exchange.send({"type": "http.response.body", "body": body})
+            if call.stream:
+                await exchange.send({"type": "http.response.body", "body": b""})
+            else:
+                await exchange.start(200, JSON_HEADERS)
+                await exchange.send({"type": "http.response.body", "body": body})
 
     async def _relay_stream(self, exchange: Exchange, upstream: UpstreamResponse) -> None:
-        """Pass upstream bytes through as they arrive: no buffering, no re-serialisation."""
+        """Pass upstream bytes through as they arrive: no buffering, no re-serialisation.
+        The caller ends the response, outside the disconnect watcher."""
         send = exchange.send
         await exchange.start(200, SSE_HEADERS)
         async for chunk in upstream.chunks():
             if exchange.first_byte_s is None:
                 exchange.first_byte_s = self._clock.now()
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b""})
 
     async def _fail(self, endpoint: Endpoint, exchange: Exchange, err: GatewayError) -> None:
         """Answer an error; once a stream has started, end it with an explicit error event."""

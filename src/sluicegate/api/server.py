@@ -3,14 +3,34 @@
 from __future__ import annotations
 
 import contextlib
+import socket
 
 import uvicorn
 
 from sluicegate.api.asgi import Router
 
+BACKLOG = 2048
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """Bind before announcing anything, so a taken port fails with one clear line.
+
+    Handing uvicorn a ready socket also keeps it from starting resolver threads,
+    which can receive (and lose) the SIGINT meant for the server.
+    """
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(BACKLOG)
+    except OSError:
+        listener.close()
+        raise
+    return listener
+
 
 def serve(
-    app: Router, host: str, port: int, *, log_level: str = "warning", graceful_s: float = 5.0
+    app: Router, listener: socket.socket, *, log_level: str = "warning", graceful_s: float = 5.0
 ) -> None:
     """Serve until SIGINT/SIGTERM; open requests get `graceful_s` to finish.
 
@@ -19,14 +39,13 @@ def serve(
     """
     config = uvicorn.Config(
         app,
-        host=host,
-        port=port,
         loop="uvloop",
         http="httptools",
         lifespan="on",
         access_log=False,
         log_level=log_level,
+        backlog=BACKLOG,
         timeout_graceful_shutdown=int(graceful_s),
     )
     with contextlib.suppress(KeyboardInterrupt):
-        uvicorn.Server(config).run()
+        uvicorn.Server(config).run(sockets=[listener])

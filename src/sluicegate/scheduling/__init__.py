@@ -1,0 +1,1 @@
+"""Lanes, fair queues and the dispatcher: who is served next, and when."""

@@ -1,0 +1,95 @@
+"""Fairness policies: which backlogged flow (tenant) is served next.
+
+Each policy answers one question and is told when a flow becomes backlogged or idle
+and what each dispatch cost; the queues own the requests themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+
+class FairnessPolicy(Protocol):
+    def backlogged(self, flow: str) -> None:
+        """`flow`'s queue went from empty to non-empty."""
+        ...
+
+    def idle(self, flow: str) -> None:
+        """`flow`'s queue became empty."""
+        ...
+
+    def pick(self) -> str | None:
+        """The backlogged flow to serve next; None when none is backlogged."""
+        ...
+
+    def charge(self, flow: str, prompt_tokens: float, output_tokens: float) -> None:
+        """Account service given to `flow` (output may be charged later, or corrected
+        with a negative amount once the real usage is known)."""
+        ...
+
+
+class RoundRobin:
+    """Visit backlogged flows in turn, one request each: fair by count, blind to cost."""
+
+    def __init__(self) -> None:
+        self._order: dict[str, None] = {}
+
+    def backlogged(self, flow: str) -> None:
+        self._order[flow] = None
+
+    def idle(self, flow: str) -> None:
+        self._order.pop(flow, None)
+
+    def pick(self) -> str | None:
+        if not self._order:
+            return None
+        flow = next(iter(self._order))
+        del self._order[flow]
+        self._order[flow] = None
+        return flow
+
+    def charge(self, flow: str, prompt_tokens: float, output_tokens: float) -> None:
+        return None
+
+
+class VirtualTokenCounter:
+    """Serve the backlogged flow that has received the least weighted service.
+
+    Service is prompt tokens x `input_weight` plus output tokens x `output_weight`,
+    divided by the flow's weight (Sheng et al., OSDI 2024). A flow that becomes
+    backlogged is lifted to the least counter among the backlogged ones, so time spent
+    idle is not banked as credit to monopolise the backend later.
+    """
+
+    def __init__(
+        self,
+        weights: Mapping[str, float] | None = None,
+        input_weight: float = 1.0,
+        output_weight: float = 2.0,
+    ) -> None:
+        self._weights = dict(weights or {})
+        self._input_weight = input_weight
+        self._output_weight = output_weight
+        self.counters: dict[str, float] = {}
+        self._backlog: dict[str, None] = {}
+
+    def backlogged(self, flow: str) -> None:
+        if flow in self._backlog:
+            return
+        own = self.counters.get(flow, 0.0)
+        if self._backlog:
+            own = max(own, min(self.counters[f] for f in self._backlog))
+        self.counters[flow] = own
+        self._backlog[flow] = None
+
+    def idle(self, flow: str) -> None:
+        self._backlog.pop(flow, None)
+
+    def pick(self) -> str | None:
+        counters = self.counters
+        return min(self._backlog, key=counters.__getitem__, default=None)
+
+    def charge(self, flow: str, prompt_tokens: float, output_tokens: float) -> None:
+        cost = prompt_tokens * self._input_weight + output_tokens * self._output_weight
+        self.counters[flow] = self.counters.get(flow, 0.0) + cost / self._weights.get(flow, 1.0)
