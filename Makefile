@@ -18,8 +18,8 @@ run: $(STAMP)
 	$(BIN)/sluicegate serve
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
 	$(BIN)/lint-imports
 
 test: lint
