@@ -3,30 +3,37 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import os
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+import aiohttp
+
 from sluicegate.admission.boundary import Boundary
 from sluicegate.api.asgi import Router
 from sluicegate.api.gateway import Gateway
 from sluicegate.api.server import listen, serve
+from sluicegate.capacity.gates import AimdGate, BackendGate, MetricsGate, OpenGate
 from sluicegate.capacity.pools import Pool
 from sluicegate.config import ConfigError, load_settings
 from sluicegate.core.clock import Clock, MonotonicClock
-from sluicegate.core.types import Deployment, Settings
+from sluicegate.core.types import Deployment, Lane, Settings
 from sluicegate.observability.metrics import GatewayMetrics
 from sluicegate.pipeline import Pipeline
+from sluicegate.providers.backend_metrics import MetricsPoller
 from sluicegate.providers.base import Provider
 from sluicegate.providers.openai import OpenAIProvider
+from sluicegate.scheduling.dispatcher import Dispatcher, Target
+from sluicegate.scheduling.fairness import FairnessPolicy, RoundRobin, VirtualTokenCounter
 from sluicegate.stores.memory import MemoryLimitStore
 
 DEMO_KEYS = {"demo-alice": "sk-demo-alice", "demo-bob": "sk-demo-bob"}
@@ -46,35 +53,82 @@ class Runtime:
     app: Router
     pipeline: Pipeline
     pools: dict[str, Pool]
+    dispatchers: dict[str, Dispatcher]
 
 
 def build(settings: Settings, clock: Clock | None = None) -> Runtime:
     clock = clock or MonotonicClock()
     store = MemoryLimitStore(clock)
     metrics = GatewayMetrics()
-    pools = {name: Pool(spec, store, clock) for name, spec in settings.pools.items()}
-    metrics.watch_pools(pools.values())
-    providers = {
-        name: [make_provider(d) for d in model.deployments]
+    pools = {name: Pool(spec, store) for name, spec in settings.pools.items()}
+    deployments = [d for model in settings.models.values() for d in model.deployments]
+    providers = {d.name: make_provider(d) for d in deployments}
+    gates = {d.name: make_gate(d, clock) for d in deployments}
+    dispatchers = {
+        name: Dispatcher(
+            name,
+            settings.scheduling.lanes,
+            [Target(d, tuple(pools[p] for p in d.pools), gates[d.name]) for d in model.deployments],
+            fairness_factory(settings),
+            clock,
+            metrics.queue_waited,
+        )
         for name, model in settings.models.items()
     }
-    everyone = [p for chain in providers.values() for p in chain]
+    metrics.watch(pools.values(), dispatchers.values(), gates)
+    pollers = [
+        MetricsPoller(d.metrics, gate)
+        for d in deployments
+        if d.metrics is not None and isinstance(gate := gates[d.name], MetricsGate)
+    ]
     boundary = Boundary(store, settings.routes, settings.aggregate)
-    pipeline = Pipeline(settings, providers, pools, boundary, metrics, clock)
+    pipeline = Pipeline(settings, providers, dispatchers, boundary, metrics, clock)
     gateway = Gateway(settings, pipeline, metrics, clock)
+    background: list[asyncio.Task[None]] = []
+    scrapes: list[aiohttp.ClientSession] = []
 
     async def startup() -> None:
-        for provider in everyone:
+        for provider in providers.values():
             await provider.start()
+        loop = asyncio.get_running_loop()
+        background.extend(loop.create_task(d.run()) for d in dispatchers.values())
+        if pollers:
+            scrapes.append(aiohttp.ClientSession())
+            background.extend(loop.create_task(p.run(scrapes[0])) for p in pollers)
         gateway.ready = True
 
     async def shutdown() -> None:
         gateway.ready = False
-        for provider in everyone:
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        for session in scrapes:
+            await session.close()
+        for provider in providers.values():
             await provider.close()
 
     app = gateway.routes(Router(on_startup=[startup], on_shutdown=[shutdown]))
-    return Runtime(app, pipeline, pools)
+    return Runtime(app, pipeline, pools, dispatchers)
+
+
+def make_gate(deployment: Deployment, clock: Clock) -> BackendGate:
+    if deployment.metrics is not None:
+        return MetricsGate(deployment.metrics, clock)
+    if deployment.adaptive is not None:
+        return AimdGate(deployment.adaptive)
+    return OpenGate()
+
+
+def fairness_factory(settings: Settings) -> Callable[[Lane], FairnessPolicy]:
+    scheduling = settings.scheduling
+    weights = {tenant.name: tenant.weight for tenant in settings.tenants}
+
+    def make(lane: Lane) -> FairnessPolicy:
+        if scheduling.fairness == "round_robin":
+            return RoundRobin()
+        return VirtualTokenCounter(weights, scheduling.input_weight, scheduling.output_weight)
+
+    return make
 
 
 def make_provider(deployment: Deployment) -> Provider:

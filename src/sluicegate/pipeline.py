@@ -1,37 +1,38 @@
 """The hot path between the HTTP edge and a provider, readable top to bottom.
 
 The edge authenticates and reads the body; the pipeline does everything else in
-order: concurrency gates (`enter`), resolving the model and the deadline
-(`resolve`), quotas (`charge`), then one upstream `attempt` that takes a permit from
-every pool of the chosen deployment. Every permit lives on an exit stack owned by the
-caller's `async with`, so it is released exactly once, after the attempt has ended.
+order: concurrency gates (`enter`), resolving the model, lane and deadline
+(`resolve`), quotas (`charge`), then one upstream `attempt`, which waits for its turn
+in the model's dispatcher (the only wait point) and receives a grant holding a permit
+from every pool of the chosen deployment. Every permit lives on an exit stack owned by
+the caller's `async with`, so it is released exactly once, after the attempt has ended.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 from sluicegate.admission.boundary import Boundary
 from sluicegate.admission.estimate import Tokenizer, chars_over_four, output_tokens, prompt_tokens
-from sluicegate.capacity.pools import Pool, PoolPermit
 from sluicegate.core.call import Call
 from sluicegate.core.clock import Clock
 from sluicegate.core.errors import ErrorType, GatewayError, not_found
 from sluicegate.core.refusals import Refusal
-from sluicegate.core.types import Endpoint, Settings, Tenant
+from sluicegate.core.types import Deployment, Endpoint, Lane, Settings, Tenant
 from sluicegate.observability.metrics import GatewayMetrics
 from sluicegate.providers.base import Provider, UpstreamResponse
+from sluicegate.scheduling.dispatcher import Dispatcher
+from sluicegate.scheduling.lanes import Demand, classify
 
 
 class Pipeline:
     def __init__(
         self,
         settings: Settings,
-        providers: Mapping[str, Sequence[Provider]],
-        pools: Mapping[str, Pool],
+        providers: Mapping[str, Provider],
+        dispatchers: Mapping[str, Dispatcher],
         boundary: Boundary,
         metrics: GatewayMetrics,
         clock: Clock,
@@ -39,18 +40,14 @@ class Pipeline:
     ) -> None:
         self._models = settings.models
         self._routes = settings.routes
+        self._scheduling = settings.scheduling
+        self._top_priority = max(lane.priority for lane in settings.scheduling.lanes)
+        self._providers = providers
+        self._dispatchers = dispatchers
         self._boundary = boundary
         self._metrics = metrics
         self._clock = clock
         self._count = tokenizer
-        self._rotations: dict[str, Iterator[Provider]] = {
-            name: itertools.cycle(chain) for name, chain in providers.items()
-        }
-        self._pools_of = {
-            d.name: tuple(pools[p] for p in d.pools)
-            for model in settings.models.values()
-            for d in model.deployments
-        }
 
     async def enter(self, endpoint: Endpoint, tenant: Tenant, permits: AsyncExitStack) -> None:
         await self._boundary.enter(endpoint, tenant, permits)
@@ -62,6 +59,7 @@ class Pipeline:
         payload: dict[str, Any],
         arrived_s: float,
         timeout_s: float | None,
+        lane: str | None = None,
     ) -> Call:
         name = payload["model"]
         model = self._models.get(name)
@@ -77,11 +75,24 @@ class Pipeline:
             )
         route = self._routes[endpoint]
         prompt = prompt_tokens(endpoint, payload, self._count)
-        reserved = prompt + output_tokens(endpoint, payload, route.max_output_tokens)
+        output = output_tokens(endpoint, payload, route.max_output_tokens)
+        demand = Demand(prompt, output, bool(payload.get("tools")))
+        chosen = classify(self._scheduling, lane, tenant, route, demand)
+        output = _cap_output(chosen, payload, output)
         deadline = arrived_s + (route.default_timeout_s if timeout_s is None else timeout_s)
         stream = payload.get("stream") is True
         return Call(
-            endpoint, tenant, model, route, payload, stream, arrived_s, deadline, prompt, reserved
+            endpoint,
+            tenant,
+            model,
+            route,
+            chosen,
+            payload,
+            stream,
+            arrived_s,
+            deadline,
+            prompt,
+            prompt + output,
         )
 
     async def charge(self, call: Call, permits: AsyncExitStack) -> None:
@@ -90,33 +101,33 @@ class Pipeline:
     @asynccontextmanager
     async def attempt(self, call: Call) -> AsyncIterator[UpstreamResponse]:
         """One upstream attempt; it ends only when the upstream call has really ended."""
-        provider = next(self._rotations[call.model.name])
-        async with AsyncExitStack() as permits:
-            for pool in self._pools_of[provider.deployment.name]:
-                permit = await self._acquire(pool, call)
-                permits.push_async_callback(_release, permit, call)
-            call.dispatched_s = self._clock.now()
-            budget_s = self._budget_s(call)
-            try:
-                async with provider.open(call.endpoint, call.payload, budget_s) as upstream:
-                    try:
-                        yield upstream
-                    finally:
-                        call.used_tokens = upstream.used_tokens
-            except GatewayError as err:
-                if err.status >= 500:
-                    self._metrics.upstream_error(provider.deployment.name, err.code)
-                raise
-
-    async def _acquire(self, pool: Pool, call: Call) -> PoolPermit:
-        """Take a pool permit; a configured wait never runs past what the deadline allows."""
-        wait_s = min(
-            call.route.pool_wait_s, max(0.0, self._budget_s(call) - call.route.min_attempt_s)
-        )
+        self._budget_s(call)
+        dispatcher = self._dispatchers[call.model.name]
+        grant = await dispatcher.acquire(call)
         try:
-            return await pool.acquire(call.reserved_tokens, wait_s)
-        except GatewayError:
-            self._budget_s(call)
+            budget_s = self._budget_s(call)
+            deployment = grant.target.deployment
+            if deployment.pass_priority:
+                call.payload["priority"] = self._top_priority - call.lane.priority
+            async with self._open(deployment, call, budget_s) as upstream:
+                yield upstream
+        finally:
+            await dispatcher.release(grant, call)
+
+    @asynccontextmanager
+    async def _open(
+        self, deployment: Deployment, call: Call, budget_s: float
+    ) -> AsyncIterator[UpstreamResponse]:
+        provider = self._providers[deployment.name]
+        try:
+            async with provider.open(call.endpoint, call.payload, budget_s) as upstream:
+                try:
+                    yield upstream
+                finally:
+                    call.used_tokens = upstream.used_tokens
+        except GatewayError as err:
+            if err.status >= 500:
+                self._metrics.upstream_error(deployment.name, err.code)
             raise
 
     def _budget_s(self, call: Call) -> float:
@@ -130,5 +141,11 @@ class Pipeline:
         return left
 
 
-async def _release(permit: PoolPermit, call: Call) -> None:
-    await permit.release(call.used_tokens)
+def _cap_output(lane: Lane, payload: dict[str, Any], output: int) -> int:
+    """Hold a request to its lane's output cap, rewriting its max_tokens if it asked more."""
+    cap = lane.max_output_tokens
+    if cap is None or output <= cap:
+        return output
+    field = "max_completion_tokens" if "max_completion_tokens" in payload else "max_tokens"
+    payload[field] = cap
+    return cap

@@ -100,7 +100,7 @@ async def test_a_thousand_failing_timing_out_or_cancelled_attempts_leave_no_perm
 ):
     await faults(error_rate=0.25)
     raw = config(sim.url)
-    raw["routes"]["chat"]["pool_wait_s"] = 5
+    raw["scheduling"] = {"lanes": [{"name": "default", "queue_size": 1000, "max_queue_age_s": 5}]}
     raw["models"][0]["deployments"][0]["cancel_grace_s"] = 0.05
     rng = random.Random(7)
     peak = 0
@@ -248,7 +248,7 @@ async def test_prompt_over_budget_is_400_and_never_sent(sim, http, reset):
 
 async def test_a_wait_counts_against_the_deadline_and_ends_in_504(sim, http, reset):
     raw = config(sim.url)
-    raw["routes"]["chat"]["pool_wait_s"] = 30
+    raw["scheduling"] = {"lanes": [{"name": "default", "queue_size": 10, "max_queue_age_s": 30}]}
     raw["pools"][0]["max_concurrency"] = 1
     async with inprocess_gateway(raw, ENV) as gw:
         slow = {"model": "chat", "messages": MESSAGES, "max_tokens": 80}

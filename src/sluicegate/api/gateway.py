@@ -50,7 +50,6 @@ class Exchange:
     call: Call | None = None
     status: int = 499
     started: bool = False
-    first_byte_s: float | None = None
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.status, self.started = status, True
@@ -113,29 +112,32 @@ class Gateway:
             await pipeline.enter(endpoint, tenant, permits)
             payload = parse(endpoint, await read_body(receive, self._settings.max_body_bytes))
             call = pipeline.resolve(
-                tenant, endpoint, payload, exchange.arrived_s, _timeout_s(scope)
+                tenant, endpoint, payload, exchange.arrived_s, _timeout_s(scope), _lane(scope)
             )
             exchange.call = call
             await pipeline.charge(call, permits)
             async with DisconnectWatcher(receive), pipeline.attempt(call) as upstream:
                 if call.stream:
-                    await self._relay_stream(exchange, upstream)
+                    await self._relay_stream(exchange, call, upstream)
                 else:
                     body = await upstream.read()
+                    call.first_byte_s = self._clock.now()
             if call.stream:
                 await exchange.send({"type": "http.response.body", "body": b""})
             else:
                 await exchange.start(200, JSON_HEADERS)
                 await exchange.send({"type": "http.response.body", "body": body})
 
-    async def _relay_stream(self, exchange: Exchange, upstream: UpstreamResponse) -> None:
+    async def _relay_stream(
+        self, exchange: Exchange, call: Call, upstream: UpstreamResponse
+    ) -> None:
         """Pass upstream bytes through as they arrive: no buffering, no re-serialisation.
         The caller ends the response, outside the disconnect watcher."""
         send = exchange.send
         await exchange.start(200, SSE_HEADERS)
         async for chunk in upstream.chunks():
-            if exchange.first_byte_s is None:
-                exchange.first_byte_s = self._clock.now()
+            if call.first_byte_s is None:
+                call.first_byte_s = self._clock.now()
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
     async def _fail(self, endpoint: Endpoint, exchange: Exchange, err: GatewayError) -> None:
@@ -153,18 +155,18 @@ class Gateway:
         call = exchange.call
         model = UNKNOWN_MODEL if call is None else call.model.name
         self._metrics.answered(endpoint.value, model, exchange.status)
-        if call is None or call.dispatched_s is None or exchange.status != 200:
+        if call is None or exchange.status != 200:
+            return
+        dispatched, first_byte = call.dispatched_s, call.first_byte_s
+        if dispatched is None or first_byte is None:
             return
         now = self._clock.now()
         bound = self._metrics.route(endpoint.value, model)
         bound.latency.observe(now - exchange.arrived_s)
-        bound.admission.observe(call.dispatched_s - exchange.arrived_s)
-        first_byte = exchange.first_byte_s
-        if first_byte is None:
-            bound.upstream.observe(now - call.dispatched_s)
-        else:
+        bound.admission.observe(dispatched - exchange.arrived_s)
+        bound.upstream.observe(first_byte - dispatched)
+        if call.stream:
             bound.ttft.observe(first_byte - exchange.arrived_s)
-            bound.upstream.observe(first_byte - call.dispatched_s)
             bound.stream.observe(now - first_byte)
 
     def _authenticate(self, scope: Scope) -> Tenant:
@@ -222,6 +224,11 @@ def _timeout_s(scope: Scope) -> float | None:
             raise bad_request(f"{name.decode()} must be a positive number of seconds")
         return seconds
     return None
+
+
+def _lane(scope: Scope) -> str | None:
+    value = header(scope, b"x-sluicegate-lane")
+    return None if value is None else value.decode("latin-1")
 
 
 def _unauthorised(message: str) -> GatewayError:

@@ -8,19 +8,13 @@ reservation is then settled against the usage the provider reported.
 
 from __future__ import annotations
 
-import asyncio
-from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from sluicegate.core.clock import Clock
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.limits import LimitStore
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import PoolSpec
-
-# While waiting for a slot, re-check the store at least this often: a slot freed by
-# another process sharing the store wakes no local waiter.
-RECHECK_S = 0.05
 
 
 @dataclass(slots=True)
@@ -34,33 +28,32 @@ class PoolCounters:
 
 
 class Pool:
-    def __init__(self, limits: PoolSpec, store: LimitStore, clock: Clock) -> None:
+    def __init__(self, limits: PoolSpec, store: LimitStore) -> None:
         self.limits = limits
         self.counters = PoolCounters()
         self._store = store
-        self._clock = clock
         prefix = f"pool:{limits.name}:"
         self._slots_key = prefix + "slots"
         self._requests_key = prefix + "requests"
         self._tokens_key = prefix + "tokens"
         self._cool_key = prefix + "cool"
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._listeners: list[Callable[[], None]] = []
 
     @property
     def name(self) -> str:
         return self.limits.name
 
-    async def acquire(self, tokens: int, wait_s: float = 0.0) -> PoolPermit:
-        """Take a permit for one attempt reserving `tokens`, or raise a refusal.
+    async def acquire(self, tokens: int) -> PoolPermit:
+        """Take a permit for one attempt reserving `tokens`, or raise a refusal at once.
 
-        Immediate-or-refuse unless `wait_s` > 0, in which case only the concurrency
-        slot is waited for, and never longer than `wait_s`.
+        Waiting is the scheduler's job (its lane queues), never the pool's.
         """
         cooling = await self._store.cooldown_left(self._cool_key)
         if cooling > 0:
             raise Refusal.POOL_COOLING.error(f"pool {self.name} is cooling down", cooling)
-        if not await self._take_slot(wait_s):
+        if not await self._store.acquire(self._slots_key, self.limits.max_concurrency):
             raise Refusal.CAPACITY.error(f"pool {self.name} is at its concurrency limit")
+        self.counters.active += 1
         permit = PoolPermit(self, 0)
         try:
             await self._charge(permit, tokens)
@@ -76,26 +69,9 @@ class Pool:
         rate = self.limits.tokens
         return float("inf") if rate is None else await self._store.available(self._tokens_key, rate)
 
-    async def _take_slot(self, wait_s: float) -> bool:
-        if await self._store.acquire(self._slots_key, self.limits.max_concurrency):
-            self.counters.active += 1
-            return True
-        deadline = self._clock.now() + wait_s
-        while (left := deadline - self._clock.now()) > 0:
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
-            try:
-                async with asyncio.timeout(min(left, RECHECK_S)):
-                    await waiter
-            except TimeoutError:
-                pass
-            finally:
-                if not waiter.done():
-                    self._waiters.remove(waiter)
-            if await self._store.acquire(self._slots_key, self.limits.max_concurrency):
-                self.counters.active += 1
-                return True
-        return False
+    def on_release(self, listener: Callable[[], None]) -> None:
+        """Called after every release: whoever waits for this pool may try again."""
+        self._listeners.append(listener)
 
     async def _charge(self, permit: PoolPermit, tokens: int) -> None:
         requests, token_rate = self.limits.requests, self.limits.tokens
@@ -118,11 +94,8 @@ class Pool:
         finally:
             await self._store.release(self._slots_key)
             self.counters.active -= 1
-            while self._waiters:
-                waiter = self._waiters.popleft()
-                if not waiter.done():
-                    waiter.set_result(None)
-                    break
+            for listener in self._listeners:
+                listener()
 
     async def _settle(self, reserved: int, used: int | None) -> None:
         """Give back what a finished attempt did not use; an unknown usage keeps it all."""

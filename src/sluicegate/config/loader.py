@@ -19,15 +19,20 @@ from sluicegate.config.schema import (
     PoolConfig,
     QuotaConfig,
     RouteConfig,
+    SchedulingConfig,
 )
 from sluicegate.core.limits import Rate
 from sluicegate.core.types import (
+    AdaptiveLimit,
+    BackendMetrics,
     Deployment,
     Endpoint,
+    Lane,
     Model,
     PoolSpec,
     Quota,
     RoutePolicy,
+    Scheduling,
     Settings,
     Tenant,
     Timeouts,
@@ -119,6 +124,8 @@ def _to_settings(config: GatewayConfig, env: Mapping[str, str], source: str) -> 
             None if spec.models is None else frozenset(spec.models),
             _quota(spec.limits),
             spec.limits.max_prompt_tokens,
+            spec.weight,
+            spec.lane,
         )
         tenants.append(tenant)
         for k_index, key in enumerate(spec.keys):
@@ -137,6 +144,7 @@ def _to_settings(config: GatewayConfig, env: Mapping[str, str], source: str) -> 
         routes={e: _route(getattr(config.routes, e.value)) for e in Endpoint},
         aggregate=_quota(config.aggregate),
         pools=_pools(config),
+        scheduling=_scheduling(config.scheduling),
     )
 
 
@@ -157,10 +165,39 @@ def _route(spec: RouteConfig) -> RoutePolicy:
         max_concurrency=spec.max_concurrency,
         default_timeout_s=spec.default_timeout_s,
         min_attempt_s=spec.min_attempt_s,
-        pool_wait_s=spec.pool_wait_s,
         max_output_tokens=spec.max_output_tokens,
         max_prompt_tokens=spec.max_prompt_tokens,
+        lane=spec.lane,
     )
+
+
+def _scheduling(spec: SchedulingConfig) -> Scheduling:
+    lanes = tuple(Lane(**lane.model_dump()) for lane in spec.lanes)
+    return Scheduling(
+        lanes=lanes,
+        default_lane=spec.default_lane or lanes[0].name,
+        fairness=spec.fairness,
+        input_weight=spec.input_weight,
+        output_weight=spec.output_weight,
+        cost_alpha=spec.cost_alpha,
+        cost_beta=spec.cost_beta,
+        cost_gamma=spec.cost_gamma,
+    )
+
+
+def _backend_metrics(spec: DeploymentConfig, base_url: str) -> BackendMetrics | None:
+    m = spec.metrics
+    if m is None:
+        return None
+    url = str(m.url) if m.url is not None else base_url.removesuffix("/v1") + "/metrics"
+    return BackendMetrics(url, m.interval_s, m.stale_after_s, m.on_stale)
+
+
+def _adaptive(spec: DeploymentConfig) -> AdaptiveLimit | None:
+    a = spec.adaptive
+    if a is None:
+        return None
+    return AdaptiveLimit(a.initial, a.minimum, a.maximum, a.latency_target_s, a.decrease)
 
 
 def _pools(config: GatewayConfig) -> dict[str, PoolSpec]:
@@ -194,16 +231,20 @@ def _deployment(
                 f"environment variable {spec.api_key_env} is not set"
             )
     t = spec.timeouts
+    base_url = str(spec.base_url).rstrip("/")
     return Deployment(
         name=spec.name,
         provider=spec.provider,
-        base_url=str(spec.base_url).rstrip("/"),
+        base_url=base_url,
         upstream_model=spec.model or model,
         api_key=api_key,
         timeouts=Timeouts(t.connect_s, t.read_s, t.total_s),
         max_connections=spec.max_connections,
         pools=tuple(spec.pools) or (spec.name,),
         cancel_grace_s=spec.cancel_grace_s,
+        metrics=_backend_metrics(spec, base_url),
+        adaptive=_adaptive(spec),
+        pass_priority=spec.pass_priority,
     )
 
 

@@ -11,6 +11,14 @@ Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][
 Seconds = Annotated[float, Field(gt=0)]
 
 
+def _unique(what: str, names: list[str]) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"duplicate name {name!r} in {what}")
+        seen.add(name)
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -44,15 +52,74 @@ class RouteConfig(Strict):
     max_concurrency: int | None = Field(default=None, ge=1)
     default_timeout_s: Seconds = 600.0
     min_attempt_s: float = Field(default=0.05, ge=0)
-    pool_wait_s: float = Field(default=0.0, ge=0)
     max_output_tokens: int = Field(default=4096, ge=1)
     max_prompt_tokens: int | None = Field(default=None, ge=1)
+    lane: str | None = None
 
 
 class RoutesConfig(Strict):
     chat: RouteConfig = RouteConfig()
     completions: RouteConfig = RouteConfig()
     embeddings: RouteConfig = RouteConfig()
+
+
+class LaneConfig(Strict):
+    name: Name
+    priority: int = 0
+    ttft_slo_s: Seconds | None = None
+    tpot_slo_s: Seconds | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    max_prompt_tokens: int | None = Field(default=None, ge=1)
+    max_cost: float | None = Field(default=None, gt=0)
+    demote_to: str | None = None
+    queue_size: int = Field(default=0, ge=0)
+    max_queue_age_s: Seconds = 30.0
+    max_backend_waiting: int = Field(default=2, ge=0)
+    max_kv_usage: float | None = Field(default=None, gt=0, le=1)
+    max_share: float = Field(default=1.0, gt=0, le=1)
+    starvation_s: Seconds | None = None
+
+
+class SchedulingConfig(Strict):
+    lanes: list[LaneConfig] = Field(default_factory=lambda: [LaneConfig(name="default")])
+    default_lane: str | None = Field(default=None, description="default: the first lane")
+    fairness: Literal["vtc", "round_robin"] = "vtc"
+    input_weight: float = Field(default=1.0, ge=0)
+    output_weight: float = Field(default=2.0, ge=0)
+    cost_alpha: float = Field(default=1.0, ge=0)
+    cost_beta: float = Field(default=1.0, ge=0)
+    cost_gamma: float = Field(default=0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _lanes_exist(self) -> SchedulingConfig:
+        _unique("lanes", [lane.name for lane in self.lanes])
+        by_name = {lane.name: lane for lane in self.lanes}
+        if self.default_lane is not None and self.default_lane not in by_name:
+            raise ValueError(f"default_lane {self.default_lane!r} is not a lane")
+        for lane in self.lanes:
+            if lane.demote_to is None:
+                continue
+            target = by_name.get(lane.demote_to)
+            if target is None:
+                raise ValueError(f"lane {lane.name!r} demotes to unknown lane {lane.demote_to!r}")
+            if target.priority >= lane.priority:
+                raise ValueError(f"lane {lane.name!r} must demote to a lower-priority lane")
+        return self
+
+
+class MetricsConfig(Strict):
+    url: HttpUrl | None = Field(default=None, description="default: base_url's /metrics")
+    interval_s: Seconds = 0.25
+    stale_after_s: Seconds = 1.0
+    on_stale: Literal["hold", "pools", "saturated"] = "pools"
+
+
+class AdaptiveConfig(Strict):
+    initial: int = Field(default=8, ge=1)
+    minimum: int = Field(default=1, ge=1)
+    maximum: int = Field(default=256, ge=1)
+    latency_target_s: Seconds
+    decrease: float = Field(default=0.9, gt=0, lt=1)
 
 
 class TimeoutsConfig(Strict):
@@ -70,6 +137,15 @@ class DeploymentConfig(Strict):
     timeouts: TimeoutsConfig = TimeoutsConfig()
     max_connections: int = Field(default=256, ge=1)
     cancel_grace_s: float = Field(default=0.1, ge=0)
+    metrics: MetricsConfig | None = Field(
+        default=None, description="read the backend's queue from its Prometheus metrics"
+    )
+    adaptive: AdaptiveConfig | None = Field(
+        default=None, description="an adaptive concurrency limit, for backends without metrics"
+    )
+    pass_priority: bool = Field(
+        default=False, description="send the lane's priority as vLLM's `priority` field"
+    )
     pools: list[str] = Field(
         default_factory=list, description="pools gating this deployment; default: its own"
     )
@@ -103,11 +179,14 @@ class TenantConfig(Strict):
     keys: list[KeyConfig] = Field(min_length=1)
     models: list[str] | None = Field(default=None, description="allowed models; omit for all")
     limits: TenantLimitsConfig = TenantLimitsConfig()
+    weight: float = Field(default=1.0, gt=0, description="share of service under contention")
+    lane: str | None = Field(default=None, description="default lane of this tenant's requests")
 
 
 class GatewayConfig(Strict):
     server: ServerConfig = ServerConfig()
     routes: RoutesConfig = RoutesConfig()
+    scheduling: SchedulingConfig = SchedulingConfig()
     aggregate: QuotaConfig = QuotaConfig()
     pools: list[PoolConfig] = Field(default_factory=list)
     models: list[ModelConfig] = Field(min_length=1)
@@ -131,17 +210,15 @@ class GatewayConfig(Strict):
                 raise ValueError(
                     f"deployment {deployment.name!r} has no pools but a pool has its name"
                 )
+        lanes = {lane.name for lane in self.scheduling.lanes}
+        named = [(f"tenant {t.name!r}", t.lane) for t in self.tenants]
+        named += [(f"route {r}", getattr(self.routes, r).lane) for r in RoutesConfig.model_fields]
+        for who, lane in named:
+            if lane is not None and lane not in lanes:
+                raise ValueError(f"{who} names unknown lane {lane!r}")
         known = {m.name for m in self.models}
         for tenant in self.tenants:
             unknown = sorted(set(tenant.models or ()) - known)
             if unknown:
                 raise ValueError(f"tenant {tenant.name!r} names unknown models {unknown}")
         return self
-
-
-def _unique(what: str, names: list[str]) -> None:
-    seen: set[str] = set()
-    for name in names:
-        if name in seen:
-            raise ValueError(f"duplicate name {name!r} in {what}")
-        seen.add(name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sluicegate.core.types import Endpoint, Model, RoutePolicy, Tenant
+from sluicegate.core.types import Endpoint, Lane, Model, RoutePolicy, Tenant
 
 
 @dataclass(slots=True)
@@ -20,6 +20,7 @@ class Call:
     tenant: Tenant
     model: Model
     route: RoutePolicy
+    lane: Lane
     payload: dict[str, Any]
     stream: bool
     arrived_s: float
@@ -28,3 +29,4 @@ class Call:
     reserved_tokens: int
     used_tokens: int | None = None
     dispatched_s: float | None = None
+    first_byte_s: float | None = None

@@ -21,7 +21,11 @@ class Refusal(enum.StrEnum):
     POOL_COOLING = "pool_cooling_down"
     DEADLINE = "deadline_exceeded"
     PROMPT_TOO_LONG = "prompt_too_long"
+    TOO_COSTLY = "request_too_costly"
     BODY_TOO_LARGE = "body_too_large"
+    QUEUE_FULL = "queue_full"
+    EXPIRED = "expired"
+    BACKEND_BUSY = "backend_busy"
 
     @property
     def status(self) -> int:
@@ -50,7 +54,11 @@ _STATUS = {
     Refusal.POOL_COOLING: 503,
     Refusal.DEADLINE: 504,
     Refusal.PROMPT_TOO_LONG: 400,
+    Refusal.TOO_COSTLY: 400,
     Refusal.BODY_TOO_LARGE: 413,
+    Refusal.QUEUE_FULL: 503,
+    Refusal.EXPIRED: 503,
+    Refusal.BACKEND_BUSY: 503,
 }
 _TYPE = {
     429: ErrorType.RATE_LIMIT,
@@ -59,4 +67,12 @@ _TYPE = {
     400: ErrorType.INVALID_REQUEST,
     413: ErrorType.INVALID_REQUEST,
 }
-_HOPELESS = frozenset({Refusal.DEADLINE, Refusal.PROMPT_TOO_LONG, Refusal.BODY_TOO_LARGE})
+_HOPELESS = frozenset(
+    {
+        Refusal.DEADLINE,
+        Refusal.PROMPT_TOO_LONG,
+        Refusal.TOO_COSTLY,
+        Refusal.BODY_TOO_LARGE,
+        Refusal.EXPIRED,
+    }
+)

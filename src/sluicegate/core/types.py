@@ -41,6 +41,33 @@ class Timeouts:
 
 
 @dataclass(frozen=True, slots=True)
+class BackendMetrics:
+    """How the dispatcher reads a backend's own queue (vLLM's Prometheus metrics).
+
+    `on_stale` says what a missing or old sample means: `hold` dispatches nothing,
+    `pools` falls back to the pools' concurrency alone, `saturated` is `hold` for
+    every lane but also counts as overload.
+    """
+
+    url: str
+    interval_s: float = 0.25
+    stale_after_s: float = 1.0
+    on_stale: str = "pools"
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveLimit:
+    """AIMD concurrency for backends without metrics: x`decrease` when an attempt's
+    time to first byte exceeds `latency_target_s`, +1 per window otherwise."""
+
+    initial: int
+    minimum: int
+    maximum: int
+    latency_target_s: float
+    decrease: float = 0.9
+
+
+@dataclass(frozen=True, slots=True)
 class Deployment:
     name: str
     provider: str
@@ -51,6 +78,9 @@ class Deployment:
     max_connections: int
     pools: tuple[str, ...]
     cancel_grace_s: float = 0.1
+    metrics: BackendMetrics | None = None
+    adaptive: AdaptiveLimit | None = None
+    pass_priority: bool = False
 
     def __repr__(self) -> str:
         return f"Deployment({self.name!r}, {self.provider}, {self.base_url})"
@@ -78,9 +108,53 @@ class RoutePolicy:
     max_concurrency: int | None = None
     default_timeout_s: float = 600.0
     min_attempt_s: float = 0.05
-    pool_wait_s: float = 0.0
     max_output_tokens: int = 4096
     max_prompt_tokens: int | None = None
+    lane: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Lane:
+    """A class of work with its own promise (SLOs) and queue rules.
+
+    A higher `priority` is more important. `max_backend_waiting` is how many requests
+    may wait in the backend's own queue when this lane dispatches (0: only into an
+    empty queue). `max_share` caps the lane's part of each pool, which reserves the
+    rest for the lanes above it.
+    """
+
+    name: str
+    priority: int = 0
+    ttft_slo_s: float | None = None
+    tpot_slo_s: float | None = None
+    max_output_tokens: int | None = None
+    max_prompt_tokens: int | None = None
+    max_cost: float | None = None
+    demote_to: str | None = None
+    queue_size: int = 0
+    max_queue_age_s: float = 30.0
+    max_backend_waiting: int = 2
+    max_kv_usage: float | None = None
+    max_share: float = 1.0
+    starvation_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Scheduling:
+    """Lane order, fairness and the admission cost proxy alpha*prompt + beta*max_tokens +
+    gamma*tool_risk (tool_risk is 1 when the request offers tools)."""
+
+    lanes: tuple[Lane, ...] = (Lane("default"),)
+    default_lane: str = "default"
+    fairness: str = "vtc"
+    input_weight: float = 1.0
+    output_weight: float = 2.0
+    cost_alpha: float = 1.0
+    cost_beta: float = 1.0
+    cost_gamma: float = 0.0
+
+    def lane(self, name: str) -> Lane | None:
+        return next((lane for lane in self.lanes if lane.name == name), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +163,8 @@ class Tenant:
     allowed_models: frozenset[str] | None
     quota: Quota = field(default_factory=Quota)
     max_prompt_tokens: int | None = None
+    weight: float = 1.0
+    lane: str | None = None
 
     def may_use(self, model: str) -> bool:
         return self.allowed_models is None or model in self.allowed_models
@@ -115,3 +191,4 @@ class Settings:
     routes: dict[Endpoint, RoutePolicy]
     aggregate: Quota
     pools: dict[str, PoolSpec]
+    scheduling: Scheduling = field(default_factory=Scheduling)

@@ -6,7 +6,7 @@ dict lookup rather than prometheus_client's label resolution on every request.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import (
@@ -21,7 +21,9 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from sluicegate.capacity.gates import BackendGate, GateState
 from sluicegate.capacity.pools import Pool
+from sluicegate.scheduling.dispatcher import Dispatcher
 
 LATENCY_BUCKETS_S = (
     0.005,
@@ -60,40 +62,100 @@ class RouteMetrics:
     stream: Histogram
 
 
-class PoolCollector(Collector):
-    """Reads every pool's counters at scrape time, so the hot path updates no metric."""
+class CapacityCollector(Collector):
+    """Reads pools, lane queues and backend gates at scrape time, so the hot path
+    updates no metric for them."""
 
-    def __init__(self, pools: Iterable[Pool]) -> None:
+    def __init__(
+        self,
+        pools: Iterable[Pool],
+        dispatchers: Iterable[Dispatcher],
+        gates: Mapping[str, BackendGate],
+    ) -> None:
         self._pools = list(pools)
+        self._dispatchers = list(dispatchers)
+        self._gates = dict(gates)
 
     def collect(self) -> Iterator[Metric]:
-        families = {
-            "active": GaugeMetricFamily(
-                "sluicegate_pool_active_attempts", "Attempts holding a permit now.", labels=["pool"]
-            ),
-            "limit": GaugeMetricFamily(
-                "sluicegate_pool_concurrency_limit", "Most attempts at once.", labels=["pool"]
-            ),
-            "reserved": CounterMetricFamily(
-                "sluicegate_pool_tokens_reserved", "Tokens reserved by attempts.", labels=["pool"]
-            ),
-            "used": CounterMetricFamily(
-                "sluicegate_pool_tokens_used", "Tokens the provider reported used.", labels=["pool"]
-            ),
-            "unsettled": CounterMetricFamily(
-                "sluicegate_pool_tokens_unsettled",
-                "Reserved tokens kept because no usage was reported (failed or cut attempts).",
-                labels=["pool"],
-            ),
-        }
-        for pool in self._pools:
-            c = pool.counters
-            families["active"].add_metric([pool.name], c.active)
-            families["limit"].add_metric([pool.name], pool.limits.max_concurrency)
-            families["reserved"].add_metric([pool.name], c.tokens_reserved)
-            families["used"].add_metric([pool.name], c.tokens_used)
-            families["unsettled"].add_metric([pool.name], c.tokens_unsettled)
-        yield from families.values()
+        yield from self._pool_families()
+        yield from self._queue_families()
+        yield from self._gate_families()
+
+    def _pool_families(self) -> Iterator[Metric]:
+        pool = ["pool"]
+        active = GaugeMetricFamily(
+            "sluicegate_pool_active_attempts", "Attempts holding a permit now.", labels=pool
+        )
+        limit = GaugeMetricFamily(
+            "sluicegate_pool_concurrency_limit", "Most attempts at once.", labels=pool
+        )
+        reserved = CounterMetricFamily(
+            "sluicegate_pool_tokens_reserved", "Tokens reserved by attempts.", labels=pool
+        )
+        used = CounterMetricFamily(
+            "sluicegate_pool_tokens_used", "Tokens the provider reported used.", labels=pool
+        )
+        unsettled = CounterMetricFamily(
+            "sluicegate_pool_tokens_unsettled",
+            "Reserved tokens kept because no usage was reported (failed or cut attempts).",
+            labels=pool,
+        )
+        for p in self._pools:
+            c = p.counters
+            active.add_metric([p.name], c.active)
+            limit.add_metric([p.name], p.limits.max_concurrency)
+            reserved.add_metric([p.name], c.tokens_reserved)
+            used.add_metric([p.name], c.tokens_used)
+            unsettled.add_metric([p.name], c.tokens_unsettled)
+        yield from (active, limit, reserved, used, unsettled)
+
+    def _queue_families(self) -> Iterator[Metric]:
+        labels = ["model", "lane"]
+        depth = GaugeMetricFamily(
+            "sluicegate_queue_depth", "Requests waiting for their turn.", labels=labels
+        )
+        oldest = GaugeMetricFamily(
+            "sluicegate_queue_oldest_age_seconds",
+            "Age of the oldest waiting request.",
+            labels=labels,
+        )
+        dispatched = CounterMetricFamily(
+            "sluicegate_dispatched", "Attempts dispatched.", labels=labels
+        )
+        expired = CounterMetricFamily(
+            "sluicegate_queue_expired",
+            "Queued requests dropped before dispatch (deadline or age limit).",
+            labels=labels,
+        )
+        service = GaugeMetricFamily(
+            "sluicegate_tenant_service",
+            "Each tenant's weighted service counter in the fair scheduler (tokens).",
+            labels=[*labels, "tenant"],
+        )
+        for d in self._dispatchers:
+            for name, queue in d.queues.items():
+                key = [d.model, name]
+                depth.add_metric(key, queue.size)
+                first = queue.oldest_enqueued_s()
+                oldest.add_metric(key, 0.0 if first is None else d.clock.now() - first)
+                stats = d.stats[name]
+                dispatched.add_metric(key, stats.dispatched)
+                expired.add_metric(key, stats.expired)
+                for tenant, counter in getattr(queue.fairness, "counters", {}).items():
+                    service.add_metric([*key, tenant], counter)
+        yield from (depth, oldest, dispatched, expired, service)
+
+    def _gate_families(self) -> Iterator[Metric]:
+        state = GaugeMetricFamily(
+            "sluicegate_dispatch_gate",
+            "1 for the backend gate's current state (open, closed, stale).",
+            labels=["deployment", "state"],
+        )
+        for deployment, gate in self._gates.items():
+            current = gate.state()
+            for each in GateState:
+                state.add_metric([deployment, each.value], 1.0 if each is current else 0.0)
+        yield state
 
 
 class GatewayMetrics:
@@ -136,6 +198,13 @@ class GatewayMetrics:
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
+        self._queue_wait = Histogram(
+            "sluicegate_queue_wait_seconds",
+            "Time from joining a lane's queue to dispatch (0 for immediate dispatch).",
+            ["model", "lane"],
+            buckets=(0.0, *LATENCY_BUCKETS_S),
+            registry=r,
+        )
         self._refusals = Counter(
             "sluicegate_refusals",
             "Requests refused by the gateway's own limits, by reason.",
@@ -152,6 +221,7 @@ class GatewayMetrics:
         self._outcomes: dict[tuple[str, str, int], Counter] = {}
         self._in_flight_of: dict[str, Gauge] = {}
         self._refusals_of: dict[tuple[str, str, int], Counter] = {}
+        self._queue_waits: dict[tuple[str, str], Histogram] = {}
 
     def route(self, route: str, model: str) -> RouteMetrics:
         key = (route, model)
@@ -189,8 +259,20 @@ class GatewayMetrics:
             counter = self._refusals_of[key] = self._refusals.labels(route, reason, str(status))
         counter.inc()
 
-    def watch_pools(self, pools: Iterable[Pool]) -> None:
-        self.registry.register(PoolCollector(pools))
+    def watch(
+        self,
+        pools: Iterable[Pool],
+        dispatchers: Iterable[Dispatcher],
+        gates: Mapping[str, BackendGate],
+    ) -> None:
+        self.registry.register(CapacityCollector(pools, dispatchers, gates))
+
+    def queue_waited(self, model: str, lane: str, wait_s: float) -> None:
+        key = (model, lane)
+        child = self._queue_waits.get(key)
+        if child is None:
+            child = self._queue_waits[key] = self._queue_wait.labels(model, lane)
+        child.observe(wait_s)
 
     def upstream_error(self, deployment: str, code: str) -> None:
         self._upstream_errors.labels(deployment, code).inc()

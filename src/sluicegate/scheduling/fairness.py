@@ -20,12 +20,12 @@ class FairnessPolicy(Protocol):
         ...
 
     def pick(self) -> str | None:
-        """The backlogged flow to serve next; None when none is backlogged."""
+        """The backlogged flow to serve next (no side effect); None when none is."""
         ...
 
     def charge(self, flow: str, prompt_tokens: float, output_tokens: float) -> None:
-        """Account service given to `flow` (output may be charged later, or corrected
-        with a negative amount once the real usage is known)."""
+        """Account one dispatch's service to `flow`; a later call with a negative amount
+        corrects an estimate once the real usage is known."""
         ...
 
 
@@ -42,15 +42,13 @@ class RoundRobin:
         self._order.pop(flow, None)
 
     def pick(self) -> str | None:
-        if not self._order:
-            return None
-        flow = next(iter(self._order))
-        del self._order[flow]
-        self._order[flow] = None
-        return flow
+        return next(iter(self._order), None)
 
     def charge(self, flow: str, prompt_tokens: float, output_tokens: float) -> None:
-        return None
+        """A dispatch sends its flow to the back of the round; corrections change nothing."""
+        if (prompt_tokens > 0 or output_tokens > 0) and flow in self._order:
+            del self._order[flow]
+            self._order[flow] = None
 
 
 class VirtualTokenCounter:

@@ -8,11 +8,12 @@ from sluicegate.admission.boundary import Boundary
 from sluicegate.core.call import Call
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.limits import Rate
-from sluicegate.core.types import Endpoint, Model, Quota, RoutePolicy, Tenant
+from sluicegate.core.types import Endpoint, Lane, Model, Quota, RoutePolicy, Tenant
 from sluicegate.stores.memory import MemoryLimitStore
 from tests.support.clock import FakeClock
 
 MODEL = Model("m", ())
+LANE = Lane("default")
 DEFAULT_ROUTE = RoutePolicy()
 NO_QUOTA = Quota()
 
@@ -23,7 +24,7 @@ def boundary(route=DEFAULT_ROUTE, aggregate=NO_QUOTA):
 
 
 def call(tenant: Tenant, prompt: int = 10, reserved: int = 100, route=DEFAULT_ROUTE) -> Call:
-    return Call(Endpoint.CHAT, tenant, MODEL, route, {}, False, 0.0, 60.0, prompt, reserved)
+    return Call(Endpoint.CHAT, tenant, MODEL, route, LANE, {}, False, 0.0, 60.0, prompt, reserved)
 
 
 async def refusal(coro) -> GatewayError:

@@ -1,11 +1,8 @@
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from sluicegate.capacity.pools import Pool
-from sluicegate.core.clock import MonotonicClock
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.limits import Rate
 from sluicegate.core.types import PoolSpec
@@ -14,9 +11,8 @@ from tests.support.clock import FakeClock
 
 
 def pool(clock=None, **limits) -> Pool:
-    clock = clock or FakeClock()
     spec = PoolSpec("p", limits.pop("max_concurrency", 2), **limits)
-    return Pool(spec, MemoryLimitStore(clock), clock)
+    return Pool(spec, MemoryLimitStore(clock or FakeClock()))
 
 
 async def test_concurrency_is_immediate_or_refuse_without_retry_after():
@@ -93,21 +89,10 @@ async def test_cooldown_refuses_with_its_end():
     await p.acquire(0)
 
 
-async def test_a_configured_wait_is_woken_by_a_release():
-    p = pool(MonotonicClock(), max_concurrency=1)
-    first = await p.acquire(0)
-    waiter = asyncio.create_task(p.acquire(0, wait_s=5))
-    await asyncio.sleep(0.01)
-    assert not waiter.done()
-    await first.release(None)
-    second = await asyncio.wait_for(waiter, 1)
-    assert p.counters.active == 1
-    await second.release(None)
-
-
-async def test_a_wait_gives_up_after_its_bound():
-    p = pool(MonotonicClock(), max_concurrency=1)
-    await p.acquire(0)
-    with pytest.raises(GatewayError):
-        await p.acquire(0, wait_s=0.05)
-    assert p.counters.active == 1
+async def test_release_listeners_are_told():
+    p = pool()
+    told: list[int] = []
+    p.on_release(lambda: told.append(p.counters.active))
+    permit = await p.acquire(0)
+    await permit.release(None)
+    assert told == [0]

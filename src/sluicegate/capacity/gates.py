@@ -1,0 +1,186 @@
+"""Backend gates: may one more request be sent to this deployment for this lane now?
+
+The pools bound how much the gateway may have in flight; a gate asks the backend
+itself. `MetricsGate` reads the backend's own queue (vLLM metrics) and counts what was
+sent since the last sample, so a burst between samples cannot overfill it.
+`AimdGate` serves backends without metrics with an adaptive concurrency limit.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from sluicegate.core.clock import Clock
+from sluicegate.core.types import AdaptiveLimit, BackendMetrics, Lane
+
+
+class GateState(enum.StrEnum):
+    OPEN = "open"
+    CLOSED = "closed"
+    STALE = "stale"
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSample:
+    """One scrape: gauges summed over the backend's models; histograms as running totals."""
+
+    waiting: float
+    running: float
+    kv_usage: float | None
+    tpot_sum: float | None
+    tpot_count: float | None
+
+
+class BackendGate(Protocol):
+    def admits(self, lane: Lane) -> bool: ...
+
+    def sent(self) -> None:
+        """A request was dispatched to the backend."""
+        ...
+
+    def done(self, first_byte_s: float | None) -> None:
+        """A dispatched request ended; `first_byte_s` is its time to first byte, if any."""
+        ...
+
+    def state(self) -> GateState: ...
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Called when the gate may have opened."""
+        ...
+
+
+class _Listeners:
+    def __init__(self) -> None:
+        self._listeners: list[Callable[[], None]] = []
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    def _changed(self) -> None:
+        for listener in self._listeners:
+            listener()
+
+
+class OpenGate(_Listeners):
+    """No backend signal: only the pools limit dispatch."""
+
+    def admits(self, lane: Lane) -> bool:
+        return True
+
+    def sent(self) -> None:
+        return None
+
+    def done(self, first_byte_s: float | None) -> None:
+        return None
+
+    def state(self) -> GateState:
+        return GateState.OPEN
+
+
+class MetricsGate(_Listeners):
+    """Dispatch while the backend's estimated waiting queue is within the lane's bound,
+    its time per output token within the lane's SLO and its KV cache within the lane's
+    ceiling. The estimate is the last sample's waiting plus what was sent since, minus
+    what finished since."""
+
+    def __init__(self, spec: BackendMetrics, clock: Clock) -> None:
+        super().__init__()
+        self._spec = spec
+        self._clock = clock
+        self._sample: BackendSample | None = None
+        self._sampled_s = float("-inf")
+        self._tpot_s: float | None = None
+        self._sent = 0
+        self._done = 0
+
+    @property
+    def tpot_s(self) -> float | None:
+        return self._tpot_s
+
+    @property
+    def estimated_waiting(self) -> float:
+        waiting = self._sample.waiting if self._sample is not None else 0.0
+        return max(0.0, waiting + self._sent - self._done)
+
+    def update(self, sample: BackendSample) -> None:
+        previous = self._sample
+        if (
+            previous is not None
+            and sample.tpot_count is not None
+            and previous.tpot_count is not None
+            and sample.tpot_sum is not None
+            and previous.tpot_sum is not None
+            and sample.tpot_count > previous.tpot_count
+        ):
+            delta = sample.tpot_count - previous.tpot_count
+            self._tpot_s = (sample.tpot_sum - previous.tpot_sum) / delta
+        self._sample = sample
+        self._sampled_s = self._clock.now()
+        self._sent = self._done = 0
+        self._changed()
+
+    def admits(self, lane: Lane) -> bool:
+        sample = self._sample
+        if sample is None or self._stale():
+            return self._spec.on_stale == "pools"
+        return (
+            self.estimated_waiting <= lane.max_backend_waiting
+            and not _over(self._tpot_s, lane.tpot_slo_s)
+            and not _over(sample.kv_usage, lane.max_kv_usage)
+        )
+
+    def sent(self) -> None:
+        self._sent += 1
+
+    def done(self, first_byte_s: float | None) -> None:
+        self._done += 1
+
+    def state(self) -> GateState:
+        if self._sample is None or self._stale():
+            return GateState.STALE
+        return GateState.OPEN if self.estimated_waiting == 0 else GateState.CLOSED
+
+    def _stale(self) -> bool:
+        return self._clock.now() - self._sampled_s > self._spec.stale_after_s
+
+
+class AimdGate(_Listeners):
+    """Additive increase, multiplicative decrease on observed time to first byte: +1 to the
+    limit per limit's worth of fast answers while the limit is in use, x`decrease` on a
+    slow one (at most once per limit's worth of answers, so one burst is one signal)."""
+
+    def __init__(self, spec: AdaptiveLimit) -> None:
+        super().__init__()
+        self._spec = spec
+        self.limit = float(spec.initial)
+        self.in_flight = 0
+        self._since_change = 0
+
+    def admits(self, lane: Lane) -> bool:
+        return self.in_flight < int(self.limit)
+
+    def sent(self) -> None:
+        self.in_flight += 1
+
+    def done(self, first_byte_s: float | None) -> None:
+        self.in_flight -= 1
+        self._since_change += 1
+        spec = self._spec
+        if first_byte_s is not None and first_byte_s > spec.latency_target_s:
+            if self._since_change >= self.limit / 2:
+                self.limit = max(spec.minimum, self.limit * spec.decrease)
+                self._since_change = 0
+        elif self.in_flight + 1 >= self.limit / 2 and self._since_change >= self.limit:
+            self.limit = min(spec.maximum, self.limit + 1)
+            self._since_change = 0
+        self._changed()
+
+    def state(self) -> GateState:
+        return GateState.OPEN if self.admits(Lane("any")) else GateState.CLOSED
+
+
+def _over(value: float | None, ceiling: float | None) -> bool:
+    return value is not None and ceiling is not None and value > ceiling

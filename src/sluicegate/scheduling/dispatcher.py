@@ -1,0 +1,279 @@
+"""The per-model dispatcher: the one place a request may wait for its turn.
+
+A request that finds nobody queued ahead of it in its lane or above is dispatched at
+once if a deployment can take it. Otherwise it joins its lane's queue and waits,
+within its deadline and the lane's age limit, while the dispatcher serves lanes in
+priority order and tenants within a lane in the fairness policy's order. Dispatching
+takes every pool permit and token reservation the attempt needs; the grant owns them
+until `release`. The dispatcher wakes on events (arrival, release, a backend sample,
+a rate limit's next slot), never on a polling tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from sluicegate.capacity.gates import BackendGate
+from sluicegate.capacity.pools import Pool, PoolPermit
+from sluicegate.core.call import Call
+from sluicegate.core.clock import Clock
+from sluicegate.core.errors import GatewayError
+from sluicegate.core.refusals import Refusal
+from sluicegate.core.types import Deployment, Lane
+from sluicegate.scheduling.fairness import FairnessPolicy
+from sluicegate.scheduling.queues import LaneQueue, Waiter
+
+
+@dataclass(slots=True)
+class Target:
+    """A deployment as the dispatcher sees it: its pools and its backend gate."""
+
+    deployment: Deployment
+    pools: tuple[Pool, ...]
+    gate: BackendGate
+
+
+@dataclass(slots=True)
+class Grant:
+    """The right to run one attempt on `target`; it owns the attempt's pool permits."""
+
+    target: Target
+    lane: Lane
+    permits: list[PoolPermit] = field(default_factory=list)
+    charged_output: int = 0
+
+
+@dataclass(slots=True)
+class LaneStats:
+    """Counters the metrics collector reads at scrape time."""
+
+    dispatched: int = 0
+    expired: int = 0
+    wait_s_total: float = 0.0
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        model: str,
+        lanes: Sequence[Lane],
+        targets: Sequence[Target],
+        fairness: Callable[[Lane], FairnessPolicy],
+        clock: Clock,
+        on_wait: Callable[[str, str, float], None] | None = None,
+    ) -> None:
+        self.model = model
+        self.lanes = sorted(lanes, key=lambda lane: -lane.priority)
+        self.queues: dict[str, LaneQueue[Grant]] = {
+            lane.name: LaneQueue(lane, fairness(lane)) for lane in self.lanes
+        }
+        self.stats = {lane.name: LaneStats() for lane in self.lanes}
+        self._targets = list(targets)
+        self._turn = itertools.count()
+        self.clock = clock
+        self._on_wait = on_wait
+        self._lane_use: dict[tuple[str, str], int] = {}
+        self._kicked = asyncio.Event()
+        self._retry: asyncio.TimerHandle | None = None
+        for target in self._targets:
+            target.gate.on_change(self.kick)
+            for pool in target.pools:
+                pool.on_release(self.kick)
+
+    def kick(self) -> None:
+        self._kicked.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._kicked.wait()
+            self._kicked.clear()
+            await self._pump()
+
+    async def acquire(self, call: Call) -> Grant:
+        """A grant for `call`'s attempt, at once or after a wait in its lane's queue."""
+        lane = call.lane
+        if not self._anyone_ahead(lane):
+            outcome = await self._try(call, lane)
+            if isinstance(outcome, Grant):
+                self._dispatched(outcome, call, 0.0)
+                return outcome
+            refusal = outcome
+        else:
+            refusal = Refusal.CAPACITY.error(f"lane {lane.name} has requests waiting ahead")
+        if lane.queue_size == 0:
+            raise refusal
+        queue = self.queues[lane.name]
+        if queue.full:
+            raise Refusal.QUEUE_FULL.error(f"the {lane.name} queue of {self.model} is full")
+        waiter: Waiter[Grant] = Waiter(call, lane, self.clock.now())
+        queue.push(waiter)
+        self.kick()
+        return await self._wait(waiter, queue)
+
+    async def release(self, grant: Grant, call: Call) -> None:
+        """End an attempt: free its permits (settling tokens), tell the gate, and correct
+        the fairness charge with the output really produced."""
+        try:
+            for permit in grant.permits:
+                await permit.release(call.used_tokens)
+        finally:
+            first_byte = None
+            if call.first_byte_s is not None and call.dispatched_s is not None:
+                first_byte = call.first_byte_s - call.dispatched_s
+            grant.target.gate.done(first_byte)
+            for pool in grant.target.pools:
+                self._lane_use[(pool.name, grant.lane.name)] -= 1
+            if call.used_tokens is not None:
+                produced = max(0, call.used_tokens - call.prompt_tokens)
+                fairness = self.queues[grant.lane.name].fairness
+                fairness.charge(call.tenant.name, 0, produced - grant.charged_output)
+            self.kick()
+
+    def _anyone_ahead(self, lane: Lane) -> bool:
+        return any(
+            self.queues[other.name].size for other in self.lanes if other.priority >= lane.priority
+        )
+
+    async def _wait(self, waiter: Waiter[Grant], queue: LaneQueue[Grant]) -> Grant:
+        """The intentional wait point: bounded by the lane's age limit and the deadline."""
+        call, lane = waiter.call, waiter.lane
+        age_limit = waiter.enqueued_s + lane.max_queue_age_s
+        deadline = call.deadline_s - call.route.min_attempt_s
+        try:
+            async with asyncio.timeout(max(0.0, min(age_limit, deadline) - self.clock.now())):
+                return await waiter.future
+        except TimeoutError:
+            if not queue.remove(waiter) and _granted(waiter):
+                return waiter.future.result()
+            self.stats[lane.name].expired += 1
+            if deadline <= age_limit:
+                raise Refusal.DEADLINE.error(
+                    f"the request's deadline passed while it waited in the {lane.name} queue"
+                ) from None
+            raise Refusal.EXPIRED.error(
+                f"the request waited {lane.max_queue_age_s:g}s in the {lane.name} queue, "
+                "its lane's limit"
+            ) from None
+        except asyncio.CancelledError:
+            queue.remove(waiter)
+            if _granted(waiter):
+                await self.release(waiter.future.result(), call)
+            raise
+
+    async def _pump(self) -> None:
+        """Dispatch queued requests until nothing more can go."""
+        while True:
+            for lane in self._lanes_in_turn():
+                queue = self.queues[lane.name]
+                waiter = queue.head()
+                if waiter is None:
+                    continue
+                outcome = await self._try(waiter.call, lane)
+                if isinstance(outcome, GatewayError):
+                    self._retry_after(outcome.retry_after_s)
+                    continue
+                if not queue.remove(waiter) or waiter.future.done():
+                    await self.release(outcome, waiter.call)
+                else:
+                    wait_s = self.clock.now() - waiter.enqueued_s
+                    self._dispatched(outcome, waiter.call, wait_s)
+                    waiter.future.set_result(outcome)
+                break
+            else:
+                return
+
+    def _lanes_in_turn(self) -> list[Lane]:
+        """Priority order, except that a starving lane (its oldest request waited past the
+        lane's `starvation_s`) goes first: strict priority must not starve a lane forever."""
+        now = self.clock.now()
+
+        def starving(lane: Lane) -> bool:
+            oldest = self.queues[lane.name].oldest_enqueued_s()
+            return (
+                lane.starvation_s is not None
+                and oldest is not None
+                and now - oldest > lane.starvation_s
+            )
+
+        return sorted(self.lanes, key=lambda lane: not starving(lane))
+
+    async def _try(self, call: Call, lane: Lane) -> Grant | GatewayError:
+        """Take every permit on the first deployment (in rotation) that admits the lane."""
+        refusals: list[GatewayError] = []
+        count = len(self._targets)
+        start = next(self._turn) % count
+        for target in self._targets[start:] + self._targets[:start]:
+            if not target.gate.admits(lane):
+                refusals.append(
+                    Refusal.BACKEND_BUSY.error(f"deployment {target.deployment.name} is busy")
+                )
+                continue
+            if not self._within_share(target, lane):
+                refusals.append(
+                    Refusal.CAPACITY.error(f"lane {lane.name} is at its share of the pools")
+                )
+                continue
+            grant = Grant(target, lane)
+            try:
+                for pool in target.pools:
+                    grant.permits.append(await pool.acquire(call.reserved_tokens))
+            except GatewayError as err:
+                for permit in grant.permits:
+                    await permit.release(0)
+                refusals.append(err)
+                continue
+            return grant
+        return _most_telling(refusals)
+
+    def _within_share(self, target: Target, lane: Lane) -> bool:
+        if lane.max_share >= 1.0:
+            return True
+        for pool in target.pools:
+            cap = max(1, math.floor(lane.max_share * pool.limits.max_concurrency))
+            if self._lane_use.get((pool.name, lane.name), 0) >= cap:
+                return False
+        return True
+
+    def _dispatched(self, grant: Grant, call: Call, wait_s: float) -> None:
+        grant.target.gate.sent()
+        for pool in grant.target.pools:
+            key = (pool.name, grant.lane.name)
+            self._lane_use[key] = self._lane_use.get(key, 0) + 1
+        output = call.reserved_tokens - call.prompt_tokens
+        grant.charged_output = output
+        self.queues[grant.lane.name].fairness.charge(call.tenant.name, call.prompt_tokens, output)
+        stats = self.stats[grant.lane.name]
+        stats.dispatched += 1
+        stats.wait_s_total += wait_s
+        if self._on_wait is not None:
+            self._on_wait(self.model, grant.lane.name, wait_s)
+        call.dispatched_s = self.clock.now()
+
+    def _retry_after(self, delay_s: float | None) -> None:
+        """Wake when a rate limit's next slot or a cooldown's end comes."""
+        if delay_s is None or math.isinf(delay_s):
+            return
+        loop = asyncio.get_running_loop()
+        when = loop.time() + delay_s
+        pending = self._retry
+        if pending is not None and loop.time() < pending.when() <= when:
+            return
+        if pending is not None:
+            pending.cancel()
+        self._retry = loop.call_at(when, self.kick)
+
+
+def _granted(waiter: Waiter[Grant]) -> bool:
+    return waiter.future.done() and not waiter.future.cancelled()
+
+
+def _most_telling(refusals: list[GatewayError]) -> GatewayError:
+    """The refusal to answer with: the soonest known retry time, else the first reason."""
+    timed = [r for r in refusals if r.retry_after_s is not None]
+    if timed:
+        return min(timed, key=lambda r: r.retry_after_s or 0.0)
+    return refusals[0]
