@@ -1,0 +1,161 @@
+"""Lanes, fair queues and backend-gated dispatch through real processes (MISSION 3.3, 4, 5)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import aiohttp
+import pytest
+
+from sluicegate.providers.backend_metrics import parse_sample
+from tests.e2e.conftest import SIM_KEY, sim_stats
+from tests.support.inprocess import inprocess_gateway
+from tests.support.processes import Proc, start
+
+ENV = {"A_KEY": "sk-a", "B_KEY": "sk-b", "SIM_KEY": SIM_KEY}
+
+
+def config(sim: Proc, lanes: list[dict], pool: int = 64, **deployment) -> dict:
+    return {
+        "scheduling": {"lanes": lanes},
+        "pools": [{"name": "p", "max_concurrency": pool}],
+        "models": [
+            {
+                "name": "chat",
+                "deployments": [
+                    {
+                        "name": "sim",
+                        "base_url": f"{sim.url}/v1",
+                        "model": "sim-model",
+                        "api_key_env": "SIM_KEY",
+                        "pools": ["p"],
+                        **deployment,
+                    }
+                ],
+            }
+        ],
+        "tenants": [{"name": t, "keys": [{"env": f"{t.upper()}_KEY"}]} for t in ("a", "b")],
+    }
+
+
+@pytest.fixture
+def small_sim(tmp_path) -> Iterator[Proc]:
+    """One sequence at a time, slow steps: a backend whose own queue fills at once."""
+    proc = start("sim", ["--max-num-seqs", "1", "--step-base-ms", "20"], tmp_path)
+    yield proc
+    proc.stop()
+
+
+async def chat(http, url, tenant, max_tokens=4, lane=None, timeout_s=None):
+    headers = {"Authorization": f"Bearer sk-{tenant}"}
+    if lane:
+        headers["X-Sluicegate-Lane"] = lane
+    if timeout_s:
+        headers["X-Sluicegate-Timeout"] = str(timeout_s)
+    body = {
+        "model": "chat",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": max_tokens,
+    }
+    async with http.post(f"{url}/v1/chat/completions", json=body, headers=headers) as resp:
+        return resp.status, await resp.json()
+
+
+async def finish_order(tasks: dict[str, asyncio.Task]) -> list[str]:
+    order: list[str] = []
+    pending = {task: name for name, task in tasks.items()}
+    while pending:
+        done, _ = await asyncio.wait(pending, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+        assert done, "a request hung"
+        for task in sorted(done, key=lambda t: pending[t]):
+            assert task.result()[0] == 200, task.result()
+            order.append(pending.pop(task))
+    return order
+
+
+async def test_an_expired_queued_request_never_reaches_the_model(sim, http):
+    async with http.post(f"{sim.url}/sim/reset"):
+        pass
+    lanes = [{"name": "default", "queue_size": 10, "max_queue_age_s": 0.3}]
+    async with inprocess_gateway(config(sim, lanes, pool=1), ENV) as gw:
+        holder = asyncio.ensure_future(chat(http, gw.url, "a", max_tokens=80))
+        await asyncio.sleep(0.1)
+        status, body = await chat(http, gw.url, "b")
+        assert (await holder)[0] == 200
+    assert (status, body["error"]["code"]) == (503, "expired")
+    assert (await sim_stats(http, sim))["received"] == 1
+
+
+async def test_background_waits_for_an_empty_backend_queue_while_interactive_does_not(
+    small_sim, http
+):
+    lanes = [
+        {"name": "interactive", "priority": 100, "queue_size": 50, "max_backend_waiting": 10},
+        {"name": "background", "priority": 0, "queue_size": 50, "max_backend_waiting": 0},
+    ]
+    metrics = {"interval_s": 0.05, "stale_after_s": 1.0, "on_stale": "hold"}
+    async with inprocess_gateway(config(small_sim, lanes, metrics=metrics), ENV) as gw:
+        await asyncio.sleep(0.2)
+        tasks = {f"i{n}": asyncio.ensure_future(chat(http, gw.url, "a", 20)) for n in range(3)}
+        await asyncio.sleep(0.1)
+        tasks["bg"] = asyncio.ensure_future(chat(http, gw.url, "b", 20, lane="background"))
+        await asyncio.sleep(0.1)
+        tasks["i3"] = asyncio.ensure_future(chat(http, gw.url, "a", 20))
+        order = await finish_order(tasks)
+    assert order[-1] == "bg", order
+
+
+async def test_a_late_tenant_is_served_before_the_earlier_backlog_drains(sim, http):
+    lanes = [{"name": "default", "queue_size": 100, "max_queue_age_s": 30}]
+    async with inprocess_gateway(config(sim, lanes, pool=1), ENV) as gw:
+        tasks = {f"a{n:02}": asyncio.ensure_future(chat(http, gw.url, "a", 3)) for n in range(12)}
+        await asyncio.sleep(0.1)
+        tasks.update({f"b{n}": asyncio.ensure_future(chat(http, gw.url, "b", 3)) for n in range(2)})
+        order = await finish_order(tasks)
+    assert max(order.index("b0"), order.index("b1")) < 8, order
+
+
+async def test_lane_priority_is_passed_to_a_vllm_priority_scheduler(tmp_path, http):
+    proc = start(
+        "sim",
+        ["--max-num-seqs", "1", "--step-base-ms", "20", "--scheduling-policy", "priority"],
+        tmp_path,
+    )
+    lanes = [
+        {"name": "interactive", "priority": 100, "queue_size": 50, "max_backend_waiting": 50},
+        {"name": "background", "priority": 0, "queue_size": 50, "max_backend_waiting": 50},
+    ]
+    try:
+        async with inprocess_gateway(config(proc, lanes, pass_priority=True), ENV) as gw:
+            tasks = {
+                f"bg{n}": asyncio.ensure_future(chat(http, gw.url, "b", 5, lane="background"))
+                for n in range(4)
+            }
+            await asyncio.sleep(0.1)
+            tasks["int"] = asyncio.ensure_future(chat(http, gw.url, "a", 5))
+            order = await finish_order(tasks)
+    finally:
+        proc.stop()
+    assert order.index("int") <= 1, order
+
+
+@pytest.mark.parametrize("generation", ["current", "legacy"])
+async def test_the_reader_parses_a_real_simulators_metrics(tmp_path, generation):
+    proc = start("sim", ["--metrics-generation", generation, "--time-scale", "0.1"], tmp_path)
+    try:
+        async with aiohttp.ClientSession() as client:
+            body = {
+                "model": "sim-model",
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 5,
+            }
+            async with client.post(f"{proc.url}/v1/chat/completions", json=body) as resp:
+                assert resp.status == 200
+            async with client.get(f"{proc.url}/metrics") as resp:
+                sample = parse_sample(await resp.text())
+    finally:
+        proc.stop()
+    assert (sample.waiting, sample.running) == (0, 0)
+    assert sample.kv_usage == 0
+    assert (sample.tpot_count or 0) > 0

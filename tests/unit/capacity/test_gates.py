@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import pytest
+
+from sluicegate.capacity.gates import AimdGate, BackendSample, GateState, MetricsGate
+from sluicegate.core.types import AdaptiveLimit, BackendMetrics, Lane
+from tests.support.clock import FakeClock
+
+INTERACTIVE = Lane("interactive", priority=100, max_backend_waiting=2, tpot_slo_s=0.15)
+BACKGROUND = Lane("background", priority=0, max_backend_waiting=0, max_kv_usage=0.8)
+
+
+def sample(waiting=0.0, running=0.0, kv=0.1, tpot_sum=0.0, tpot_count=0.0) -> BackendSample:
+    return BackendSample(waiting, running, kv, tpot_sum, tpot_count)
+
+
+def gate(on_stale="pools") -> tuple[MetricsGate, FakeClock]:
+    clock = FakeClock()
+    return MetricsGate(BackendMetrics("http://x/metrics", 0.25, 1.0, on_stale), clock), clock
+
+
+def test_dispatch_while_the_backend_queue_is_within_the_lanes_bound():
+    g, _ = gate()
+    g.update(sample(waiting=2))
+    assert g.admits(INTERACTIVE)
+    assert not g.admits(BACKGROUND)
+    g.sent()
+    assert not g.admits(INTERACTIVE)
+
+
+def test_background_only_into_an_empty_queue_counting_what_was_sent_since():
+    g, _ = gate()
+    g.update(sample(waiting=0))
+    assert g.admits(BACKGROUND)
+    g.sent()
+    assert not g.admits(BACKGROUND)
+    g.done(0.1)
+    assert g.admits(BACKGROUND)
+    g.sent()
+    g.update(sample(waiting=0))
+    assert g.admits(BACKGROUND)
+
+
+def test_slow_decoding_closes_the_gate_for_a_lane_with_a_tpot_slo():
+    g, _ = gate()
+    g.update(sample(tpot_sum=1.0, tpot_count=10))
+    g.update(sample(tpot_sum=1.0 + 20 * 0.2, tpot_count=30))
+    assert g.tpot_s == pytest.approx(0.2)
+    assert not g.admits(INTERACTIVE)
+    g.update(sample(tpot_sum=5.0 + 10 * 0.05, tpot_count=40))
+    assert g.admits(INTERACTIVE)
+
+
+def test_kv_cache_ceiling():
+    g, _ = gate()
+    g.update(sample(kv=0.9))
+    assert not g.admits(BACKGROUND)
+    assert g.admits(INTERACTIVE)
+
+
+@pytest.mark.parametrize(
+    ("policy", "admits"), [("pools", True), ("hold", False), ("saturated", False)]
+)
+def test_a_stale_sample_does_what_the_setting_says(policy, admits):
+    g, clock = gate(policy)
+    assert g.state() is GateState.STALE
+    assert g.admits(INTERACTIVE) is admits
+    g.update(sample(waiting=0))
+    assert g.state() is GateState.OPEN
+    assert g.admits(INTERACTIVE)
+    clock.advance(1.5)
+    assert g.state() is GateState.STALE
+    assert g.admits(INTERACTIVE) is admits
+
+
+def test_listeners_hear_each_sample():
+    g, _ = gate()
+    heard = []
+    g.on_change(lambda: heard.append(1))
+    g.update(sample())
+    assert heard == [1]
+
+
+def test_aimd_grows_while_fast_and_in_use_and_shrinks_on_slow_answers():
+    g = AimdGate(AdaptiveLimit(initial=4, minimum=1, maximum=10, latency_target_s=1.0))
+    lane = Lane("x")
+    for _ in range(40):
+        while g.admits(lane):
+            g.sent()
+        g.done(0.1)
+    assert g.limit == 10
+    for _ in range(40):
+        while g.admits(lane):
+            g.sent()
+        g.done(5.0)
+    assert g.limit < 3
+    assert g.limit >= 1

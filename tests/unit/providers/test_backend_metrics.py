@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import pytest
+
+from sluicegate.providers.backend_metrics import parse_sample
+
+CURRENT = """
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="a"} 3.0
+vllm:num_requests_running{model_name="b"} 1.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="a"} 2.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{model_name="a"} 0.25
+# TYPE vllm:inter_token_latency_seconds histogram
+vllm:inter_token_latency_seconds_bucket{le="+Inf",model_name="a"} 10.0
+vllm:inter_token_latency_seconds_count{model_name="a"} 10.0
+vllm:inter_token_latency_seconds_sum{model_name="a"} 0.5
+"""
+
+LEGACY = """
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="a"} 1.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="a"} 0.0
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{model_name="a"} 0.5
+# TYPE vllm:time_per_output_token_seconds histogram
+vllm:time_per_output_token_seconds_bucket{le="+Inf",model_name="a"} 4.0
+vllm:time_per_output_token_seconds_count{model_name="a"} 4.0
+vllm:time_per_output_token_seconds_sum{model_name="a"} 0.4
+"""
+
+
+def test_current_names_summed_over_models():
+    s = parse_sample(CURRENT)
+    assert (s.running, s.waiting, s.kv_usage) == (4.0, 2.0, 0.25)
+    assert (s.tpot_sum, s.tpot_count) == (0.5, 10.0)
+
+
+def test_legacy_names():
+    s = parse_sample(LEGACY)
+    assert (s.running, s.waiting, s.kv_usage) == (1.0, 0.0, 0.5)
+    assert (s.tpot_sum, s.tpot_count) == (0.4, 4.0)
+
+
+def test_not_a_vllm_exposition():
+    with pytest.raises(ValueError, match="num_requests_waiting"):
+        parse_sample("# TYPE up gauge\nup 1\n")

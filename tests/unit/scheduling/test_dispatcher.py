@@ -1,0 +1,244 @@
+"""The dispatcher with real pools and a gate the test controls; no sleeps beyond a few ms."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from sluicegate.capacity.gates import GateState
+from sluicegate.capacity.pools import Pool
+from sluicegate.core.call import Call
+from sluicegate.core.clock import MonotonicClock
+from sluicegate.core.errors import GatewayError
+from sluicegate.core.types import (
+    Deployment,
+    Endpoint,
+    Lane,
+    Model,
+    PoolSpec,
+    RoutePolicy,
+    Tenant,
+    Timeouts,
+)
+from sluicegate.scheduling.dispatcher import Dispatcher, Target
+from sluicegate.scheduling.fairness import VirtualTokenCounter
+from sluicegate.stores.memory import MemoryLimitStore
+
+CLOCK = MonotonicClock()
+INTERACTIVE = Lane("interactive", priority=100, queue_size=100, max_queue_age_s=5)
+HEAVY = Lane("heavy", priority=50, queue_size=100, max_queue_age_s=5, starvation_s=0.05)
+BACKGROUND = Lane("background", priority=0, queue_size=100, max_queue_age_s=5, max_share=0.5)
+SHORT = Lane("short", priority=100, queue_size=10, max_queue_age_s=0.05)
+DEPLOYMENT = Deployment("d", "openai", "http://x/v1", "m", None, Timeouts(1, 1, 1), 8, ("p",))
+
+
+class Gate:
+    """A backend gate the test opens and closes by hand."""
+
+    def __init__(self) -> None:
+        self.open_for: set[str] | None = None
+        self._listeners: list[Callable[[], None]] = []
+
+    def admits(self, lane: Lane) -> bool:
+        return self.open_for is None or lane.name in self.open_for
+
+    def sent(self) -> None: ...
+
+    def done(self, first_byte_s: float | None) -> None: ...
+
+    def state(self) -> GateState:
+        return GateState.OPEN
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    def set(self, open_for: set[str] | None) -> None:
+        self.open_for = open_for
+        for listener in self._listeners:
+            listener()
+
+
+@pytest.fixture
+async def setup():
+    pool = Pool(PoolSpec("p", 1), MemoryLimitStore(CLOCK))
+    gate = Gate()
+    dispatcher = Dispatcher(
+        "m",
+        [INTERACTIVE, HEAVY, BACKGROUND, SHORT],
+        [Target(DEPLOYMENT, (pool,), gate)],
+        lambda lane: VirtualTokenCounter(),
+        CLOCK,
+    )
+    runner = asyncio.create_task(dispatcher.run())
+    yield dispatcher, pool, gate
+    runner.cancel()
+
+
+def call(tenant="a", lane=INTERACTIVE, deadline_in_s=10.0) -> Call:
+    now = CLOCK.now()
+    return Call(
+        Endpoint.CHAT,
+        Tenant(tenant, None),
+        Model("m", (DEPLOYMENT,)),
+        RoutePolicy(),
+        lane,
+        {},
+        False,
+        now,
+        now + deadline_in_s,
+        10,
+        20,
+    )
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def serve_in_turn(dispatcher: Dispatcher, waiting: list[tuple[str, Call]]) -> list[str]:
+    """With the only permit held, queue `waiting` in order, then release one grant at a
+    time and return the labels in the order they were dispatched."""
+    holder = call()
+    grant, current = await dispatcher.acquire(holder), holder
+    tasks = {}
+    for label, c in waiting:
+        tasks[asyncio.create_task(dispatcher.acquire(c))] = (label, c)
+        await settle()
+    order: list[str] = []
+    while tasks:
+        await dispatcher.release(grant, current)
+        done, _ = await asyncio.wait(tasks, timeout=1, return_when=asyncio.FIRST_COMPLETED)
+        assert len(done) == 1
+        task = done.pop()
+        label, current = tasks.pop(task)
+        order.append(label)
+        grant = task.result()
+    await dispatcher.release(grant, current)
+    return order
+
+
+async def test_an_idle_system_dispatches_at_once_and_release_frees_the_pool(setup):
+    dispatcher, pool, _ = setup
+    c = call()
+    grant = await dispatcher.acquire(c)
+    assert pool.counters.active == 1
+    assert c.dispatched_s is not None
+    await dispatcher.release(grant, c)
+    assert pool.counters.active == 0
+
+
+async def test_a_lane_without_a_queue_refuses_at_once(setup):
+    dispatcher, _, _ = setup
+    held = call()
+    grant = await dispatcher.acquire(held)
+    with pytest.raises(GatewayError) as info:
+        await dispatcher.acquire(call(lane=Lane("now", priority=100)))
+    assert info.value.code == "capacity_exhausted"
+    await dispatcher.release(grant, held)
+
+
+async def test_a_release_wakes_the_next_waiter(setup):
+    dispatcher, pool, _ = setup
+    first = call()
+    grant = await dispatcher.acquire(first)
+    waiter = asyncio.create_task(dispatcher.acquire(call()))
+    await settle()
+    assert not waiter.done()
+    await dispatcher.release(grant, first)
+    second = await asyncio.wait_for(waiter, 1)
+    assert pool.counters.active == 1
+    assert second.lane is INTERACTIVE
+
+
+async def test_lanes_are_served_by_priority(setup):
+    dispatcher, _, _ = setup
+    waiting = [("background", call(lane=BACKGROUND)), ("interactive", call())]
+    assert await serve_in_turn(dispatcher, waiting) == ["interactive", "background"]
+
+
+async def test_a_late_tenant_is_served_before_an_earlier_backlog_drains(setup):
+    dispatcher, _, _ = setup
+    waiting = [("a", call("a")) for _ in range(5)] + [("b", call("b"))]
+    order = await serve_in_turn(dispatcher, waiting)
+    assert order.index("b") <= 1
+
+
+async def test_queued_work_expires_without_being_dispatched(setup):
+    dispatcher, pool, _ = setup
+    holder = call()
+    grant = await dispatcher.acquire(holder)
+    with pytest.raises(GatewayError) as info:
+        await dispatcher.acquire(call(lane=SHORT))
+    assert (info.value.status, info.value.code) == (503, "expired")
+    with pytest.raises(GatewayError) as info:
+        await dispatcher.acquire(call(deadline_in_s=0.1))
+    assert (info.value.status, info.value.code) == (504, "deadline_exceeded")
+    assert all(q.size == 0 for q in dispatcher.queues.values())
+    await dispatcher.release(grant, holder)
+    assert pool.counters.active == 0
+
+
+async def test_a_caller_that_leaves_is_never_dispatched(setup):
+    dispatcher, pool, _ = setup
+    holder = call()
+    grant = await dispatcher.acquire(holder)
+    waiter = asyncio.create_task(dispatcher.acquire(call()))
+    await settle()
+    waiter.cancel()
+    await settle()
+    assert dispatcher.queues["interactive"].size == 0
+    await dispatcher.release(grant, holder)
+    await settle()
+    assert pool.counters.active == 0
+    assert dispatcher.stats["interactive"].dispatched == 1
+
+
+async def test_the_backend_gate_holds_a_lane_until_it_opens(setup):
+    dispatcher, _, gate = setup
+    gate.set({"interactive"})
+    waiter = asyncio.create_task(dispatcher.acquire(call(lane=BACKGROUND)))
+    await settle()
+    assert not waiter.done()
+    gate.set(None)
+    grant = await asyncio.wait_for(waiter, 1)
+    assert grant.lane is BACKGROUND
+
+
+async def test_a_lane_share_reserves_the_rest_of_the_pool():
+    pool = Pool(PoolSpec("p", 4), MemoryLimitStore(CLOCK))
+    dispatcher = Dispatcher(
+        "m",
+        [INTERACTIVE, BACKGROUND],
+        [Target(DEPLOYMENT, (pool,), Gate())],
+        lambda lane: VirtualTokenCounter(),
+        CLOCK,
+    )
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        grants = [await dispatcher.acquire(call(lane=BACKGROUND)) for _ in range(2)]
+        third = asyncio.create_task(dispatcher.acquire(call(lane=BACKGROUND)))
+        await settle()
+        assert not third.done()
+        grants += [await dispatcher.acquire(call()) for _ in range(2)]
+        assert pool.counters.active == 4
+        third.cancel()
+    finally:
+        runner.cancel()
+
+
+async def test_a_starving_lane_goes_before_higher_ones(setup):
+    dispatcher, _, _ = setup
+    holder = call()
+    grant = await dispatcher.acquire(holder)
+    heavy = asyncio.create_task(dispatcher.acquire(call(lane=HEAVY)))
+    await asyncio.sleep(0.08)
+    interactive = asyncio.create_task(dispatcher.acquire(call()))
+    await settle()
+    await dispatcher.release(grant, holder)
+    await asyncio.wait_for(heavy, 1)
+    await settle()
+    assert not interactive.done()
+    interactive.cancel()
