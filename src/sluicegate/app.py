@@ -26,14 +26,16 @@ from sluicegate.capacity.gates import AimdGate, BackendGate, MetricsGate, OpenGa
 from sluicegate.capacity.pools import Pool
 from sluicegate.config import ConfigError, load_settings
 from sluicegate.core.clock import Clock, MonotonicClock
-from sluicegate.core.types import Deployment, Lane, Settings
+from sluicegate.core.types import Deployment, Lane, OverloadState, Settings
 from sluicegate.observability.metrics import GatewayMetrics
+from sluicegate.observability.status import snapshot
 from sluicegate.pipeline import Pipeline
 from sluicegate.providers.backend_metrics import MetricsPoller
 from sluicegate.providers.base import Provider
 from sluicegate.providers.openai import OpenAIProvider
 from sluicegate.scheduling.dispatcher import Dispatcher, Target
 from sluicegate.scheduling.fairness import FairnessPolicy, RoundRobin, VirtualTokenCounter
+from sluicegate.scheduling.overload import OverloadMonitor, OverloadWatch
 from sluicegate.stores.memory import MemoryLimitStore
 
 DEMO_KEYS = {"demo-alice": "sk-demo-alice", "demo-bob": "sk-demo-bob"}
@@ -64,6 +66,7 @@ def build(settings: Settings, clock: Clock | None = None) -> Runtime:
     deployments = [d for model in settings.models.values() for d in model.deployments]
     providers = {d.name: make_provider(d) for d in deployments}
     gates = {d.name: make_gate(d, clock) for d in deployments}
+    monitor = OverloadMonitor(settings.scheduling.overload, clock)
     dispatchers = {
         name: Dispatcher(
             name,
@@ -72,18 +75,30 @@ def build(settings: Settings, clock: Clock | None = None) -> Runtime:
             fairness_factory(settings),
             clock,
             metrics.queue_waited,
+            pause_rule(settings, monitor),
         )
         for name, model in settings.models.items()
     }
     metrics.watch(pools.values(), dispatchers.values(), gates)
+    metrics.watch_overload(monitor)
     pollers = [
         MetricsPoller(d.metrics, gate)
         for d in deployments
         if d.metrics is not None and isinstance(gate := gates[d.name], MetricsGate)
     ]
     boundary = Boundary(store, settings.routes, settings.aggregate)
-    pipeline = Pipeline(settings, providers, dispatchers, boundary, metrics, clock)
-    gateway = Gateway(settings, pipeline, metrics, clock)
+    pipeline = Pipeline(settings, providers, dispatchers, boundary, monitor, metrics, clock)
+    watch = OverloadWatch(
+        monitor,
+        settings.scheduling,
+        dispatchers.values(),
+        [g for g in gates.values() if isinstance(g, MetricsGate)],
+        pipeline.ttft,
+        clock,
+    )
+    gateway = Gateway(
+        settings, pipeline, metrics, clock, lambda: snapshot(monitor, dispatchers.values(), gates)
+    )
     background: list[asyncio.Task[None]] = []
     scrapes: list[aiohttp.ClientSession] = []
 
@@ -92,6 +107,7 @@ def build(settings: Settings, clock: Clock | None = None) -> Runtime:
             await provider.start()
         loop = asyncio.get_running_loop()
         background.extend(loop.create_task(d.run()) for d in dispatchers.values())
+        background.append(loop.create_task(watch.run()))
         if pollers:
             scrapes.append(aiohttp.ClientSession())
             background.extend(loop.create_task(p.run(scrapes[0])) for p in pollers)
@@ -117,6 +133,16 @@ def make_gate(deployment: Deployment, clock: Clock) -> BackendGate:
     if deployment.adaptive is not None:
         return AimdGate(deployment.adaptive)
     return OpenGate()
+
+
+def pause_rule(settings: Settings, monitor: OverloadMonitor) -> Callable[[Lane], bool]:
+    """From `batch_paused` on, the bottom lane is not dispatched (unless it is the only one)."""
+    bottom, top = settings.scheduling.bottom, settings.scheduling.top
+
+    def paused(lane: Lane) -> bool:
+        return lane is bottom and lane is not top and monitor.state >= OverloadState.BATCH_PAUSED
+
+    return paused
 
 
 def fairness_factory(settings: Settings) -> Callable[[Lane], FairnessPolicy]:

@@ -20,11 +20,13 @@ from sluicegate.core.call import Call
 from sluicegate.core.clock import Clock
 from sluicegate.core.errors import ErrorType, GatewayError, not_found
 from sluicegate.core.refusals import Refusal
-from sluicegate.core.types import Deployment, Endpoint, Lane, Settings, Tenant
+from sluicegate.core.types import Deployment, Endpoint, Lane, Model, OverloadState, Settings, Tenant
 from sluicegate.observability.metrics import GatewayMetrics
 from sluicegate.providers.base import Provider, UpstreamResponse
 from sluicegate.scheduling.dispatcher import Dispatcher
+from sluicegate.scheduling.ladder import degrade
 from sluicegate.scheduling.lanes import Demand, classify
+from sluicegate.scheduling.overload import OverloadMonitor, TtftWindow
 
 
 class Pipeline:
@@ -34,6 +36,7 @@ class Pipeline:
         providers: Mapping[str, Provider],
         dispatchers: Mapping[str, Dispatcher],
         boundary: Boundary,
+        overload: OverloadMonitor,
         metrics: GatewayMetrics,
         clock: Clock,
         tokenizer: Tokenizer = chars_over_four,
@@ -45,6 +48,8 @@ class Pipeline:
         self._providers = providers
         self._dispatchers = dispatchers
         self._boundary = boundary
+        self._overload = overload
+        self.ttft = TtftWindow(clock)
         self._metrics = metrics
         self._clock = clock
         self._count = tokenizer
@@ -78,6 +83,10 @@ class Pipeline:
         output = output_tokens(endpoint, payload, route.max_output_tokens)
         demand = Demand(prompt, output, bool(payload.get("tools")))
         chosen = classify(self._scheduling, lane, tenant, route, demand)
+        if self._overload.state >= OverloadState.DEGRADED:
+            model = self._degrade(chosen, endpoint, model, payload)
+            prompt = prompt_tokens(endpoint, payload, self._count)
+            output = output_tokens(endpoint, payload, route.max_output_tokens)
         output = _cap_output(chosen, payload, output)
         deadline = arrived_s + (route.default_timeout_s if timeout_s is None else timeout_s)
         stream = payload.get("stream") is True
@@ -94,6 +103,33 @@ class Pipeline:
             prompt,
             prompt + output,
         )
+
+    def first_token(self, call: Call, ttft_s: float) -> None:
+        """Feed the overload monitor the protected lane's time to first token."""
+        if call.lane is self._scheduling.top:
+            self.ttft.add(ttft_s)
+
+    def _degrade(
+        self, lane: Lane, endpoint: Endpoint, model: Model, payload: dict[str, Any]
+    ) -> Model:
+        """The fallback ladder while degraded: refuse all but the top lane at the worst
+        level, else rewrite the request cheaper and move background work to a smaller
+        model."""
+        scheduling = self._scheduling
+        top = scheduling.top
+        if self._overload.state >= OverloadState.INTERACTIVE_ONLY and lane is not top:
+            raise Refusal.OVERLOADED.error(
+                f"the gateway is overloaded and serves only the {top.name} lane; retry later"
+            )
+        ladder = scheduling.overload.ladder
+        actions = degrade(ladder, lane, top, endpoint, payload, self._count)
+        small = ladder.background_model
+        if small is not None and lane is scheduling.bottom and lane is not top:
+            model = self._models[small]
+            actions.append("background_model")
+        for action in actions:
+            self._metrics.ladder_action(action)
+        return model
 
     async def charge(self, call: Call, permits: AsyncExitStack) -> None:
         await self._boundary.charge(call, permits)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import openai
 import pytest
@@ -103,13 +105,19 @@ async def test_legacy_generation_uses_the_older_names(
 async def test_gauges_show_a_busy_engine(start_sim: StartSim, http: aiohttp.ClientSession) -> None:
     busy = start_sim("--max-num-seqs", "1", "--time-scale", "0.1")
     body = {"model": "sim-model", "prompt": "x" * 4000, "max_tokens": 3000, "stream": True}
-    responses = [await http.post(busy.url + "/v1/completions", json=body) for _ in range(2)]
+    first = await http.post(busy.url + "/v1/completions", json=body)
+    # Headers come with the first token, as from vLLM: the second request only queues.
+    second = asyncio.ensure_future(http.post(busy.url + "/v1/completions", json=body))
     try:
-        await responses[0].content.readline()  # the first token: the engine has admitted it
-        _, samples = await scrape(http, busy)
+        await first.content.readline()
+        for _ in range(100):
+            _, samples = await scrape(http, busy)
+            if value(samples, "vllm:num_requests_waiting") == 1:
+                break
+            await asyncio.sleep(0.01)
         assert value(samples, "vllm:num_requests_running") == 1
         assert value(samples, "vllm:num_requests_waiting") == 1
         assert value(samples, "vllm:kv_cache_usage_perc") == pytest.approx(4000 / 65536, abs=1e-3)
     finally:
-        for resp in responses:
-            resp.close()
+        first.close()
+        second.cancel()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -58,10 +59,17 @@ class Exchange:
 
 class Gateway:
     def __init__(
-        self, settings: Settings, pipeline: Pipeline, metrics: GatewayMetrics, clock: Clock
+        self,
+        settings: Settings,
+        pipeline: Pipeline,
+        metrics: GatewayMetrics,
+        clock: Clock,
+        status: Callable[[], dict[str, Any]],
     ) -> None:
         self._settings = settings
+        self._status = status
         self._keys: Mapping[bytes, Tenant] = settings.keys
+        self._admin_keys = settings.admin_keys
         self._pipeline = pipeline
         self._metrics = metrics
         self._clock = clock
@@ -75,6 +83,7 @@ class Gateway:
         router.add("GET", "/health", self._health)
         router.add("GET", "/ready", self._ready)
         router.add("GET", "/metrics", self._metrics_page)
+        router.add("GET", "/admin/status", self._admin_status)
         return router
 
     def _inference_handler(self, endpoint: Endpoint):  # noqa: ANN202 - an ASGI handler
@@ -166,14 +175,16 @@ class Gateway:
         bound.admission.observe(dispatched - exchange.arrived_s)
         bound.upstream.observe(first_byte - dispatched)
         if call.stream:
-            bound.ttft.observe(first_byte - exchange.arrived_s)
+            ttft = first_byte - exchange.arrived_s
+            bound.ttft.observe(ttft)
             bound.stream.observe(now - first_byte)
+            self._pipeline.first_token(call, ttft)
 
     def _authenticate(self, scope: Scope) -> Tenant:
-        value = header(scope, b"authorization")
-        if value is None or value[:7].lower() != b"bearer ":
+        digest = _key_digest(scope)
+        if digest is None:
             raise _unauthorised("missing API key: send 'Authorization: Bearer <key>'")
-        tenant = self._keys.get(hashlib.sha256(value[7:].strip()).digest())
+        tenant = self._keys.get(digest)
         if tenant is None:
             raise _unauthorised("invalid API key")
         return tenant
@@ -196,6 +207,13 @@ class Gateway:
         status = 200 if self.ready else 503
         await send_json(send, status, {"status": "ready" if self.ready else "not ready"})
 
+    async def _admin_status(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Overload state, queues and gates; for holders of an admin key only."""
+        if _key_digest(scope) not in self._admin_keys:
+            await send_error(send, _unauthorised("an admin key is required"))
+            return
+        await send_json(send, 200, self._status())
+
     async def _metrics_page(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = self._metrics.exposition()
         await send_bytes(send, 200, body, [(b"content-type", b"text/plain; version=0.0.4")])
@@ -208,6 +226,14 @@ def _model_list(settings: Settings, tenant: Tenant) -> bytes:
         if tenant.may_use(name)
     ]
     return orjson.dumps({"object": "list", "data": data})
+
+
+def _key_digest(scope: Scope) -> bytes | None:
+    """sha256 of the bearer key: keys are compared (and kept) only as digests."""
+    value = header(scope, b"authorization")
+    if value is None or value[:7].lower() != b"bearer ":
+        return None
+    return hashlib.sha256(value[7:].strip()).digest()
 
 
 def _timeout_s(scope: Scope) -> float | None:

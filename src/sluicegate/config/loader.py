@@ -16,6 +16,7 @@ from sluicegate.config.schema import (
     DeploymentConfig,
     GatewayConfig,
     KeyConfig,
+    OverloadConfig,
     PoolConfig,
     QuotaConfig,
     RouteConfig,
@@ -27,8 +28,10 @@ from sluicegate.core.types import (
     BackendMetrics,
     Deployment,
     Endpoint,
+    Ladder,
     Lane,
     Model,
+    OverloadPolicy,
     PoolSpec,
     Quota,
     RoutePolicy,
@@ -145,6 +148,10 @@ def _to_settings(config: GatewayConfig, env: Mapping[str, str], source: str) -> 
         aggregate=_quota(config.aggregate),
         pools=_pools(config),
         scheduling=_scheduling(config.scheduling),
+        admin_keys=frozenset(
+            _key_digest(key, env, f"{source}: admin.keys[{i}]")
+            for i, key in enumerate(config.admin.keys)
+        ),
     )
 
 
@@ -182,7 +189,13 @@ def _scheduling(spec: SchedulingConfig) -> Scheduling:
         cost_alpha=spec.cost_alpha,
         cost_beta=spec.cost_beta,
         cost_gamma=spec.cost_gamma,
+        overload=_overload(spec.overload),
     )
+
+
+def _overload(spec: OverloadConfig) -> OverloadPolicy:
+    fields = spec.model_dump(exclude={"ladder"})
+    return OverloadPolicy(**fields, ladder=Ladder(**spec.ladder.model_dump()))
 
 
 def _backend_metrics(spec: DeploymentConfig, base_url: str) -> BackendMetrics | None:

@@ -80,6 +80,29 @@ class LaneConfig(Strict):
     starvation_s: Seconds | None = None
 
 
+class LadderConfig(Strict):
+    drop_n: bool = True
+    interactive_max_tokens: int | None = Field(default=None, ge=1)
+    trim_prompt_tokens: int | None = Field(default=None, ge=1)
+    background_model: str | None = None
+
+
+class OverloadConfig(Strict):
+    degraded_at: float = Field(default=0.7, gt=0)
+    batch_paused_at: float = Field(default=0.85, gt=0)
+    interactive_only_at: float = Field(default=1.0, gt=0)
+    leave_ratio: float = Field(default=0.8, gt=0, lt=1)
+    hold_s: float = Field(default=5.0, ge=0)
+    interval_s: Seconds = 0.5
+    ladder: LadderConfig = LadderConfig()
+
+    @model_validator(mode="after")
+    def _ordered(self) -> OverloadConfig:
+        if not self.degraded_at <= self.batch_paused_at <= self.interactive_only_at:
+            raise ValueError("need degraded_at <= batch_paused_at <= interactive_only_at")
+        return self
+
+
 class SchedulingConfig(Strict):
     lanes: list[LaneConfig] = Field(default_factory=lambda: [LaneConfig(name="default")])
     default_lane: str | None = Field(default=None, description="default: the first lane")
@@ -89,6 +112,7 @@ class SchedulingConfig(Strict):
     cost_alpha: float = Field(default=1.0, ge=0)
     cost_beta: float = Field(default=1.0, ge=0)
     cost_gamma: float = Field(default=0.0, ge=0)
+    overload: OverloadConfig = OverloadConfig()
 
     @model_validator(mode="after")
     def _lanes_exist(self) -> SchedulingConfig:
@@ -183,12 +207,17 @@ class TenantConfig(Strict):
     lane: str | None = Field(default=None, description="default lane of this tenant's requests")
 
 
+class AdminConfig(Strict):
+    keys: list[KeyConfig] = Field(default_factory=list, description="keys for /admin routes")
+
+
 class GatewayConfig(Strict):
     server: ServerConfig = ServerConfig()
     routes: RoutesConfig = RoutesConfig()
     scheduling: SchedulingConfig = SchedulingConfig()
     aggregate: QuotaConfig = QuotaConfig()
     pools: list[PoolConfig] = Field(default_factory=list)
+    admin: AdminConfig = AdminConfig()
     models: list[ModelConfig] = Field(min_length=1)
     tenants: list[TenantConfig] = Field(min_length=1)
 
@@ -217,6 +246,11 @@ class GatewayConfig(Strict):
             if lane is not None and lane not in lanes:
                 raise ValueError(f"{who} names unknown lane {lane!r}")
         known = {m.name for m in self.models}
+        small = self.scheduling.overload.ladder.background_model
+        if small is not None and small not in known:
+            raise ValueError(
+                f"scheduling.overload.ladder.background_model {small!r} is not a model"
+            )
         for tenant in self.tenants:
             unknown = sorted(set(tenant.models or ()) - known)
             if unknown:

@@ -26,6 +26,7 @@ class Refusal(enum.StrEnum):
     QUEUE_FULL = "queue_full"
     EXPIRED = "expired"
     BACKEND_BUSY = "backend_busy"
+    OVERLOADED = "overloaded"
 
     @property
     def status(self) -> int:
@@ -59,6 +60,7 @@ _STATUS = {
     Refusal.QUEUE_FULL: 503,
     Refusal.EXPIRED: 503,
     Refusal.BACKEND_BUSY: 503,
+    Refusal.OVERLOADED: 503,
 }
 _TYPE = {
     429: ErrorType.RATE_LIMIT,

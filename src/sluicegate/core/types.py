@@ -139,6 +139,52 @@ class Lane:
     starvation_s: float | None = None
 
 
+class OverloadState(enum.IntEnum):
+    NORMAL = 0
+    DEGRADED = 1
+    BATCH_PAUSED = 2
+    INTERACTIVE_ONLY = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True, slots=True)
+class Ladder:
+    """What each state does. From `degraded`: drop n/best_of, cap interactive output,
+    trim the oldest conversation turns to a prompt budget, send background work to a
+    smaller model. From `batch_paused`: background lanes are not dispatched. At
+    `interactive_only`: every lane but the top one is refused (503 `overloaded`)."""
+
+    drop_n: bool = True
+    interactive_max_tokens: int | None = None
+    trim_prompt_tokens: int | None = None
+    background_model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OverloadPolicy:
+    """Pressure thresholds (signal / promise) at which each state is entered, checked
+    every `interval_s`; a state is left after `hold_s` below threshold x `leave_ratio`."""
+
+    degraded_at: float = 0.7
+    batch_paused_at: float = 0.85
+    interactive_only_at: float = 1.0
+    leave_ratio: float = 0.8
+    hold_s: float = 5.0
+    interval_s: float = 0.5
+    ladder: Ladder = Ladder()
+
+    def threshold(self, state: OverloadState) -> float:
+        return {
+            OverloadState.NORMAL: 0.0,
+            OverloadState.DEGRADED: self.degraded_at,
+            OverloadState.BATCH_PAUSED: self.batch_paused_at,
+            OverloadState.INTERACTIVE_ONLY: self.interactive_only_at,
+        }[state]
+
+
 @dataclass(frozen=True, slots=True)
 class Scheduling:
     """Lane order, fairness and the admission cost proxy alpha*prompt + beta*max_tokens +
@@ -152,6 +198,16 @@ class Scheduling:
     cost_alpha: float = 1.0
     cost_beta: float = 1.0
     cost_gamma: float = 0.0
+    overload: OverloadPolicy = field(default_factory=OverloadPolicy)
+
+    @property
+    def top(self) -> Lane:
+        """The most important lane: the one overload protects."""
+        return max(self.lanes, key=lambda lane: lane.priority)
+
+    @property
+    def bottom(self) -> Lane:
+        return min(self.lanes, key=lambda lane: lane.priority)
 
     def lane(self, name: str) -> Lane | None:
         return next((lane for lane in self.lanes if lane.name == name), None)
@@ -192,3 +248,4 @@ class Settings:
     aggregate: Quota
     pools: dict[str, PoolSpec]
     scheduling: Scheduling = field(default_factory=Scheduling)
+    admin_keys: frozenset[bytes] = frozenset()

@@ -23,7 +23,9 @@ from prometheus_client.registry import Collector
 
 from sluicegate.capacity.gates import BackendGate, GateState
 from sluicegate.capacity.pools import Pool
+from sluicegate.core.types import OverloadState
 from sluicegate.scheduling.dispatcher import Dispatcher
+from sluicegate.scheduling.overload import OverloadMonitor
 
 LATENCY_BUCKETS_S = (
     0.005,
@@ -158,6 +160,31 @@ class CapacityCollector(Collector):
         yield state
 
 
+class OverloadCollector(Collector):
+    def __init__(self, monitor: OverloadMonitor) -> None:
+        self._monitor = monitor
+
+    def collect(self) -> Iterator[Metric]:
+        state = GaugeMetricFamily(
+            "sluicegate_overload_state",
+            "1 for the gateway's current overload state.",
+            labels=["state"],
+        )
+        for each in OverloadState:
+            state.add_metric([each.label], 1.0 if each is self._monitor.state else 0.0)
+        yield state
+        yield GaugeMetricFamily(
+            "sluicegate_overload_pressure",
+            "Worst ratio of a protected signal to its promise (queue wait, p95 TTFT, TPOT).",
+            value=self._monitor.pressure,
+        )
+        yield CounterMetricFamily(
+            "sluicegate_overload_transitions",
+            "Changes of overload state.",
+            value=self._monitor.transitions,
+        )
+
+
 class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -203,6 +230,12 @@ class GatewayMetrics:
             "Time from joining a lane's queue to dispatch (0 for immediate dispatch).",
             ["model", "lane"],
             buckets=(0.0, *LATENCY_BUCKETS_S),
+            registry=r,
+        )
+        self._ladder = Counter(
+            "sluicegate_ladder_actions",
+            "Fallback ladder rewrites applied, by action.",
+            ["action"],
             registry=r,
         )
         self._refusals = Counter(
@@ -251,6 +284,12 @@ class GatewayMetrics:
                 route, model, status_class(status)
             )
         counter.inc()
+
+    def ladder_action(self, action: str) -> None:
+        self._ladder.labels(action).inc()
+
+    def watch_overload(self, monitor: OverloadMonitor) -> None:
+        self.registry.register(OverloadCollector(monitor))
 
     def refused(self, route: str, reason: str, status: int) -> None:
         key = (route, reason, status)

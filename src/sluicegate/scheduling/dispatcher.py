@@ -65,6 +65,7 @@ class Dispatcher:
         fairness: Callable[[Lane], FairnessPolicy],
         clock: Clock,
         on_wait: Callable[[str, str, float], None] | None = None,
+        paused: Callable[[Lane], bool] = lambda lane: False,
     ) -> None:
         self.model = model
         self.lanes = sorted(lanes, key=lambda lane: -lane.priority)
@@ -76,6 +77,10 @@ class Dispatcher:
         self._turn = itertools.count()
         self.clock = clock
         self._on_wait = on_wait
+        self._paused = paused
+        self._last_dispatch_s: float | None = None
+        self.dispatch_interval_s: float | None = None
+        """Smoothed time between dispatches, to estimate how long a newcomer would wait."""
         self._lane_use: dict[tuple[str, str], int] = {}
         self._kicked = asyncio.Event()
         self._retry: asyncio.TimerHandle | None = None
@@ -96,7 +101,8 @@ class Dispatcher:
     async def acquire(self, call: Call) -> Grant:
         """A grant for `call`'s attempt, at once or after a wait in its lane's queue."""
         lane = call.lane
-        if not self._anyone_ahead(lane):
+        ahead = self._queued_ahead(lane)
+        if not ahead and not self._paused(lane):
             outcome = await self._try(call, lane)
             if isinstance(outcome, Grant):
                 self._dispatched(outcome, call, 0.0)
@@ -106,6 +112,7 @@ class Dispatcher:
             refusal = Refusal.CAPACITY.error(f"lane {lane.name} has requests waiting ahead")
         if lane.queue_size == 0:
             raise refusal
+        self._check_promise(lane, ahead)
         queue = self.queues[lane.name]
         if queue.full:
             raise Refusal.QUEUE_FULL.error(f"the {lane.name} queue of {self.model} is full")
@@ -133,10 +140,23 @@ class Dispatcher:
                 fairness.charge(call.tenant.name, 0, produced - grant.charged_output)
             self.kick()
 
-    def _anyone_ahead(self, lane: Lane) -> bool:
-        return any(
+    def _queued_ahead(self, lane: Lane) -> int:
+        return sum(
             self.queues[other.name].size for other in self.lanes if other.priority >= lane.priority
         )
+
+    def _check_promise(self, lane: Lane, ahead: int) -> None:
+        """Refuse rather than queue when the expected wait already breaks the lane's TTFT
+        promise: an honest 'not now' beats a late answer."""
+        interval = self.dispatch_interval_s
+        if lane.ttft_slo_s is None or interval is None or not ahead:
+            return
+        expected = ahead * interval
+        if expected > lane.ttft_slo_s:
+            raise Refusal.OVERLOADED.error(
+                f"the {lane.name} lane's expected wait ({expected:.1f}s) exceeds its "
+                f"{lane.ttft_slo_s:g}s promise; retry later"
+            )
 
     async def _wait(self, waiter: Waiter[Grant], queue: LaneQueue[Grant]) -> Grant:
         """The intentional wait point: bounded by the lane's age limit and the deadline."""
@@ -168,6 +188,8 @@ class Dispatcher:
         """Dispatch queued requests until nothing more can go."""
         while True:
             for lane in self._lanes_in_turn():
+                if self._paused(lane):
+                    continue
                 queue = self.queues[lane.name]
                 waiter = queue.head()
                 if waiter is None:
@@ -251,7 +273,12 @@ class Dispatcher:
         stats.wait_s_total += wait_s
         if self._on_wait is not None:
             self._on_wait(self.model, grant.lane.name, wait_s)
-        call.dispatched_s = self.clock.now()
+        now = call.dispatched_s = self.clock.now()
+        if self._last_dispatch_s is not None:
+            gap = now - self._last_dispatch_s
+            previous = self.dispatch_interval_s
+            self.dispatch_interval_s = gap if previous is None else 0.8 * previous + 0.2 * gap
+        self._last_dispatch_s = now
 
     def _retry_after(self, delay_s: float | None) -> None:
         """Wake when a rate limit's next slot or a cooldown's end comes."""

@@ -212,8 +212,11 @@ class SimServer:
     ) -> None:
         limit = request.max_tokens if cut is None else cut
         sent = 0
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
         async with DisconnectWatcher(receive):
+            # As vLLM does, nothing (not even the headers) goes out before the first token
+            # exists, so the first byte a client sees marks the real time to first token.
+            await seq.wait(0)
+            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
             if events.opening:
                 await send(_part(events.opening))
             while sent < limit:

@@ -242,3 +242,44 @@ async def test_a_starving_lane_goes_before_higher_ones(setup):
     await settle()
     assert not interactive.done()
     interactive.cancel()
+
+
+async def test_a_lane_whose_expected_wait_breaks_its_promise_refuses(setup):
+    dispatcher, _, _ = setup
+    promised = Lane("promised", priority=100, queue_size=100, max_queue_age_s=5, ttft_slo_s=1.0)
+    dispatcher.queues["promised"] = dispatcher.queues["interactive"]
+    holder = call()
+    grant = await dispatcher.acquire(holder)
+    waiters = [asyncio.create_task(dispatcher.acquire(call())) for _ in range(3)]
+    await settle()
+    dispatcher.dispatch_interval_s = 0.5
+    with pytest.raises(GatewayError) as info:
+        await dispatcher.acquire(call(lane=promised))
+    assert (info.value.status, info.value.code) == (503, "overloaded")
+    for waiter in waiters:
+        waiter.cancel()
+    await dispatcher.release(grant, holder)
+
+
+async def test_a_paused_lane_waits_until_unpaused():
+    pool = Pool(PoolSpec("p", 4), MemoryLimitStore(CLOCK))
+    paused = {"background"}
+    dispatcher = Dispatcher(
+        "m",
+        [INTERACTIVE, BACKGROUND],
+        [Target(DEPLOYMENT, (pool,), Gate())],
+        lambda lane: VirtualTokenCounter(),
+        CLOCK,
+        paused=lambda lane: lane.name in paused,
+    )
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        waiter = asyncio.create_task(dispatcher.acquire(call(lane=BACKGROUND)))
+        await dispatcher.acquire(call())
+        await settle()
+        assert not waiter.done()
+        paused.clear()
+        dispatcher.kick()
+        await asyncio.wait_for(waiter, 1)
+    finally:
+        runner.cancel()

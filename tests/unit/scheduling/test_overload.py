@@ -1,0 +1,98 @@
+from __future__ import annotations
+
+import pytest
+
+from sluicegate.core.types import Endpoint, Ladder, Lane, OverloadPolicy, OverloadState
+from sluicegate.scheduling.ladder import degrade
+from sluicegate.scheduling.overload import OverloadMonitor, TtftWindow
+from tests.support.clock import FakeClock
+
+POLICY = OverloadPolicy(hold_s=5.0)
+TOP = Lane("interactive", priority=100)
+BOTTOM = Lane("background")
+
+
+def chars(text: str) -> int:
+    return -(-len(text) // 4)
+
+
+def test_pressure_enters_states_at_their_thresholds():
+    monitor = OverloadMonitor(POLICY, FakeClock())
+    assert monitor.observe([0.5, None]) is OverloadState.NORMAL
+    assert monitor.observe([0.75]) is OverloadState.DEGRADED
+    assert monitor.observe([0.9, 0.1]) is OverloadState.BATCH_PAUSED
+    assert monitor.observe([1.3]) is OverloadState.INTERACTIVE_ONLY
+    assert monitor.pressure == 1.3
+
+
+def test_states_are_left_one_step_at_a_time_after_a_calm_hold():
+    clock = FakeClock()
+    monitor = OverloadMonitor(POLICY, clock)
+    monitor.observe([1.2])
+    monitor.observe([0.0])
+    clock.advance(4.9)
+    assert monitor.observe([0.0]) is OverloadState.INTERACTIVE_ONLY
+    clock.advance(0.2)
+    assert monitor.observe([0.0]) is OverloadState.BATCH_PAUSED
+    clock.advance(5.1)
+    assert monitor.observe([0.0]) is OverloadState.DEGRADED
+
+
+def test_hysteresis_a_dip_just_below_the_threshold_does_not_leave():
+    clock = FakeClock()
+    monitor = OverloadMonitor(POLICY, clock)
+    monitor.observe([0.75])
+    for _ in range(10):
+        clock.advance(1.0)
+        assert monitor.observe([0.65]) is OverloadState.DEGRADED
+    clock.advance(1.0)
+    monitor.observe([0.5])
+    clock.advance(5.0)
+    assert monitor.observe([0.5]) is OverloadState.NORMAL
+
+
+def test_the_ttft_window_forgets_old_samples():
+    clock = FakeClock()
+    window = TtftWindow(clock, horizon_s=10)
+    for value in (1, 2, 3, 4, 5):
+        window.add(value)
+    assert window.p95() == 5
+    clock.advance(11)
+    assert window.p95() is None
+
+
+def test_ladder_drops_n_and_caps_interactive_output():
+    payload = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "n": 3,
+        "best_of": 4,
+        "max_tokens": 900,
+    }
+    actions = degrade(Ladder(interactive_max_tokens=100), TOP, TOP, Endpoint.CHAT, payload, chars)
+    assert actions == ["drop_n", "cap_output"]
+    assert (payload["n"], payload["max_tokens"]) == (1, 100)
+    assert "best_of" not in payload
+    other = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 900}
+    assert (
+        degrade(Ladder(interactive_max_tokens=100), BOTTOM, TOP, Endpoint.CHAT, other, chars) == []
+    )
+
+
+def test_ladder_trims_the_oldest_turns_but_keeps_system_and_the_last():
+    messages = [
+        {"role": "system", "content": "s" * 40},
+        {"role": "user", "content": "a" * 400},
+        {"role": "assistant", "content": "b" * 400},
+        {"role": "user", "content": "c" * 40},
+    ]
+    payload = {"messages": messages}
+    assert degrade(Ladder(trim_prompt_tokens=50), TOP, TOP, Endpoint.CHAT, payload, chars) == [
+        "trim_prompt"
+    ]
+    assert [m["content"][0] for m in payload["messages"]] == ["s", "c"]
+
+
+@pytest.mark.parametrize("endpoint", [Endpoint.EMBEDDINGS, Endpoint.COMPLETIONS])
+def test_ladder_leaves_other_endpoints_prompts_alone(endpoint):
+    payload = {"input": "x" * 1000, "prompt": "x" * 1000}
+    assert degrade(Ladder(trim_prompt_tokens=5), TOP, TOP, endpoint, payload, chars) == []
