@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 import aiohttp
 import orjson
 
+from sluicegate.bench.stats import percentile
+
 REQUEST_TIMEOUT_S = 30.0
 MAX_RATE_PER_WORKER = 20_000.0
 """A ceiling no loopback worker reaches; it turns the time bound into a count bound too."""
@@ -80,30 +82,36 @@ class Tally:
         return self.ok / self.elapsed_s if self.elapsed_s > 0 else math.nan
 
     def percentile_ms(self, q: float) -> float:
-        """Linear interpolation between closest ranks; NaN when nothing succeeded."""
-        if not self.latencies_s:
-            return math.nan
-        ordered = sorted(self.latencies_s)
-        rank = (len(ordered) - 1) * q / 100
-        low = math.floor(rank)
-        high = min(low + 1, len(ordered) - 1)
-        return 1000 * (ordered[low] + (ordered[high] - ordered[low]) * (rank - low))
+        """NaN when nothing succeeded."""
+        return 1000 * percentile(self.latencies_s, q)
+
+
+class SseSplitter:
+    """Cuts a byte stream into whole SSE events, whatever the read boundaries."""
+
+    __slots__ = ("_rest",)
+
+    def __init__(self) -> None:
+        self._rest = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        events = (self._rest + data).split(_EVENT_END)
+        self._rest = events.pop()
+        return events
 
 
 class SseCounter:
     """Counts completion chunks (SSE data events before `[DONE]`) across read boundaries."""
 
-    __slots__ = ("_rest", "chunks", "done")
+    __slots__ = ("_events", "chunks", "done")
 
     def __init__(self) -> None:
-        self._rest = b""
+        self._events = SseSplitter()
         self.chunks = 0
         self.done = False
 
     def feed(self, data: bytes) -> None:
-        events = (self._rest + data).split(_EVENT_END)
-        self._rest = events.pop()
-        for event in events:
+        for event in self._events.feed(data):
             if event == _DONE:
                 self.done = True
             elif event.startswith(b"data:"):

@@ -24,6 +24,8 @@ HOST = "127.0.0.1"
 GATEWAY_MODEL = "bench-chat"
 SIM_MODEL = "sim-model"
 KEY_ENV = "SLUICEGATE_BENCH_KEY"
+SIM_URL_ENV = "SLUICEGATE_SIM_URL"
+"""Set in the gateway's environment to the simulator's URL, for `${SLUICEGATE_SIM_URL}`."""
 READY_TIMEOUT_S = 30.0
 STOP_GRACE_S = 10.0
 _POLL_S = 0.05
@@ -36,7 +38,7 @@ models:
     deployments:
       - name: sim
         provider: openai
-        base_url: {sim_url}/v1
+        base_url: ${{{sim_url_env}}}/v1
         model: {sim_model}
         max_connections: 256
 tenants:
@@ -104,24 +106,36 @@ def services(tenant_limits: Mapping[str, float] | None = None) -> Iterator[Servi
     if tenant_limits:
         limits = _TENANT_LIMITS.format(limits=orjson.dumps(dict(tenant_limits)).decode())
     key = f"sk-bench-{secrets.token_urlsafe(16)}"
+    config = _GATEWAY_CONFIG.format(
+        model=GATEWAY_MODEL,
+        sim_url_env=SIM_URL_ENV,
+        sim_model=SIM_MODEL,
+        key_env=KEY_ENV,
+        limits=limits,
+    )
+    with stack(["--time-scale", "0"], config, {KEY_ENV: key}) as (sim, gateway):
+        yield Services(sim, gateway, key)
+
+
+@contextmanager
+def stack(
+    sim_args: Sequence[str], gateway_config: str, env: Mapping[str, str]
+) -> Iterator[tuple[Child, Child]]:
+    """Start `sluicegate sim SIM_ARGS`, then a gateway with this config text; stop both after.
+
+    The gateway's environment is `env` plus SLUICEGATE_SIM_URL, which the config may use.
+    """
     with (
         tempfile.TemporaryDirectory(prefix="sluicegate-bench-") as logs,
-        _spawn("sim", ["sim", "--time-scale", "0"], "/health", Path(logs)) as sim,
+        _spawn("sim", ["sim", *sim_args], "/health", Path(logs)) as sim,
     ):
         log_dir = Path(logs)
         config = log_dir / "gateway.yaml"
-        config.write_text(
-            _GATEWAY_CONFIG.format(
-                model=GATEWAY_MODEL,
-                sim_url=sim.url,
-                sim_model=SIM_MODEL,
-                key_env=KEY_ENV,
-                limits=limits,
-            )
-        )
+        config.write_text(gateway_config)
         serve = ["serve", "--config", str(config), "--log-level", "warning"]
-        with _spawn("gateway", serve, "/ready", log_dir, {KEY_ENV: key}) as gateway:
-            yield Services(sim, gateway, key)
+        gateway_env = {**env, SIM_URL_ENV: sim.url}
+        with _spawn("gateway", serve, "/ready", log_dir, gateway_env) as gateway:
+            yield sim, gateway
 
 
 def free_port() -> int:

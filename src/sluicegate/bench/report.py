@@ -113,21 +113,24 @@ def text(runs: Mapping[str, PhaseRun], found: Sequence[Figure]) -> str:
     return f"{details}\n\n{targets}\n\nDefinitions:\n{notes}\n"
 
 
-def targets_table(found: Sequence[Figure]) -> str:
-    return table(
-        ["phase", "figure", "value", "target", "result"],
+TARGET_HEADERS = ("phase", "figure", "value", "target", "result")
+
+
+def target_rows(found: Sequence[Figure]) -> list[list[str]]:
+    return [
         [
-            [
-                f.phase,
-                f.name,
-                f"{num(f.value, f.digits)} {f.unit}".rstrip(),
-                f.target,
-                "PASS" if f.passed else "MISS",
-            ]
-            for f in found
-        ],
-        left=2,
-    )
+            f.phase,
+            f.name,
+            f"{num(f.value, f.digits)} {f.unit}".rstrip(),
+            f.target,
+            "PASS" if f.passed else "MISS",
+        ]
+        for f in found
+    ]
+
+
+def targets_table(found: Sequence[Figure]) -> str:
+    return table(TARGET_HEADERS, target_rows(found), left=2)
 
 
 def envelope(
