@@ -22,6 +22,7 @@ from sluicegate.admission.boundary import Boundary
 from sluicegate.api.asgi import Router
 from sluicegate.api.gateway import Gateway
 from sluicegate.api.server import listen, serve
+from sluicegate.capacity.breaker import Breaker
 from sluicegate.capacity.gates import AimdGate, BackendGate, MetricsGate, OpenGate
 from sluicegate.capacity.pools import Pool
 from sluicegate.config import ConfigError, load_settings
@@ -71,11 +72,17 @@ def build(settings: Settings, clock: Clock | None = None) -> Runtime:
         name: Dispatcher(
             name,
             settings.scheduling.lanes,
-            [Target(d, tuple(pools[p] for p in d.pools), gates[d.name]) for d in model.deployments],
+            [
+                Target(
+                    d, tuple(pools[p] for p in d.pools), gates[d.name], Breaker(d.breaker, clock)
+                )
+                for d in model.deployments
+            ],
             fairness_factory(settings),
             clock,
             metrics.queue_waited,
             pause_rule(settings, monitor),
+            chain=model.strategy == "fallback",
         )
         for name, model in settings.models.items()
     }

@@ -10,6 +10,8 @@ the caller's `async with`, so it is released exactly once, after the attempt has
 
 from __future__ import annotations
 
+import asyncio
+import random
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -18,12 +20,12 @@ from sluicegate.admission.boundary import Boundary
 from sluicegate.admission.estimate import Tokenizer, chars_over_four, output_tokens, prompt_tokens
 from sluicegate.core.call import Call
 from sluicegate.core.clock import Clock
-from sluicegate.core.errors import ErrorType, GatewayError, not_found
+from sluicegate.core.errors import CONTEXT_LENGTH, ErrorType, GatewayError, not_found
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Deployment, Endpoint, Lane, Model, OverloadState, Settings, Tenant
 from sluicegate.observability.metrics import GatewayMetrics
 from sluicegate.providers.base import Provider, UpstreamResponse
-from sluicegate.scheduling.dispatcher import Dispatcher
+from sluicegate.scheduling.dispatcher import Dispatcher, Grant
 from sluicegate.scheduling.ladder import degrade
 from sluicegate.scheduling.lanes import Demand, classify
 from sluicegate.scheduling.overload import OverloadMonitor, TtftWindow
@@ -53,6 +55,7 @@ class Pipeline:
         self._metrics = metrics
         self._clock = clock
         self._count = tokenizer
+        self._random = random.Random()
 
     async def enter(self, endpoint: Endpoint, tenant: Tenant, permits: AsyncExitStack) -> None:
         await self._boundary.enter(endpoint, tenant, permits)
@@ -135,20 +138,96 @@ class Pipeline:
         await self._boundary.charge(call, permits)
 
     @asynccontextmanager
-    async def attempt(self, call: Call) -> AsyncIterator[UpstreamResponse]:
-        """One upstream attempt; it ends only when the upstream call has really ended."""
-        self._budget_s(call)
+    async def attempt(self, call: Call) -> AsyncIterator[Answer]:
+        """An upstream answer whose first bytes have arrived, after as many attempts as the
+        route allows. An attempt that fails before that (connection, timeout, 5xx,
+        throttling, a context window too small) releases its permits, and the next one
+        re-enters the dispatcher after a jittered backoff, on another deployment when
+        there is one. Once the answer is yielded the provider is fixed."""
         dispatcher = self._dispatchers[call.model.name]
-        grant = await dispatcher.acquire(call)
-        try:
-            budget_s = self._budget_s(call)
-            deployment = grant.target.deployment
-            if deployment.pass_priority:
-                call.payload["priority"] = self._top_priority - call.lane.priority
-            async with self._open(deployment, call, budget_s) as upstream:
-                yield upstream
-        finally:
-            await dispatcher.release(grant, call)
+        retry = call.route.retry
+        failure: GatewayError | None = None
+        for number in range(1, retry.max_attempts + 1):
+            if failure is not None:
+                await self._back_off(call, number, failure)
+            self._budget_s(call)
+            async with AsyncExitStack() as attempt:
+                try:
+                    grant = await dispatcher.acquire(call)
+                except GatewayError:
+                    if failure is None:
+                        raise
+                    raise failure from None
+                attempt.push_async_callback(dispatcher.release, grant, call)
+                try:
+                    answer = await self._first_bytes(attempt, grant, call)
+                except GatewayError as err:
+                    grant.failed = err.failover
+                    if not await self._worth_another(grant, call, err):
+                        raise
+                    failure = err
+                    continue
+                self._metrics.attempts(number)
+                try:
+                    yield answer
+                except GatewayError as err:
+                    grant.failed = err.failover
+                    raise
+                return
+        assert failure is not None
+        raise failure
+
+    async def _first_bytes(self, attempt: AsyncExitStack, grant: Grant, call: Call) -> Answer:
+        deployment = grant.target.deployment
+        if deployment.pass_priority:
+            call.payload["priority"] = self._top_priority - call.lane.priority
+        if call.route.reasoning_effort is not None:
+            call.payload.setdefault("reasoning_effort", call.route.reasoning_effort)
+        upstream = await attempt.enter_async_context(
+            self._open(deployment, call, self._budget_s(call))
+        )
+        answer = Answer(upstream, call)
+        await answer.prime()
+        return answer
+
+    async def _worth_another(self, grant: Grant, call: Call, err: GatewayError) -> bool:
+        """Act on a failed attempt (throttling cools the pools) and say whether another
+        attempt may do better."""
+        deployment = grant.target.deployment
+        call.excluded.add(deployment.name)
+        if err.code == "upstream_throttled":
+            cooldown = err.retry_after_s or deployment.throttle_cooldown_s
+            for pool in grant.target.pools:
+                await pool.cool(cooldown)
+                self._metrics.throttled(pool.name)
+            grant.target.breaker.ramp_after(cooldown)
+        if err.code == CONTEXT_LENGTH:
+            return self._larger_context_left(call, deployment)
+        if err.failover:
+            self._metrics.retried(deployment.name, err.code)
+        return err.failover
+
+    def _larger_context_left(self, call: Call, failed: Deployment) -> bool:
+        """Exclude every deployment whose window is no larger than the one that was too
+        small; another attempt is worth it only if a larger one remains."""
+        window = failed.context_window or 0
+        larger = False
+        for d in call.model.deployments:
+            if d.context_window is not None and d.context_window > window:
+                larger = larger or d.name not in call.excluded
+            else:
+                call.excluded.add(d.name)
+        return larger
+
+    async def _back_off(self, call: Call, number: int, failure: GatewayError) -> None:
+        """Full jitter, within the deadline; a context-window fallback does not wait."""
+        retry = call.route.retry
+        delay = 0.0
+        if failure.code != CONTEXT_LENGTH:
+            delay = self._random.uniform(0, min(retry.cap_s, retry.base_s * 2 ** (number - 2)))
+        if call.deadline_s - self._clock.now() - delay < call.route.min_attempt_s:
+            raise failure
+        await asyncio.sleep(delay)
 
     @asynccontextmanager
     async def _open(
@@ -185,3 +264,33 @@ def _cap_output(lane: Lane, payload: dict[str, Any], output: int) -> int:
     field = "max_completion_tokens" if "max_completion_tokens" in payload else "max_tokens"
     payload[field] = cap
     return cap
+
+
+class Answer:
+    """An upstream answer whose first bytes are in hand: from here on its provider is
+    fixed, and no retry can happen without the client seeing it."""
+
+    __slots__ = ("_body", "_call", "_first", "_rest", "_upstream")
+
+    def __init__(self, upstream: UpstreamResponse, call: Call) -> None:
+        self._upstream = upstream
+        self._call = call
+        self._body = b""
+        self._first = b""
+        self._rest: AsyncIterator[bytes] | None = None
+
+    async def prime(self) -> None:
+        if self._call.stream:
+            self._rest = self._upstream.chunks()
+            self._first = await anext(self._rest)
+        else:
+            self._body = await self._upstream.read()
+
+    async def read(self) -> bytes:
+        return self._body
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        assert self._rest is not None, "chunks() of a non-streamed answer"
+        yield self._first
+        async for chunk in self._rest:
+            yield chunk

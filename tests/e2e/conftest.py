@@ -31,6 +31,7 @@ def gateway_config(sim_url: str) -> dict:
 
     return {
         "server": {"max_body_bytes": MAX_BODY},
+        "routes": {"chat": {"retry": {"max_attempts": 1}}},
         "models": [
             {"name": "chat", "deployments": [deployment("sim-chat")]},
             {"name": "embed", "deployments": [deployment("sim-embed")]},

@@ -102,6 +102,11 @@ async def test_a_thousand_failing_timing_out_or_cancelled_attempts_leave_no_perm
     raw = config(sim.url)
     raw["scheduling"] = {"lanes": [{"name": "default", "queue_size": 1000, "max_queue_age_s": 5}]}
     raw["models"][0]["deployments"][0]["cancel_grace_s"] = 0.05
+    raw["models"][0]["deployments"][0]["breaker"] = {
+        "consecutive_failures": 10_000,
+        "failure_ratio": 1.0,
+    }
+    raw["routes"]["chat"]["retry"] = {"max_attempts": 1}
     rng = random.Random(7)
     peak = 0
 

@@ -23,20 +23,6 @@ async def test_upstream_500_is_a_clean_502(alice, faults):
     assert info.value.code == "upstream_error"
 
 
-async def test_upstream_throttle_is_503_with_the_providers_retry_after(gateway, http, faults):
-    await faults(throttle_rate=1.0, throttle_retry_after_s=7)
-    headers = {"Authorization": f"Bearer {ALICE}"}
-    body = {"model": "chat", "messages": MESSAGES, "max_tokens": 2}
-    async with http.post(f"{gateway.url}/v1/chat/completions", json=body, headers=headers) as resp:
-        assert resp.status == 503
-        assert resp.headers["retry-after"] == "7"
-        assert (await resp.json())["error"]["code"] == "upstream_throttled"
-    await faults(throttle_retry_after_s=None)
-    async with http.post(f"{gateway.url}/v1/chat/completions", json=body, headers=headers) as resp:
-        assert resp.status == 503
-        assert "retry-after" not in resp.headers
-
-
 async def test_upstream_down_is_503(alice, faults):
     await faults(down=True)
     with pytest.raises(openai.InternalServerError) as info:

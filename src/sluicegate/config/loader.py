@@ -26,6 +26,7 @@ from sluicegate.core.limits import Rate
 from sluicegate.core.types import (
     AdaptiveLimit,
     BackendMetrics,
+    BreakerPolicy,
     Deployment,
     Endpoint,
     Ladder,
@@ -34,6 +35,7 @@ from sluicegate.core.types import (
     OverloadPolicy,
     PoolSpec,
     Quota,
+    RetryPolicy,
     RoutePolicy,
     Scheduling,
     Settings,
@@ -116,7 +118,9 @@ def _path(loc: tuple[Any, ...]) -> str:
 
 def _to_settings(config: GatewayConfig, env: Mapping[str, str], source: str) -> Settings:
     models = {
-        m.name: Model(m.name, tuple(_deployment(d, m.name, env, source) for d in m.deployments))
+        m.name: Model(
+            m.name, tuple(_deployment(d, m.name, env, source) for d in m.deployments), m.strategy
+        )
         for m in config.models
     }
     tenants: list[Tenant] = []
@@ -175,6 +179,9 @@ def _route(spec: RouteConfig) -> RoutePolicy:
         max_output_tokens=spec.max_output_tokens,
         max_prompt_tokens=spec.max_prompt_tokens,
         lane=spec.lane,
+        retry=RetryPolicy(**spec.retry.model_dump()),
+        hedge_after_s=spec.hedge_after_s,
+        reasoning_effort=spec.reasoning_effort,
     )
 
 
@@ -258,6 +265,9 @@ def _deployment(
         metrics=_backend_metrics(spec, base_url),
         adaptive=_adaptive(spec),
         pass_priority=spec.pass_priority,
+        breaker=BreakerPolicy(**spec.breaker.model_dump()),
+        throttle_cooldown_s=spec.throttle_cooldown_s,
+        context_window=spec.context_window,
     )
 
 

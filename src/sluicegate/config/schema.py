@@ -48,6 +48,23 @@ class PoolConfig(Strict):
     tokens_per_minute: float | None = Field(default=None, gt=0)
 
 
+class RetryConfig(Strict):
+    max_attempts: int = Field(default=3, ge=1, le=10)
+    base_s: float = Field(default=0.05, ge=0)
+    cap_s: float = Field(default=2.0, ge=0)
+
+
+class BreakerConfig(Strict):
+    consecutive_failures: int = Field(default=5, ge=1)
+    failure_ratio: float = Field(default=0.5, gt=0, le=1)
+    window: int = Field(default=20, ge=1)
+    min_attempts: int = Field(default=10, ge=1)
+    open_s: Seconds = 30.0
+    half_open_probes: int = Field(default=1, ge=1)
+    ramp_s: float = Field(default=10.0, ge=0)
+    ramp_from: int = Field(default=1, ge=1)
+
+
 class RouteConfig(Strict):
     max_concurrency: int | None = Field(default=None, ge=1)
     default_timeout_s: Seconds = 600.0
@@ -55,6 +72,9 @@ class RouteConfig(Strict):
     max_output_tokens: int = Field(default=4096, ge=1)
     max_prompt_tokens: int | None = Field(default=None, ge=1)
     lane: str | None = None
+    retry: RetryConfig = RetryConfig()
+    hedge_after_s: Seconds | None = None
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
 
 
 class RoutesConfig(Strict):
@@ -170,6 +190,13 @@ class DeploymentConfig(Strict):
     pass_priority: bool = Field(
         default=False, description="send the lane's priority as vLLM's `priority` field"
     )
+    breaker: BreakerConfig = BreakerConfig()
+    throttle_cooldown_s: Seconds = Field(
+        default=5.0, description="cooldown after a 429 that names no Retry-After"
+    )
+    context_window: int | None = Field(
+        default=None, ge=1, description="tokens; a context-length error falls back to a larger one"
+    )
     pools: list[str] = Field(
         default_factory=list, description="pools gating this deployment; default: its own"
     )
@@ -178,6 +205,7 @@ class DeploymentConfig(Strict):
 class ModelConfig(Strict):
     name: Name
     deployments: list[DeploymentConfig] = Field(min_length=1)
+    strategy: Literal["round_robin", "fallback"] = "round_robin"
 
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")

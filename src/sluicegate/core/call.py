@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sluicegate.core.types import Endpoint, Lane, Model, RoutePolicy, Tenant
@@ -30,3 +30,5 @@ class Call:
     used_tokens: int | None = None
     dispatched_s: float | None = None
     first_byte_s: float | None = None
+    excluded: set[str] = field(default_factory=set)
+    """Deployments that already failed this request: tried last, if at all."""

@@ -19,11 +19,16 @@ class ErrorType(enum.StrEnum):
     INTERNAL = "internal_error"
 
 
+CONTEXT_LENGTH = "context_length_exceeded"
+
+
 class GatewayError(Exception):
     """A refusal or failure with everything needed to answer it.
 
     `retry_after_s` is set only when a meaningful time is known (a rate window, a
     provider's own Retry-After, a cooldown's end), never guessed from a permit count.
+    `failover` marks an upstream failure that another attempt (another deployment, or
+    the same one later) may not have: connection failures, timeouts, 5xx, throttling.
     """
 
     def __init__(
@@ -35,6 +40,7 @@ class GatewayError(Exception):
         *,
         retry_after_s: float | None = None,
         should_retry: bool | None = None,
+        failover: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -43,6 +49,7 @@ class GatewayError(Exception):
         self.error_type = error_type
         self.retry_after_s = retry_after_s
         self.should_retry = should_retry
+        self.failover = failover
 
 
 def bad_request(message: str, code: str = "invalid_request") -> GatewayError:

@@ -27,6 +27,7 @@ class Refusal(enum.StrEnum):
     EXPIRED = "expired"
     BACKEND_BUSY = "backend_busy"
     OVERLOADED = "overloaded"
+    CIRCUIT_OPEN = "circuit_open"
 
     @property
     def status(self) -> int:
@@ -61,6 +62,7 @@ _STATUS = {
     Refusal.EXPIRED: 503,
     Refusal.BACKEND_BUSY: 503,
     Refusal.OVERLOADED: 503,
+    Refusal.CIRCUIT_OPEN: 503,
 }
 _TYPE = {
     429: ErrorType.RATE_LIMIT,

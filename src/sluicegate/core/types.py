@@ -68,6 +68,23 @@ class AdaptiveLimit:
 
 
 @dataclass(frozen=True, slots=True)
+class BreakerPolicy:
+    """Open after `consecutive_failures` in a row, or a `failure_ratio` over the last
+    `window` attempts (once `min_attempts` were seen); stay open `open_s`, then let
+    `half_open_probes` attempts through; on success, ramp the deployment's concurrency
+    up from `ramp_from` over `ramp_s` (jittered), so a backlog is not released at once."""
+
+    consecutive_failures: int = 5
+    failure_ratio: float = 0.5
+    window: int = 20
+    min_attempts: int = 10
+    open_s: float = 30.0
+    half_open_probes: int = 1
+    ramp_s: float = 10.0
+    ramp_from: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class Deployment:
     name: str
     provider: str
@@ -81,6 +98,9 @@ class Deployment:
     metrics: BackendMetrics | None = None
     adaptive: AdaptiveLimit | None = None
     pass_priority: bool = False
+    breaker: BreakerPolicy = BreakerPolicy()
+    throttle_cooldown_s: float = 5.0
+    context_window: int | None = None
 
     def __repr__(self) -> str:
         return f"Deployment({self.name!r}, {self.provider}, {self.base_url})"
@@ -88,8 +108,22 @@ class Deployment:
 
 @dataclass(frozen=True, slots=True)
 class Model:
+    """`fallback` tries deployments in their listed order (a chain); `round_robin`
+    rotates the first choice. Either way a failed attempt moves to another one."""
+
     name: str
     deployments: tuple[Deployment, ...]
+    strategy: str = "round_robin"
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Up to `max_attempts` attempts per request, with full-jitter exponential backoff
+    (uniform(0, min(cap_s, base_s x 2^n))) between them, all inside the deadline."""
+
+    max_attempts: int = 3
+    base_s: float = 0.05
+    cap_s: float = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +137,9 @@ class Quota:
 
 @dataclass(frozen=True, slots=True)
 class RoutePolicy:
-    """Per-route rules. `max_concurrency` is refused beyond, with no queue."""
+    """Per-route rules. `max_concurrency` is refused beyond, with no queue. After
+    `hedge_after_s` without a first byte, a second attempt goes to another deployment;
+    `reasoning_effort` is sent when a request sets none."""
 
     max_concurrency: int | None = None
     default_timeout_s: float = 600.0
@@ -111,6 +147,9 @@ class RoutePolicy:
     max_output_tokens: int = 4096
     max_prompt_tokens: int | None = None
     lane: str | None = None
+    retry: RetryPolicy = RetryPolicy()
+    hedge_after_s: float | None = None
+    reasoning_effort: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from sluicegate.capacity.breaker import BreakerState
 from sluicegate.capacity.gates import BackendGate, GateState
 from sluicegate.capacity.pools import Pool
 from sluicegate.core.types import OverloadState
@@ -157,7 +158,23 @@ class CapacityCollector(Collector):
             current = gate.state()
             for each in GateState:
                 state.add_metric([deployment, each.value], 1.0 if each is current else 0.0)
-        yield state
+        circuit = GaugeMetricFamily(
+            "sluicegate_circuit",
+            "1 for the deployment's circuit state (closed, open, half_open).",
+            labels=["deployment", "state"],
+        )
+        opened = CounterMetricFamily(
+            "sluicegate_circuit_opened",
+            "Times the deployment's circuit opened.",
+            labels=["deployment"],
+        )
+        for d in self._dispatchers:
+            for target in d.targets:
+                name, breaker = target.deployment.name, target.breaker
+                for each in BreakerState:
+                    circuit.add_metric([name, each.value], 1.0 if each is breaker.state else 0.0)
+                opened.add_metric([name], breaker.opened)
+        yield from (state, circuit, opened)
 
 
 class OverloadCollector(Collector):
@@ -232,6 +249,24 @@ class GatewayMetrics:
             buckets=(0.0, *LATENCY_BUCKETS_S),
             registry=r,
         )
+        self._attempts = Histogram(
+            "sluicegate_attempts_per_request",
+            "Upstream attempts a request needed before its answer started.",
+            buckets=(1, 2, 3, 4, 5, 10),
+            registry=r,
+        )
+        self._retries = Counter(
+            "sluicegate_retries",
+            "Attempts that failed and were retried, by deployment and code.",
+            ["deployment", "code"],
+            registry=r,
+        )
+        self._throttles = Counter(
+            "sluicegate_pool_throttles",
+            "Provider throttling answers that put a pool in cooldown.",
+            ["pool"],
+            registry=r,
+        )
         self._ladder = Counter(
             "sluicegate_ladder_actions",
             "Fallback ladder rewrites applied, by action.",
@@ -284,6 +319,15 @@ class GatewayMetrics:
                 route, model, status_class(status)
             )
         counter.inc()
+
+    def attempts(self, count: int) -> None:
+        self._attempts.observe(count)
+
+    def retried(self, deployment: str, code: str) -> None:
+        self._retries.labels(deployment, code).inc()
+
+    def throttled(self, pool: str) -> None:
+        self._throttles.labels(pool).inc()
 
     def ladder_action(self, action: str) -> None:
         self._ladder.labels(action).inc()

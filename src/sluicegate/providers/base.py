@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 import orjson
 
-from sluicegate.core.errors import ErrorType, GatewayError
+from sluicegate.core.errors import CONTEXT_LENGTH, ErrorType, GatewayError
 from sluicegate.core.types import Deployment, Endpoint
 
 
@@ -54,13 +55,10 @@ def classify_status(
     """
     detail = _upstream_message(body)
     if status in (400, 413, 422):
-        return GatewayError(
-            400,
-            _upstream_code(body) or "invalid_request",
-            detail,
-            ErrorType.INVALID_REQUEST,
-            should_retry=False,
-        )
+        code = _upstream_code(body) or "invalid_request"
+        if _CONTEXT_WORDS.search(detail):
+            code = CONTEXT_LENGTH
+        return GatewayError(400, code, detail, ErrorType.INVALID_REQUEST, should_retry=False)
     if status == 429:
         return GatewayError(
             503,
@@ -68,10 +66,13 @@ def classify_status(
             f"deployment {deployment} is throttling: {detail}",
             ErrorType.UNAVAILABLE,
             retry_after_s=_retry_after(headers),
+            failover=True,
         )
     if status in (401, 403, 404):
         message = f"deployment {deployment} refused the gateway ({status}): {detail}"
-        return GatewayError(502, "upstream_misconfigured", message, ErrorType.UPSTREAM)
+        return GatewayError(
+            502, "upstream_misconfigured", message, ErrorType.UPSTREAM, failover=True
+        )
     if status == 503:
         return GatewayError(
             503,
@@ -79,29 +80,34 @@ def classify_status(
             f"deployment {deployment} is unavailable: {detail}",
             ErrorType.UNAVAILABLE,
             retry_after_s=_retry_after(headers),
+            failover=True,
         )
     return GatewayError(
         502,
         "upstream_error",
         f"deployment {deployment} failed ({status}): {detail}",
         ErrorType.UPSTREAM,
+        failover=True,
     )
 
 
 def unreachable(deployment: str, exc: BaseException) -> GatewayError:
     message = f"deployment {deployment} is unreachable: {exc.__class__.__name__}"
-    return GatewayError(502, "upstream_unreachable", message, ErrorType.UPSTREAM)
+    return GatewayError(502, "upstream_unreachable", message, ErrorType.UPSTREAM, failover=True)
 
 
 def timed_out(deployment: str) -> GatewayError:
     message = f"deployment {deployment} did not answer in time"
-    return GatewayError(504, "upstream_timeout", message, ErrorType.TIMEOUT)
+    return GatewayError(504, "upstream_timeout", message, ErrorType.TIMEOUT, failover=True)
 
 
 def interrupted(deployment: str, exc: BaseException | None = None) -> GatewayError:
     reason = f": {exc.__class__.__name__}" if exc is not None else ""
     message = f"deployment {deployment} ended the response early{reason}"
-    return GatewayError(502, "upstream_interrupted", message, ErrorType.UPSTREAM)
+    return GatewayError(502, "upstream_interrupted", message, ErrorType.UPSTREAM, failover=True)
+
+
+_CONTEXT_WORDS = re.compile(r"maximum context length|context window|prompt is too long", re.I)
 
 
 def _parsed(body: bytes) -> dict[str, Any] | None:

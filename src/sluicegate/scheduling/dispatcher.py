@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from sluicegate.capacity.breaker import Breaker
 from sluicegate.capacity.gates import BackendGate
 from sluicegate.capacity.pools import Pool, PoolPermit
 from sluicegate.core.call import Call
@@ -30,11 +31,16 @@ from sluicegate.scheduling.queues import LaneQueue, Waiter
 
 @dataclass(slots=True)
 class Target:
-    """A deployment as the dispatcher sees it: its pools and its backend gate."""
+    """A deployment as the dispatcher sees it: its pools, backend gate and breaker."""
 
     deployment: Deployment
     pools: tuple[Pool, ...]
     gate: BackendGate
+    breaker: Breaker
+
+    @property
+    def full(self) -> int:
+        return min(pool.limits.max_concurrency for pool in self.pools)
 
 
 @dataclass(slots=True)
@@ -45,6 +51,8 @@ class Grant:
     lane: Lane
     permits: list[PoolPermit] = field(default_factory=list)
     charged_output: int = 0
+    failed: bool = False
+    """Set when the attempt failed in a way that counts against the deployment."""
 
 
 @dataclass(slots=True)
@@ -66,6 +74,7 @@ class Dispatcher:
         clock: Clock,
         on_wait: Callable[[str, str, float], None] | None = None,
         paused: Callable[[Lane], bool] = lambda lane: False,
+        chain: bool = False,
     ) -> None:
         self.model = model
         self.lanes = sorted(lanes, key=lambda lane: -lane.priority)
@@ -73,7 +82,8 @@ class Dispatcher:
             lane.name: LaneQueue(lane, fairness(lane)) for lane in self.lanes
         }
         self.stats = {lane.name: LaneStats() for lane in self.lanes}
-        self._targets = list(targets)
+        self.targets = list(targets)
+        self._chain = chain
         self._turn = itertools.count()
         self.clock = clock
         self._on_wait = on_wait
@@ -84,7 +94,7 @@ class Dispatcher:
         self._lane_use: dict[tuple[str, str], int] = {}
         self._kicked = asyncio.Event()
         self._retry: asyncio.TimerHandle | None = None
-        for target in self._targets:
+        for target in self.targets:
             target.gate.on_change(self.kick)
             for pool in target.pools:
                 pool.on_release(self.kick)
@@ -132,6 +142,7 @@ class Dispatcher:
             if call.first_byte_s is not None and call.dispatched_s is not None:
                 first_byte = call.first_byte_s - call.dispatched_s
             grant.target.gate.done(first_byte)
+            grant.target.breaker.record(not grant.failed)
             for pool in grant.target.pools:
                 self._lane_use[(pool.name, grant.lane.name)] -= 1
             if call.used_tokens is not None:
@@ -223,12 +234,33 @@ class Dispatcher:
 
         return sorted(self.lanes, key=lambda lane: not starving(lane))
 
+    def _candidates(self, call: Call) -> list[Target]:
+        """The chain in order, or rotated; deployments that failed this request go last."""
+        targets = self.targets
+        if not self._chain:
+            start = next(self._turn) % len(targets)
+            targets = targets[start:] + targets[:start]
+        if not call.excluded:
+            return targets
+        fresh = [t for t in targets if t.deployment.name not in call.excluded]
+        return fresh or targets
+
     async def _try(self, call: Call, lane: Lane) -> Grant | GatewayError:
-        """Take every permit on the first deployment (in rotation) that admits the lane."""
+        """Take every permit on the first candidate deployment that admits the lane."""
         refusals: list[GatewayError] = []
-        count = len(self._targets)
-        start = next(self._turn) % count
-        for target in self._targets[start:] + self._targets[:start]:
+        for target in self._candidates(call):
+            breaker = target.breaker
+            if not breaker.allows():
+                refusals.append(
+                    Refusal.CIRCUIT_OPEN.error(
+                        f"deployment {target.deployment.name} is failing; its circuit is open",
+                        breaker.reopens_in(),
+                    )
+                )
+                continue
+            if breaker.in_flight >= breaker.limit(target.full):
+                refusals.append(_ramp_refusal(target))
+                continue
             if not target.gate.admits(lane):
                 refusals.append(
                     Refusal.BACKEND_BUSY.error(f"deployment {target.deployment.name} is busy")
@@ -262,6 +294,7 @@ class Dispatcher:
 
     def _dispatched(self, grant: Grant, call: Call, wait_s: float) -> None:
         grant.target.gate.sent()
+        grant.target.breaker.started()
         for pool in grant.target.pools:
             key = (pool.name, grant.lane.name)
             self._lane_use[key] = self._lane_use.get(key, 0) + 1
@@ -292,6 +325,13 @@ class Dispatcher:
         if pending is not None:
             pending.cancel()
         self._retry = loop.call_at(when, self.kick)
+
+
+def _ramp_refusal(target: Target) -> GatewayError:
+    name, cooling = target.deployment.name, target.breaker.ramp_starts_in()
+    if cooling is not None:
+        return Refusal.POOL_COOLING.error(f"deployment {name} is cooling down", cooling)
+    return Refusal.CAPACITY.error(f"deployment {name} is ramping up after a recovery")
 
 
 def _granted(waiter: Waiter[Grant]) -> bool:

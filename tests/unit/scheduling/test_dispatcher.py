@@ -7,12 +7,14 @@ from collections.abc import Callable
 
 import pytest
 
+from sluicegate.capacity.breaker import Breaker
 from sluicegate.capacity.gates import GateState
 from sluicegate.capacity.pools import Pool
 from sluicegate.core.call import Call
 from sluicegate.core.clock import MonotonicClock
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.types import (
+    BreakerPolicy,
     Deployment,
     Endpoint,
     Lane,
@@ -67,7 +69,7 @@ async def setup():
     dispatcher = Dispatcher(
         "m",
         [INTERACTIVE, HEAVY, BACKGROUND, SHORT],
-        [Target(DEPLOYMENT, (pool,), gate)],
+        [Target(DEPLOYMENT, (pool,), gate, Breaker(BreakerPolicy(), CLOCK))],
         lambda lane: VirtualTokenCounter(),
         CLOCK,
     )
@@ -212,7 +214,7 @@ async def test_a_lane_share_reserves_the_rest_of_the_pool():
     dispatcher = Dispatcher(
         "m",
         [INTERACTIVE, BACKGROUND],
-        [Target(DEPLOYMENT, (pool,), Gate())],
+        [Target(DEPLOYMENT, (pool,), Gate(), Breaker(BreakerPolicy(), CLOCK))],
         lambda lane: VirtualTokenCounter(),
         CLOCK,
     )
@@ -267,7 +269,7 @@ async def test_a_paused_lane_waits_until_unpaused():
     dispatcher = Dispatcher(
         "m",
         [INTERACTIVE, BACKGROUND],
-        [Target(DEPLOYMENT, (pool,), Gate())],
+        [Target(DEPLOYMENT, (pool,), Gate(), Breaker(BreakerPolicy(), CLOCK))],
         lambda lane: VirtualTokenCounter(),
         CLOCK,
         paused=lambda lane: lane.name in paused,

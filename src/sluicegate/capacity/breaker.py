@@ -1,0 +1,127 @@
+"""A circuit breaker per deployment, and the ramp that follows every recovery.
+
+Closed: attempts flow and outcomes are counted. Open: the deployment takes nothing
+until `open_s` has passed. Half-open: a few probes go through; a success closes the
+circuit, a failure opens it again. After a close, and after a throttle cooldown, the
+deployment's concurrency ramps from `ramp_from` to its full limit over `ramp_s`, with
+jitter so that replicas do not step in lockstep. The counts are this process's own; a
+shared store can hold them later behind the same methods.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections import deque
+from collections.abc import Callable
+
+from sluicegate.core.clock import Clock
+from sluicegate.core.types import BreakerPolicy
+
+
+class BreakerState(enum.StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class Breaker:
+    def __init__(
+        self, policy: BreakerPolicy, clock: Clock, jitter: Callable[[], float] | None = None
+    ) -> None:
+        self.policy = policy
+        self.state = BreakerState.CLOSED
+        self.in_flight = 0
+        self.opened = 0
+        self._clock = clock
+        self._jitter = jitter or random.Random().random
+        self._outcomes: deque[bool] = deque(maxlen=policy.window)
+        self._consecutive = 0
+        self._open_until = 0.0
+        self._probes = 0
+        self._ramp: tuple[float, float] | None = None
+
+    def allows(self) -> bool:
+        """May an attempt start now (ignoring the ramp, see `limit`)?"""
+        if self.state is BreakerState.OPEN:
+            if self._clock.now() < self._open_until:
+                return False
+            self.state, self._probes = BreakerState.HALF_OPEN, 0
+        if self.state is BreakerState.HALF_OPEN:
+            return self._probes < self.policy.half_open_probes
+        return True
+
+    def reopens_in(self) -> float | None:
+        """Seconds until an open circuit lets probes through; None when not open."""
+        if self.state is not BreakerState.OPEN:
+            return None
+        return max(0.0, self._open_until - self._clock.now())
+
+    def ramp_starts_in(self) -> float | None:
+        """Seconds until a scheduled ramp begins (a cooldown still running); else None."""
+        if self._ramp is None:
+            return None
+        wait = self._ramp[0] - self._clock.now()
+        return wait if wait > 0 else None
+
+    def limit(self, full: int) -> float:
+        """Attempts allowed at once while ramping up after a recovery; `full` otherwise."""
+        if self._ramp is None:
+            return full
+        start, length = self._ramp
+        elapsed = self._clock.now() - start
+        if elapsed < 0:
+            return 0
+        if elapsed >= length:
+            self._ramp = None
+            return full
+        begin = min(self.policy.ramp_from, full)
+        return begin + (full - begin) * elapsed / length
+
+    def started(self) -> None:
+        self.in_flight += 1
+        if self.state is BreakerState.HALF_OPEN:
+            self._probes += 1
+
+    def record(self, ok: bool) -> None:
+        self.in_flight -= 1
+        if self.state is BreakerState.HALF_OPEN:
+            self._probes = max(0, self._probes - 1)
+            if ok:
+                self._close()
+            else:
+                self._open()
+            return
+        if self.state is BreakerState.OPEN:
+            return
+        self._outcomes.append(ok)
+        self._consecutive = 0 if ok else self._consecutive + 1
+        if self._consecutive >= self.policy.consecutive_failures or self._ratio_tripped():
+            self._open()
+
+    def ramp_after(self, delay_s: float) -> None:
+        """Start a ramp when a cooldown of `delay_s` ends (a provider throttled us)."""
+        self._start_ramp(self._clock.now() + delay_s)
+
+    def _ratio_tripped(self) -> bool:
+        seen = len(self._outcomes)
+        if seen < self.policy.min_attempts:
+            return False
+        failures = seen - sum(self._outcomes)
+        return failures / seen >= self.policy.failure_ratio
+
+    def _open(self) -> None:
+        self.state = BreakerState.OPEN
+        self.opened += 1
+        self._open_until = self._clock.now() + self.policy.open_s
+        self._outcomes.clear()
+        self._consecutive = 0
+        self._ramp = None
+
+    def _close(self) -> None:
+        self.state = BreakerState.CLOSED
+        self._start_ramp(self._clock.now())
+
+    def _start_ramp(self, start: float) -> None:
+        if self.policy.ramp_s > 0:
+            self._ramp = (start, self.policy.ramp_s * (0.8 + 0.4 * self._jitter()))
