@@ -1,0 +1,1 @@
+"""Durable asynchronous jobs: the store protocol, its SQLite and PostgreSQL backends."""

@@ -1,0 +1,98 @@
+"""Every statement of the job store, written once for SQLite and PostgreSQL alike.
+
+Braced words (`{skip_locked}`) are the dialect's; `:name` marks a parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from sluicegate.jobs.model import Batch, Job, StoredFile
+from sluicegate.jobs.rows import columns
+
+_LIVE = "state IN ('queued', 'running')"
+_HELD = "id = :id AND lease_owner = :owner AND state = 'running'"
+
+
+def _insert(table: str, names: tuple[str, ...]) -> str:
+    return f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join(':' + n for n in names)})"
+
+
+INSERT_JOB = _insert("jobs", columns(Job)) + " ON CONFLICT DO NOTHING RETURNING id"
+SELECT_JOB = "SELECT * FROM jobs WHERE tenant = :tenant AND id = :id"
+SELECT_EXISTING = """SELECT * FROM jobs
+WHERE tenant = :tenant AND (idempotency_key = :idempotency_key OR id = :id) LIMIT 1"""
+SUPERSEDE = f"""UPDATE jobs SET state = 'superseded', updated_at = :now
+WHERE tenant = :tenant AND version_key = :version_key AND {_LIVE} AND version < (
+    SELECT MAX(version) FROM jobs WHERE tenant = :tenant AND version_key = :version_key)"""
+
+_NEWEST_FIRST = "ORDER BY created_at DESC, id DESC LIMIT :limit"
+LIST_JOBS = f"SELECT * FROM jobs WHERE tenant = :tenant {_NEWEST_FIRST}"
+LIST_JOBS_AFTER = f"""SELECT * FROM jobs WHERE tenant = :tenant AND (created_at, id) < (
+    SELECT created_at, id FROM jobs WHERE tenant = :tenant AND id = :after) {_NEWEST_FIRST}"""
+
+_CANCEL = """UPDATE jobs SET
+    state = CASE state WHEN 'queued' THEN 'cancelled' ELSE state END,
+    cancel_requested = CASE state WHEN 'running' THEN 1 ELSE cancel_requested END,
+    updated_at = :now
+WHERE tenant = :tenant AND """
+CANCEL_JOB = f"{_CANCEL} id = :id AND {_LIVE} RETURNING *"
+CANCEL_BATCH_JOBS = f"{_CANCEL} batch_id = :batch_id AND {_LIVE}"
+
+CANCEL_ABANDONED = """UPDATE jobs SET state = 'cancelled', updated_at = :now WHERE id IN (
+    SELECT id FROM jobs WHERE state = 'running' AND cancel_requested = 1 AND lease_until <= :now
+    {skip_locked})"""
+
+
+def pick(lane_filter: str) -> str:
+    """Ids of due jobs, in claim order, locked against other claimers."""
+    return f"""SELECT id FROM jobs
+WHERE ((state = 'queued' AND (not_before IS NULL OR not_before <= :now))
+    OR (state = 'running' AND cancel_requested = 0 AND lease_until <= :now))
+  AND (deadline_at IS NULL OR deadline_at > :now) AND {lane_filter}
+ORDER BY priority DESC, created_at, id LIMIT :limit {{skip_locked}}"""
+
+
+def claim(id_filter: str) -> str:
+    return f"""UPDATE jobs SET state = 'running', lease_owner = :owner, lease_until = :until,
+    attempts = attempts + 1, updated_at = :now
+WHERE {id_filter} RETURNING *"""
+
+
+HEARTBEAT = f"""UPDATE jobs SET lease_until = :until
+WHERE {_HELD} AND cancel_requested = 0 RETURNING id"""
+FINISH = f"""UPDATE jobs SET state = :state, result = :result, error = :error,
+    lease_until = NULL, updated_at = :now
+WHERE {_HELD} RETURNING id"""
+RELEASE = f"""UPDATE jobs SET
+    state = CASE cancel_requested WHEN 1 THEN 'cancelled' ELSE 'queued' END,
+    lease_owner = NULL, lease_until = NULL, not_before = :not_before, error = :error,
+    updated_at = :now
+WHERE {_HELD} RETURNING id"""
+EXPIRE = f"""UPDATE jobs SET state = 'expired', updated_at = :now WHERE id IN (
+    SELECT id FROM jobs WHERE {_LIVE} AND deadline_at <= :now {{skip_locked}}) RETURNING id"""
+
+
+def backlog(names: Iterable[str]) -> str:
+    """Queued jobs, filtered by equality on each of `names`."""
+    filters = "".join(f" AND {name} = :{name}" for name in names)
+    return f"""SELECT COUNT(*) AS n, MIN(created_at) AS oldest FROM jobs
+WHERE state = 'queued'{filters}"""
+
+
+COUNT_STATES = "SELECT state, COUNT(*) AS n FROM jobs GROUP BY state"
+
+INSERT_FILE = _insert("files", columns(StoredFile))
+SELECT_FILE = "SELECT * FROM files WHERE tenant = :tenant AND id = :id"
+
+INSERT_BATCH = _insert("batches", columns(Batch))
+SELECT_BATCH = "SELECT * FROM batches WHERE tenant = :tenant AND id = :id"
+SELECT_BATCH_FOR_UPDATE = f"{SELECT_BATCH} {{for_update}}"
+UPDATE_BATCH = """UPDATE batches SET status = :status,
+    total_requests = :total_requests, completed_requests = :completed_requests,
+    failed_requests = :failed_requests, output_file_id = :output_file_id,
+    error_file_id = :error_file_id, errors = :errors, status_at = :status_at,
+    updated_at = :updated_at
+WHERE id = :id AND status = :expected RETURNING id"""
+LIST_BATCH_JOBS = """SELECT * FROM jobs WHERE tenant = :tenant AND batch_id = :batch_id
+ORDER BY created_at, id"""

@@ -1,0 +1,114 @@
+"""The tables, as one list of migrations that both databases apply on open.
+
+DDL names the types `{blob}`, `{real}` and `{bigint}`, which each dialect fills in. A
+migration, once released, is never edited: a change is a new version at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sluicegate.jobs.sql import Database
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    statements: tuple[str, ...]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        (
+            """CREATE TABLE jobs (
+                id TEXT PRIMARY KEY,
+                tenant TEXT NOT NULL,
+                kind TEXT NOT NULL,
+                body {blob} NOT NULL,
+                lane TEXT NOT NULL,
+                priority INTEGER NOT NULL,
+                deadline_at {real},
+                idempotency_key TEXT,
+                version_key TEXT,
+                version {bigint},
+                batch_id TEXT,
+                custom_id TEXT,
+                state TEXT NOT NULL,
+                attempts INTEGER NOT NULL,
+                lease_owner TEXT,
+                lease_until {real},
+                not_before {real},
+                cancel_requested INTEGER NOT NULL,
+                result {blob},
+                error TEXT,
+                created_at {real} NOT NULL,
+                updated_at {real} NOT NULL,
+                UNIQUE (tenant, idempotency_key)
+            )""",
+            """CREATE INDEX jobs_live ON jobs (priority DESC, created_at, id)
+                WHERE state IN ('queued', 'running')""",
+            "CREATE INDEX jobs_deadline ON jobs (deadline_at) WHERE state IN ('queued', 'running')",
+            "CREATE INDEX jobs_tenant ON jobs (tenant, created_at, id)",
+            "CREATE INDEX jobs_version ON jobs (tenant, version_key, version)",
+            "CREATE INDEX jobs_batch ON jobs (batch_id, created_at, id)",
+            "CREATE INDEX jobs_state ON jobs (state)",
+            """CREATE TABLE files (
+                id TEXT PRIMARY KEY,
+                tenant TEXT NOT NULL,
+                purpose TEXT NOT NULL,
+                filename TEXT NOT NULL,
+                content {blob} NOT NULL,
+                created_at {real} NOT NULL
+            )""",
+            """CREATE TABLE batches (
+                id TEXT PRIMARY KEY,
+                tenant TEXT NOT NULL,
+                input_file_id TEXT NOT NULL,
+                endpoint TEXT NOT NULL,
+                completion_window TEXT NOT NULL,
+                status TEXT NOT NULL,
+                total_requests INTEGER NOT NULL,
+                completed_requests INTEGER NOT NULL,
+                failed_requests INTEGER NOT NULL,
+                output_file_id TEXT,
+                error_file_id TEXT,
+                metadata TEXT,
+                errors TEXT,
+                expires_at {real},
+                status_at TEXT NOT NULL,
+                created_at {real} NOT NULL,
+                updated_at {real} NOT NULL
+            )""",
+        ),
+    ),
+)
+
+_CREATE_VERSIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (
+    version INTEGER PRIMARY KEY,
+    applied_at {real} NOT NULL
+)"""
+
+
+async def migrate(db: Database, now: float, setup: Sequence[str] = ()) -> list[int]:
+    """Apply the migrations `db` lacks, in one transaction; the versions applied.
+
+    `setup` runs first, under the same lock, so replicas starting together neither race
+    nor apply a migration twice.
+    """
+    async with db.write() as session:
+        await session.lock("sluicegate.jobs.migrate")
+        for statement in (*setup, _CREATE_VERSIONS):
+            await session.fetch(statement)
+        rows = await session.fetch("SELECT version FROM schema_migrations")
+        done = {row["version"] for row in rows}
+        pending = [m for m in MIGRATIONS if m.version not in done]
+        for migration in pending:
+            for statement in migration.statements:
+                await session.fetch(statement)
+            await session.fetch(
+                "INSERT INTO schema_migrations (version, applied_at) VALUES (:version, :now)",
+                {"version": migration.version, "now": now},
+            )
+        return [m.version for m in pending]

@@ -1,0 +1,394 @@
+"""One suite for every `JobStore`: SQLite and PostgreSQL must behave the same."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+
+from sluicegate.core.types import Endpoint
+from sluicegate.jobs.model import Batch, BatchStatus, Job, JobState, StoredFile
+
+BODY = b'{"model": "chat", "messages": [{"role": "user", "content": "hi"}]}'
+
+
+def job(tenant: str = "alice", **fields) -> Job:
+    return Job(**{"tenant": tenant, "kind": Endpoint.CHAT, "body": BODY, "lane": "batch"} | fields)
+
+
+async def state(store, job_id: str, tenant: str = "alice") -> JobState:
+    return (await store.get(tenant, job_id)).state
+
+
+async def test_submit_stores_every_field(store, clock):
+    submitted = job(
+        kind=Endpoint.EMBEDDINGS,
+        priority=3,
+        deadline_at=clock.now() + 60,
+        idempotency_key="req-1",
+        version_key="doc-7",
+        version=2,
+        custom_id="line-1",
+    )
+    stored = await store.submit(submitted)
+    assert stored == replace(submitted, created_at=clock.now(), updated_at=clock.now())
+    assert await store.get("alice", submitted.id) == stored
+
+
+async def test_an_idempotency_key_returns_the_tenants_existing_job(store, clock):
+    first = await store.submit(job(idempotency_key="k"))
+    clock.advance(5)
+    again = await store.submit(job(idempotency_key="k", body=b"{}"))
+    other = await store.submit(job("bob", idempotency_key="k"))
+    assert again == first
+    assert other.id != first.id
+    assert await store.list_jobs("alice", 10) == [first]
+
+
+async def test_submitting_the_same_job_twice_stores_it_once(store):
+    first = await store.submit(job())
+    assert await store.submit(first) == first
+    assert len(await store.list_jobs("alice", 10)) == 1
+
+
+async def test_a_newer_version_supersedes_the_unfinished_older_ones(store, clock):
+    done = await store.submit(job(version_key="doc", version=0))
+    await store.claim("w", 30, 1)
+    await store.finish("w", done.id, JobState.SUCCEEDED, result=b"{}")
+    clock.advance(1)
+    running = await store.submit(job(version_key="doc", version=1))
+    await store.claim("w", 30, 1)
+    clock.advance(1)
+    queued = await store.submit(job(version_key="doc", version=2))
+    unrelated = await store.submit(job(version_key="other", version=1))
+    bobs = await store.submit(job("bob", version_key="doc", version=1))
+    newest = await store.submit(job(version_key="doc", version=3))
+
+    assert newest.state is JobState.QUEUED
+    assert await state(store, done.id) is JobState.SUCCEEDED
+    assert await state(store, running.id) is JobState.SUPERSEDED
+    assert await state(store, queued.id) is JobState.SUPERSEDED
+    assert await state(store, unrelated.id) is JobState.QUEUED
+    assert await state(store, bobs.id, "bob") is JobState.QUEUED
+    assert not await store.heartbeat("w", running.id, 30)
+    assert not await store.finish("w", running.id, JobState.SUCCEEDED)
+
+
+async def test_concurrent_versions_leave_only_the_newest_unfinished(open_store):
+    stores = [await open_store() for _ in range(4)]
+    submits = [stores[v % 4].submit(job(version_key="doc", version=v)) for v in range(20)]
+    await asyncio.gather(*submits)
+    jobs = await stores[0].list_jobs("alice", 100)
+    assert [j.version for j in jobs if j.state is JobState.QUEUED] == [19]
+
+
+async def test_a_job_older_than_a_stored_version_is_stored_superseded(store):
+    newer = await store.submit(job(version_key="doc", version=5))
+    stale = await store.submit(job(version_key="doc", version=4))
+    assert stale.state is JobState.SUPERSEDED
+    assert await state(store, newer.id) is JobState.QUEUED
+
+
+async def test_a_tenant_sees_and_cancels_only_its_own_jobs(store):
+    alices = await store.submit(job())
+    assert await store.get("bob", alices.id) is None
+    assert await store.cancel("bob", alices.id) is None
+    assert await store.list_jobs("bob", 10) == []
+    assert await store.get("alice", alices.id) == alices
+
+
+async def test_list_pages_newest_first(store, clock):
+    jobs = []
+    for _ in range(5):
+        jobs.append(await store.submit(job()))
+        clock.advance(1)
+    newest_first = jobs[::-1]
+    pages, after = [], None
+    while page := await store.list_jobs("alice", 2, after):
+        pages.append(page)
+        after = page[-1].id
+    assert [[j.id for j in page] for page in pages] == [
+        [j.id for j in newest_first[i : i + 2]] for i in range(0, 5, 2)
+    ]
+
+
+async def test_cancel_ends_a_queued_job_at_once(store, clock):
+    queued = await store.submit(job())
+    clock.advance(1)
+    cancelled = await store.cancel("alice", queued.id)
+    assert (cancelled.state, cancelled.updated_at) == (JobState.CANCELLED, clock.now())
+    assert await store.claim("w", 30, 10) == []
+
+
+async def test_cancel_asks_the_worker_of_a_running_job_to_stop(store):
+    running = await store.submit(job())
+    await store.claim("w", 30, 1)
+    flagged = await store.cancel("alice", running.id)
+    assert (flagged.state, flagged.cancel_requested) == (JobState.RUNNING, True)
+    assert not await store.heartbeat("w", running.id, 30)
+    assert await store.finish("w", running.id, JobState.CANCELLED)
+    assert await state(store, running.id) is JobState.CANCELLED
+
+
+async def test_cancel_leaves_a_final_job_unchanged(store, clock):
+    submitted = await store.submit(job())
+    await store.claim("w", 30, 1)
+    await store.finish("w", submitted.id, JobState.SUCCEEDED, result=b"{}")
+    finished = await store.get("alice", submitted.id)
+    clock.advance(1)
+    assert await store.cancel("alice", submitted.id) == finished
+
+
+async def test_a_released_job_whose_cancel_was_requested_is_cancelled(store):
+    running = await store.submit(job())
+    await store.claim("w", 30, 1)
+    await store.cancel("alice", running.id)
+    assert await store.release("w", running.id, 0)
+    assert await state(store, running.id) is JobState.CANCELLED
+
+
+async def test_a_cancel_requested_job_whose_worker_died_is_cancelled(store, clock):
+    running = await store.submit(job())
+    await store.claim("dead", 10, 1)
+    await store.cancel("alice", running.id)
+    clock.advance(11)
+    assert await store.claim("w", 30, 10) == []
+    assert await state(store, running.id) is JobState.CANCELLED
+
+
+async def test_claim_serves_priority_then_age(store, clock):
+    low_old = await store.submit(job(priority=0))
+    clock.advance(1)
+    high_old = await store.submit(job(priority=5))
+    clock.advance(1)
+    high_new = await store.submit(job(priority=5))
+    clock.advance(1)
+    low_new = await store.submit(job(priority=0))
+    first = await store.claim("w", 30, 3)
+    assert [j.id for j in first] == [high_old.id, high_new.id, low_old.id]
+    assert [j.id for j in await store.claim("w", 30, 3)] == [low_new.id]
+
+
+async def test_claim_leases_the_job_and_counts_the_attempt(store, clock):
+    submitted = await store.submit(job())
+    [claimed] = await store.claim("w", 30, 1)
+    assert claimed.id == submitted.id
+    assert (claimed.state, claimed.lease_owner) == (JobState.RUNNING, "w")
+    assert (claimed.lease_until, claimed.attempts) == (clock.now() + 30, 1)
+    assert await store.get("alice", submitted.id) == claimed
+
+
+async def test_claim_takes_only_the_lanes_asked_for(store):
+    interactive = await store.submit(job(lane="interactive"))
+    await store.submit(job())
+    assert await store.claim("w", 30, 10, lanes=[]) == []
+    assert [j.id for j in await store.claim("w", 30, 10, lanes=["interactive"])] == [interactive.id]
+
+
+async def test_concurrent_claimers_never_share_a_job(open_store):
+    stores = [await open_store() for _ in range(4)]
+    submitted = {(await stores[0].submit(job())).id for _ in range(50)}
+    claimers = [(store, f"w{i}") for i, store in enumerate(stores * 2)]
+
+    async def drain(store, owner: str) -> list[str]:
+        taken = []
+        while claimed := await store.claim(owner, 60, 3):
+            taken += [j.id for j in claimed]
+        return taken
+
+    taken = await asyncio.gather(*(drain(store, owner) for store, owner in claimers))
+    every = [job_id for ids in taken for job_id in ids]
+    assert len(every) == len(set(every)) == 50
+    assert set(every) == submitted
+
+
+async def test_a_job_whose_lease_ran_out_is_claimed_again(store, clock):
+    submitted = await store.submit(job())
+    await store.claim("dead", 30, 1)
+    clock.advance(29)
+    assert await store.claim("w", 30, 1) == []
+    clock.advance(1)
+    [again] = await store.claim("w", 30, 1)
+    assert (again.id, again.lease_owner, again.attempts) == (submitted.id, "w", 2)
+    assert not await store.heartbeat("dead", submitted.id, 30)
+    assert not await store.finish("dead", submitted.id, JobState.SUCCEEDED)
+
+
+async def test_a_heartbeat_extends_the_lease(store, clock):
+    submitted = await store.submit(job())
+    await store.claim("w", 10, 1)
+    clock.advance(8)
+    assert await store.heartbeat("w", submitted.id, 10)
+    clock.advance(8)
+    assert await store.claim("other", 10, 1) == []
+
+
+async def test_only_the_lease_owner_finishes_a_job(store):
+    submitted = await store.submit(job())
+    await store.claim("w", 30, 1)
+    error = {"code": "upstream_error", "message": "boom"}
+    assert not await store.finish("other", submitted.id, JobState.FAILED, error=error)
+    assert await store.finish("w", submitted.id, JobState.FAILED, error=error)
+    finished = await store.get("alice", submitted.id)
+    assert (finished.state, finished.error) == (JobState.FAILED, error)
+    assert not await store.finish("w", submitted.id, JobState.SUCCEEDED)
+
+
+async def test_a_job_finishes_only_in_a_final_state(store):
+    submitted = await store.submit(job())
+    await store.claim("w", 30, 1)
+    with pytest.raises(ValueError, match="queued"):
+        await store.finish("w", submitted.id, JobState.QUEUED)
+
+
+async def test_a_finished_job_keeps_its_result(store):
+    submitted = await store.submit(job())
+    await store.claim("w", 30, 1)
+    assert await store.finish("w", submitted.id, JobState.SUCCEEDED, result=b'{"id": "x"}')
+    assert (await store.get("alice", submitted.id)).result == b'{"id": "x"}'
+
+
+async def test_a_released_job_returns_after_its_delay_keeping_attempts(store, clock):
+    submitted = await store.submit(job())
+    await store.claim("w", 30, 1)
+    refusal = {"code": "capacity_exhausted"}
+    assert not await store.release("other", submitted.id, 10, refusal)
+    assert await store.release("w", submitted.id, 10, refusal)
+    released = await store.get("alice", submitted.id)
+    assert (released.state, released.not_before) == (JobState.QUEUED, clock.now() + 10)
+    assert (released.attempts, released.error, released.lease_owner) == (1, refusal, None)
+    clock.advance(9)
+    assert await store.claim("w", 30, 1) == []
+    clock.advance(1)
+    [again] = await store.claim("w", 30, 1)
+    assert again.attempts == 2
+
+
+async def test_jobs_past_their_deadline_expire_and_are_never_claimed(store, clock):
+    queued = await store.submit(job(deadline_at=clock.now() + 5))
+    running = await store.submit(job(deadline_at=clock.now() + 5, priority=1))
+    await store.claim("w", 60, 1)
+    timeless = await store.submit(job())
+    clock.advance(5)
+    assert [j.id for j in await store.claim("w", 60, 10)] == [timeless.id]
+    assert await store.expire_due() == 2
+    assert await state(store, queued.id) is JobState.EXPIRED
+    assert await state(store, running.id) is JobState.EXPIRED
+    assert not await store.heartbeat("w", running.id, 60)
+    assert await store.expire_due() == 0
+
+
+async def test_backlog_counts_queued_jobs_and_the_oldest_age(store, clock):
+    assert await store.backlog() == (0, 0.0)
+    await store.submit(job())
+    clock.advance(10)
+    await store.submit(job("bob"))
+    clock.advance(10)
+    await store.submit(job(lane="interactive"))
+    clock.advance(10)
+    assert await store.backlog() == (3, 30.0)
+    assert await store.backlog(tenant="bob") == (1, 20.0)
+    assert await store.backlog(lane="interactive") == (1, 10.0)
+    assert await store.backlog(tenant="alice", lane="batch") == (1, 30.0)
+    await store.claim("w", 60, 1)
+    assert await store.backlog() == (2, 20.0)
+
+
+async def test_counts_by_state_names_every_state(store):
+    assert await store.counts_by_state() == dict.fromkeys(JobState, 0)
+    for _ in range(3):
+        await store.submit(job())
+    [claimed] = await store.claim("w", 30, 1)
+    await store.finish("w", claimed.id, JobState.SUCCEEDED)
+    [claimed] = await store.claim("w", 30, 1)
+    counts = await store.counts_by_state()
+    assert counts[JobState.QUEUED] == counts[JobState.RUNNING] == counts[JobState.SUCCEEDED] == 1
+    assert sum(counts.values()) == 3
+
+
+async def test_a_file_is_stored_for_its_tenant_only(store, clock):
+    created = await store.create_file(
+        StoredFile(tenant="alice", purpose="batch", filename="in.jsonl", content=b"{}\n")
+    )
+    assert created.id.startswith("file-")
+    assert (created.created_at, created.size) == (clock.now(), 3)
+    assert await store.get_file("alice", created.id) == created
+    assert await store.get_file("bob", created.id) is None
+
+
+async def create_batch(store, lines: int = 3) -> Batch:
+    input_file = await store.create_file(
+        StoredFile(tenant="alice", purpose="batch", filename="in.jsonl", content=b"{}\n" * lines)
+    )
+    batch = Batch(
+        tenant="alice",
+        input_file_id=input_file.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        status=BatchStatus.IN_PROGRESS,
+        total_requests=lines,
+        metadata={"purpose": "test"},
+    )
+    return await store.create_batch(batch, [job(custom_id=f"r{i}") for i in range(lines)])
+
+
+async def test_a_batch_is_stored_with_its_jobs(store, clock):
+    batch = await create_batch(store)
+    assert batch.id.startswith("batch_")
+    assert batch.status_at == {"in_progress": clock.now()}
+    assert await store.get_batch("alice", batch.id) == batch
+    jobs = await store.list_batch_jobs("alice", batch.id)
+    assert sorted(j.custom_id for j in jobs) == ["r0", "r1", "r2"]
+    assert {(j.batch_id, j.state) for j in jobs} == {(batch.id, JobState.QUEUED)}
+    assert await store.get_batch("bob", batch.id) is None
+    assert await store.list_batch_jobs("bob", batch.id) == []
+
+
+async def test_a_batch_update_applies_only_from_the_expected_status(store, clock):
+    batch = await create_batch(store)
+    clock.advance(5)
+    output = await store.create_file(
+        StoredFile(tenant="alice", purpose="batch_output", filename="out.jsonl", content=b"{}")
+    )
+    finalizing = replace(
+        batch, status=BatchStatus.FINALIZING, completed_requests=3, output_file_id=output.id
+    )
+    assert await store.update_batch(finalizing, BatchStatus.IN_PROGRESS)
+    assert not await store.update_batch(finalizing, BatchStatus.IN_PROGRESS)
+    stored = await store.get_batch("alice", batch.id)
+    assert stored == replace(
+        finalizing,
+        status_at=batch.status_at | {"finalizing": clock.now()},
+        updated_at=clock.now(),
+    )
+
+
+async def test_cancelling_a_batch_cancels_its_jobs(store, clock):
+    batch = await create_batch(store)
+    [running] = await store.claim("w", 30, 1)
+    clock.advance(1)
+    assert await store.cancel_batch("bob", batch.id) is None
+    cancelling = await store.cancel_batch("alice", batch.id)
+    assert cancelling.status is BatchStatus.CANCELLING
+    assert cancelling.status_at["cancelling"] == clock.now()
+    assert await store.get_batch("alice", batch.id) == cancelling
+    jobs = {j.id: j for j in await store.list_batch_jobs("alice", batch.id)}
+    assert jobs.pop(running.id).cancel_requested
+    assert {j.state for j in jobs.values()} == {JobState.CANCELLED}
+    assert await store.cancel_batch("alice", batch.id) == cancelling
+
+
+async def test_cancelling_a_finished_batch_changes_nothing(store):
+    batch = await create_batch(store, lines=0)
+    completed = replace(batch, status=BatchStatus.COMPLETED)
+    await store.update_batch(completed, BatchStatus.IN_PROGRESS)
+    stored = await store.get_batch("alice", batch.id)
+    assert await store.cancel_batch("alice", batch.id) == stored
+
+
+async def test_stores_opened_together_share_one_migrated_database(open_store):
+    stores = await asyncio.gather(*(open_store() for _ in range(3)))
+    submitted = await stores[0].submit(job())
+    reopened = await open_store()
+    assert await reopened.get("alice", submitted.id) == submitted
