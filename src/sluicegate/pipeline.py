@@ -14,6 +14,7 @@ import asyncio
 import random
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from sluicegate.admission.boundary import Boundary
@@ -56,6 +57,7 @@ class Pipeline:
         self._clock = clock
         self._count = tokenizer
         self._random = random.Random()
+        self._losers: set[asyncio.Future[Any]] = set()
 
     async def enter(self, endpoint: Endpoint, tenant: Tenant, permits: AsyncExitStack) -> None:
         await self._boundary.enter(endpoint, tenant, permits)
@@ -144,38 +146,91 @@ class Pipeline:
         throttling, a context window too small) releases its permits, and the next one
         re-enters the dispatcher after a jittered backoff, on another deployment when
         there is one. Once the answer is yielded the provider is fixed."""
-        dispatcher = self._dispatchers[call.model.name]
         retry = call.route.retry
         failure: GatewayError | None = None
         for number in range(1, retry.max_attempts + 1):
             if failure is not None:
                 await self._back_off(call, number, failure)
             self._budget_s(call)
-            async with AsyncExitStack() as attempt:
-                try:
-                    grant = await dispatcher.acquire(call)
-                except GatewayError:
-                    if failure is None:
-                        raise
-                    raise failure from None
-                attempt.push_async_callback(dispatcher.release, grant, call)
-                try:
-                    answer = await self._first_bytes(attempt, grant, call)
-                except GatewayError as err:
-                    grant.failed = err.failover
-                    if not await self._worth_another(grant, call, err):
-                        raise
-                    failure = err
-                    continue
+            try:
+                started = await self._race(call)
+            except _Failed as failed:
+                if not failed.worth_another:
+                    raise failed.error from None
+                failure = failed.error
+                continue
+            except GatewayError:
+                if failure is None:
+                    raise
+                raise failure from None
+            async with started.stack:
                 self._metrics.attempts(number)
                 try:
-                    yield answer
+                    yield started.answer
                 except GatewayError as err:
-                    grant.failed = err.failover
+                    started.grant.failed = err.failover
                     raise
-                return
+            return
         assert failure is not None
         raise failure
+
+    async def _race(self, call: Call) -> _Started:
+        """One attempt, or two when the route hedges: after `hedge_after_s` without first
+        bytes a second attempt goes to another deployment, the first to answer wins and
+        the other is cancelled (its permits stay held until it has really ended)."""
+        first = asyncio.ensure_future(self._start(call))
+        hedge_after = call.route.hedge_after_s
+        if hedge_after is None or len(call.model.deployments) < 2:
+            return await _owned(first)
+        done, _ = await asyncio.wait({first}, timeout=hedge_after)
+        if done:
+            return first.result()
+        self._metrics.hedge("sent")
+        second = asyncio.ensure_future(self._start(call))
+        pending = {first, second}
+        errors: list[BaseException] = []
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task.exception() is not None:
+                        errors.append(task.exception())
+                        continue
+                    if task is second:
+                        self._metrics.hedge("won")
+                    for other in done - {task}:
+                        if other.exception() is None:
+                            self._keep(asyncio.ensure_future(other.result().stack.aclose()))
+                    return task.result()
+            raise errors[0]
+        finally:
+            for task in pending:
+                task.cancel()
+                self._keep(task)
+
+    def _keep(self, task: asyncio.Future[Any]) -> None:
+        """Hold a losing attempt until it has really ended (it frees its own permits)."""
+        self._losers.add(task)
+        task.add_done_callback(self._losers.discard)
+
+    async def _start(self, call: Call) -> _Started:
+        """One attempt up to its first bytes. Whatever it took is released if it fails or
+        is cancelled; on success the caller owns its exit stack."""
+        dispatcher = self._dispatchers[call.model.name]
+        stack = AsyncExitStack()
+        try:
+            grant = await dispatcher.acquire(call)
+            stack.push_async_callback(dispatcher.release, grant, call)
+            call.excluded.add(grant.target.deployment.name)
+            try:
+                answer = await self._first_bytes(stack, grant, call)
+            except GatewayError as err:
+                grant.failed = err.failover
+                raise _Failed(err, await self._worth_another(grant, call, err)) from None
+            return _Started(stack, grant, answer)
+        except BaseException:
+            await stack.aclose()
+            raise
 
     async def _first_bytes(self, attempt: AsyncExitStack, grant: Grant, call: Call) -> Answer:
         deployment = grant.target.deployment
@@ -194,7 +249,6 @@ class Pipeline:
         """Act on a failed attempt (throttling cools the pools) and say whether another
         attempt may do better."""
         deployment = grant.target.deployment
-        call.excluded.add(deployment.name)
         if err.code == "upstream_throttled":
             cooldown = err.retry_after_s or deployment.throttle_cooldown_s
             for pool in grant.target.pools:
@@ -264,6 +318,33 @@ def _cap_output(lane: Lane, payload: dict[str, Any], output: int) -> int:
     field = "max_completion_tokens" if "max_completion_tokens" in payload else "max_tokens"
     payload[field] = cap
     return cap
+
+
+@dataclass(slots=True)
+class _Started:
+    """An attempt whose first bytes arrived: its permits live on `stack`."""
+
+    stack: AsyncExitStack
+    grant: Grant
+    answer: Answer
+
+
+class _Failed(Exception):
+    """An attempt failed upstream before its first bytes; the request may try again."""
+
+    def __init__(self, error: GatewayError, worth_another: bool) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.worth_another = worth_another
+
+
+async def _owned(task: asyncio.Task[_Started]) -> _Started:
+    """Await one attempt; if the caller is cancelled meanwhile, so is the attempt."""
+    try:
+        return await task
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
 
 
 class Answer:

@@ -196,3 +196,31 @@ async def test_the_circuit_opens_probes_closes_and_dispatch_ramps(sims, faulty, 
     for elapsed, running in samples:
         assert running <= 2 + 15 * elapsed / 1.6, samples
     assert max(running for _, running in samples) >= 12, samples
+
+
+async def test_a_hedge_wins_and_the_loser_is_cancelled_but_holds_its_permit_until_it_ends(
+    sims, faulty, http
+):
+    await faulty(hang=True)
+    raw = config(
+        deployment("a", sims[0].url, cancel_grace_s=0.4),
+        deployment("b", sims[1].url),
+        routes={"chat": {"hedge_after_s": 0.2, "retry": {"max_attempts": 1}}},
+    )
+    async with inprocess_gateway(raw, ENV) as gw:
+        loser_pool = gw.runtime.pools["a"]
+        assert await ask(gw.url)
+        assert loser_pool.counters.active == 1
+        for _ in range(40):
+            if (await sim_stats(http, sims[0]))["cancelled"] == 1:
+                break
+            await asyncio.sleep(0.02)
+        assert loser_pool.counters.active == 1
+        await asyncio.sleep(0.5)
+        assert loser_pool.counters.active == 0
+        async with http.get(f"{gw.url}/metrics") as resp:
+            metrics = await resp.text()
+    assert (await sim_stats(http, sims[0]))["cancelled"] == 1
+    assert (await sim_stats(http, sims[1]))["completed"] == 1
+    assert 'sluicegate_hedges_total{outcome="sent"} 1.0' in metrics
+    assert 'sluicegate_hedges_total{outcome="won"} 1.0' in metrics

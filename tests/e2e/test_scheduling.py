@@ -129,7 +129,7 @@ async def test_lane_priority_is_passed_to_a_vllm_priority_scheduler(tmp_path, ht
     try:
         async with inprocess_gateway(config(proc, lanes, pass_priority=True), ENV) as gw:
             tasks = {
-                f"bg{n}": asyncio.ensure_future(chat(http, gw.url, "b", 5, lane="background"))
+                f"bg{n}": asyncio.ensure_future(chat(http, gw.url, "b", 20, lane="background"))
                 for n in range(4)
             }
             await asyncio.sleep(0.1)

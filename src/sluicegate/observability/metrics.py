@@ -261,6 +261,9 @@ class GatewayMetrics:
             ["deployment", "code"],
             registry=r,
         )
+        self._hedges = Counter(
+            "sluicegate_hedges", "Hedged second attempts, sent and won.", ["outcome"], registry=r
+        )
         self._throttles = Counter(
             "sluicegate_pool_throttles",
             "Provider throttling answers that put a pool in cooldown.",
@@ -325,6 +328,9 @@ class GatewayMetrics:
 
     def retried(self, deployment: str, code: str) -> None:
         self._retries.labels(deployment, code).inc()
+
+    def hedge(self, outcome: str) -> None:
+        self._hedges.labels(outcome).inc()
 
     def throttled(self, pool: str) -> None:
         self._throttles.labels(pool).inc()
