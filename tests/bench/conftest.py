@@ -14,12 +14,18 @@ def is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def run_bench(*args: str) -> subprocess.CompletedProcess[str]:
+    """`sluicegate bench ARGS` as a user runs it; asserts it completed."""
+    command = [sys.executable, "-m", "sluicegate", "bench", *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
 def run_quick(scenario: str, folder: Path) -> dict:
     """`sluicegate bench SCENARIO --quick`; asserts it completed and printed its verdicts."""
     out = folder / f"{scenario}.json"
-    command = [sys.executable, "-m", "sluicegate", "bench", scenario, "--quick", "--out", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
-    assert done.returncode == 0, done.stderr
+    done = run_bench(scenario, "--quick", "--out", str(out))
     assert "PASS" in done.stdout or "MISS" in done.stdout
     doc = json.loads(out.read_text())
     for figure in doc["figures"]:

@@ -47,6 +47,13 @@ def chat_request(
     base_url: str, model: str, key: str, *, prompt_chars: int, max_tokens: int, stream: bool
 ) -> Request:
     """Build the request both paths receive; only `model` differs between them."""
+    body = chat_body(model, prompt_chars=prompt_chars, max_tokens=max_tokens, stream=stream)
+    headers = {"content-type": "application/json", "authorization": f"Bearer {key}"}
+    return Request(f"{base_url}/v1/chat/completions", body, headers, stream)
+
+
+def chat_body(model: str, *, prompt_chars: int, max_tokens: int, stream: bool) -> bytes:
+    """A chat completion of one filler prompt; a stream asks for its usage at the end."""
     prompt = (_PROMPT_WORDS * (prompt_chars // len(_PROMPT_WORDS) + 1))[:prompt_chars]
     payload: dict[str, object] = {
         "model": model,
@@ -56,8 +63,7 @@ def chat_request(
     }
     if stream:
         payload["stream_options"] = {"include_usage": True}
-    headers = {"content-type": "application/json", "authorization": f"Bearer {key}"}
-    return Request(f"{base_url}/v1/chat/completions", orjson.dumps(payload), headers, stream)
+    return orjson.dumps(payload)
 
 
 @dataclass(slots=True)

@@ -33,6 +33,7 @@ from sluicegate.api.asgi import (
     send_json,
 )
 from sluicegate.core.errors import ErrorType, GatewayError, bad_request, not_found
+from sluicegate.sim.anthropic import MessageEvents, MessagesFace
 from sluicegate.sim.engine import Engine, Rejected, Sequence
 from sluicegate.sim.faults import FaultInjector
 from sluicegate.sim.metrics import SimMetrics
@@ -90,6 +91,7 @@ class SimServer:
             ("POST", "/v1/chat/completions", self._inference(self._chat)),
             ("POST", "/v1/completions", self._inference(self._completion)),
             ("POST", "/v1/embeddings", self._inference(self._embedding)),
+            ("POST", "/v1/messages", MessagesFace(self, self._stream, self._drop).route),
             ("GET", "/v1/models", self._models),
             ("GET", "/health", self._health),
             ("GET", "/metrics", self._metrics),
@@ -203,7 +205,7 @@ class SimServer:
 
     async def _stream(
         self,
-        events: StreamEvents,
+        events: StreamEvents | MessageEvents,
         request: GenerationRequest,
         seq: Sequence,
         cut: int | None,

@@ -146,6 +146,14 @@ def test_unknown_events_and_thinking_deltas_are_skipped():
     assert len(chunks) == 2
 
 
+def test_nothing_is_emitted_before_content_so_an_early_error_can_fall_back():
+    translator = StreamTranslator(0, False)
+    assert translator.feed(sse(START, PING)) == b""
+    error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    with pytest.raises(StreamBroken):
+        translator.feed(sse(error))
+
+
 def test_an_error_event_breaks_the_stream_as_ended_by_the_upstream():
     translator = StreamTranslator(0, False)
     translator.feed(sse(START, *text_block(0, "par")))
