@@ -31,6 +31,7 @@ from sluicegate.core.types import Deployment, Lane, OverloadState, Settings
 from sluicegate.observability.metrics import GatewayMetrics
 from sluicegate.observability.status import snapshot
 from sluicegate.pipeline import Pipeline
+from sluicegate.providers.anthropic import AnthropicProvider
 from sluicegate.providers.backend_metrics import MetricsPoller
 from sluicegate.providers.base import Provider
 from sluicegate.providers.openai import OpenAIProvider
@@ -167,6 +168,8 @@ def fairness_factory(settings: Settings) -> Callable[[Lane], FairnessPolicy]:
 def make_provider(deployment: Deployment) -> Provider:
     if deployment.provider == "openai":
         return OpenAIProvider(deployment)
+    if deployment.provider == "anthropic":
+        return AnthropicProvider(deployment)
     raise ConfigError(f"deployment {deployment.name!r}: unknown provider {deployment.provider!r}")
 
 

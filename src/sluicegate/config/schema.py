@@ -174,7 +174,7 @@ class TimeoutsConfig(Strict):
 
 class DeploymentConfig(Strict):
     name: Name
-    provider: Literal["openai"] = "openai"
+    provider: Literal["openai", "anthropic"] = "openai"
     base_url: HttpUrl
     model: str | None = Field(default=None, description="upstream model name; default: public")
     api_key_env: str | None = None
