@@ -25,7 +25,7 @@ from sluicegate.core.errors import CONTEXT_LENGTH, ErrorType, GatewayError, not_
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Deployment, Endpoint, Lane, Model, OverloadState, Settings, Tenant
 from sluicegate.observability.metrics import GatewayMetrics
-from sluicegate.providers.base import Provider, UpstreamResponse
+from sluicegate.providers.base import Provider, UpstreamResponse, timed_out
 from sluicegate.scheduling.dispatcher import Dispatcher, Grant
 from sluicegate.scheduling.ladder import degrade
 from sluicegate.scheduling.lanes import Demand, classify
@@ -238,11 +238,16 @@ class Pipeline:
             call.payload["priority"] = self._top_priority - call.lane.priority
         if call.route.reasoning_effort is not None:
             call.payload.setdefault("reasoning_effort", call.route.reasoning_effort)
-        upstream = await attempt.enter_async_context(
-            self._open(deployment, call, self._budget_s(call))
-        )
-        answer = Answer(upstream, call)
-        await answer.prime()
+        limit = call.route.first_byte_s or deployment.timeouts.first_byte_s
+        try:
+            async with asyncio.timeout(limit):
+                upstream = await attempt.enter_async_context(
+                    self._open(deployment, call, self._budget_s(call))
+                )
+                answer = Answer(upstream, call)
+                await answer.prime()
+        except TimeoutError:
+            raise timed_out(deployment.name) from None
         return answer
 
     async def _worth_another(self, grant: Grant, call: Call, err: GatewayError) -> bool:

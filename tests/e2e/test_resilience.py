@@ -224,3 +224,14 @@ async def test_a_hedge_wins_and_the_loser_is_cancelled_but_holds_its_permit_unti
     assert (await sim_stats(http, sims[1]))["completed"] == 1
     assert 'sluicegate_hedges_total{outcome="sent"} 1.0' in metrics
     assert 'sluicegate_hedges_total{outcome="won"} 1.0' in metrics
+
+
+async def test_a_first_byte_timeout_moves_a_slow_start_to_the_next_link(sims, faulty, http):
+    await faulty(slowdown=50)
+    raw = config(
+        deployment("a", sims[0].url, timeouts={"first_byte_s": 0.2}, cancel_grace_s=0),
+        deployment("b", sims[1].url),
+    )
+    async with inprocess_gateway(raw, ENV) as gw:
+        assert await ask(gw.url, stream=True)
+    assert (await sim_stats(http, sims[1]))["completed"] == 1

@@ -182,6 +182,7 @@ def _route(spec: RouteConfig) -> RoutePolicy:
         retry=RetryPolicy(**spec.retry.model_dump()),
         hedge_after_s=spec.hedge_after_s,
         reasoning_effort=spec.reasoning_effort,
+        first_byte_s=spec.first_byte_s,
     )
 
 
@@ -258,7 +259,7 @@ def _deployment(
         base_url=base_url,
         upstream_model=spec.model or model,
         api_key=api_key,
-        timeouts=Timeouts(t.connect_s, t.read_s, t.total_s),
+        timeouts=Timeouts(t.connect_s, t.read_s, t.total_s, t.first_byte_s),
         max_connections=spec.max_connections,
         pools=tuple(spec.pools) or (spec.name,),
         cancel_grace_s=spec.cancel_grace_s,

@@ -75,6 +75,9 @@ class RouteConfig(Strict):
     retry: RetryConfig = RetryConfig()
     hedge_after_s: Seconds | None = None
     reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    first_byte_s: Seconds | None = Field(
+        default=None, description="overrides the deployments' first-byte timeout"
+    )
 
 
 class RoutesConfig(Strict):
@@ -170,6 +173,7 @@ class TimeoutsConfig(Strict):
     connect_s: Seconds = 5.0
     read_s: Seconds = 60.0
     total_s: Seconds = 600.0
+    first_byte_s: Seconds | None = None
 
 
 class DeploymentConfig(Strict):

@@ -33,11 +33,13 @@ _PATHS = {
 
 @dataclass(frozen=True, slots=True)
 class Timeouts:
-    """`read_s` bounds each wait for upstream bytes: the first byte and every gap after it."""
+    """`read_s` bounds each wait for upstream bytes (the gap between stream chunks);
+    `first_byte_s`, when set, bounds dispatch to the answer's first bytes."""
 
     connect_s: float
     read_s: float
     total_s: float
+    first_byte_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +152,7 @@ class RoutePolicy:
     retry: RetryPolicy = RetryPolicy()
     hedge_after_s: float | None = None
     reasoning_effort: str | None = None
+    first_byte_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
