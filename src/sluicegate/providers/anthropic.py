@@ -19,27 +19,20 @@ from sluicegate.providers.anthropic_request import include_usage, messages_reque
 from sluicegate.providers.anthropic_response import chat_completion
 from sluicegate.providers.anthropic_stream import StreamBroken, StreamTranslator
 from sluicegate.providers.base import interrupted
-from sluicegate.providers.transport import Transport, UpstreamBody
+from sluicegate.providers.transport import AdapterResponse, Transport, UpstreamBody
 
 API_VERSION = "2023-06-01"
 
 
-class AnthropicResponse:
+class AnthropicResponse(AdapterResponse):
     """The upstream answer, translated as it is read; Anthropic always reports usage, so a
     complete answer always has `used_tokens`."""
 
-    __slots__ = ("_body", "_deployment", "_include_usage", "used_tokens")
+    __slots__ = ("_include_usage",)
 
     def __init__(self, body: UpstreamBody, deployment: str, include_usage: bool) -> None:
-        self._body = body
-        self._deployment = deployment
+        super().__init__(body, deployment)
         self._include_usage = include_usage
-        self.used_tokens: int | None = None
-
-    @property
-    def ended(self) -> bool:
-        """True once the upstream itself finished or broke the response, not we."""
-        return self._body.ended
 
     async def read(self) -> bytes:
         body = await self._body.read()

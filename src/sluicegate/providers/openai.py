@@ -11,7 +11,7 @@ import orjson
 
 from sluicegate.core.types import Deployment, Endpoint
 from sluicegate.providers.base import classify_status, interrupted
-from sluicegate.providers.transport import Transport, UpstreamBody
+from sluicegate.providers.transport import AdapterResponse, Transport, UpstreamBody
 
 _DONE = b"data: [DONE]"
 _USAGE = re.compile(rb'"usage":\s*\{[^}]*"total_tokens":\s*(\d+)')
@@ -24,7 +24,7 @@ def _total_tokens(data: bytes) -> int | None:
     return int(matches[-1]) if matches else None
 
 
-class OpenAIResponse:
+class OpenAIResponse(AdapterResponse):
     """Relays the body untouched, except a usage event the gateway asked for itself.
 
     Token quotas need the real usage of every streamed answer, so the adapter asks for
@@ -32,18 +32,11 @@ class OpenAIResponse:
     before it reaches a caller who never asked for it.
     """
 
-    __slots__ = ("_body", "_deployment", "_hide_usage", "used_tokens")
+    __slots__ = ("_hide_usage",)
 
     def __init__(self, body: UpstreamBody, deployment: str, hide_usage: bool) -> None:
-        self._body = body
-        self._deployment = deployment
+        super().__init__(body, deployment)
         self._hide_usage = hide_usage
-        self.used_tokens: int | None = None
-
-    @property
-    def ended(self) -> bool:
-        """True once the upstream itself finished or broke the response, not we."""
-        return self._body.ended
 
     async def read(self) -> bytes:
         body = await self._body.read()

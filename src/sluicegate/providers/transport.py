@@ -124,3 +124,19 @@ class Transport:
         if t.total is not None and budget_s >= t.total:
             return t
         return aiohttp.ClientTimeout(total=budget_s, connect=t.connect, sock_read=t.sock_read)
+
+
+class AdapterResponse:
+    """What every adapter's answer shares: the raw body, and the usage once reported."""
+
+    __slots__ = ("_body", "_deployment", "used_tokens")
+
+    def __init__(self, body: UpstreamBody, deployment: str) -> None:
+        self._body = body
+        self._deployment = deployment
+        self.used_tokens: int | None = None
+
+    @property
+    def ended(self) -> bool:
+        """True once the upstream itself finished or broke the response, not we."""
+        return self._body.ended
