@@ -1,0 +1,160 @@
+"""One attempt of one chat completion, timed the way a caller experiences it.
+
+TTFT is taken at the first SSE event carrying output text (a role-only opening event is
+not a token), so a backend that answers headers at once but generates late is not
+flattered. Tokens come from the usage the server reports, else from the events counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import aiohttp
+import orjson
+
+from sluicegate.bench.loadgen import Request, SseSplitter, chat_body
+from sluicegate.bench.records import OK, Attempt
+from sluicegate.bench.retry import retry_hint_s
+
+LANE_HEADER = "x-sluicegate-lane"
+TIMEOUT_HEADER = "x-sluicegate-timeout"
+CHARS_PER_TOKEN = 4
+"""The gateway and the simulator both estimate ceil(characters / 4) tokens of a prompt."""
+_DONE = b"[DONE]"
+Since = Callable[[], float]
+
+
+def prepare(
+    base_url: str,
+    model: str,
+    key: str,
+    lane: str,
+    *,
+    prompt_tokens: int,
+    output_tokens: int,
+    stream: bool,
+    timeout_s: float,
+) -> Request:
+    """Prepared once: a request's retries send the same bytes."""
+    chars = prompt_tokens * CHARS_PER_TOKEN
+    body = chat_body(model, prompt_chars=chars, max_tokens=output_tokens, stream=stream)
+    headers = {
+        "content-type": "application/json",
+        "authorization": f"Bearer {key}",
+        LANE_HEADER: lane,
+        TIMEOUT_HEADER: f"{timeout_s:g}",
+    }
+    return Request(f"{base_url}/chat/completions", body, headers, stream)
+
+
+class _Exchange:
+    """What one attempt has seen so far, so a failure part-way still records it."""
+
+    def __init__(self, since: Since) -> None:
+        self.since = since
+        self.start_s = since()
+        self.status = 0
+        self.headers: Mapping[str, str] = {}
+        self.first_s: float | None = None
+        self.last_s: float | None = None
+        self.chunks = 0
+        self.usage: dict[str, Any] = {}
+
+    def token(self) -> None:
+        self.last_s = self.since()
+        if self.first_s is None:
+            self.first_s = self.last_s
+        self.chunks += 1
+
+    def finish(self, error: str) -> Attempt:
+        should_retry = self.headers.get("x-should-retry")
+        return Attempt(
+            start_s=self.start_s,
+            end_s=self.since(),
+            status=self.status,
+            error=error,
+            retry_after_s=retry_hint_s(self.headers),
+            should_retry=None if should_retry is None else should_retry == "true",
+            first_token_s=self.first_s,
+            last_token_s=self.last_s,
+            prompt_tokens=int(self.usage.get("prompt_tokens") or 0),
+            output_tokens=int(self.usage.get("completion_tokens") or self.chunks),
+        )
+
+
+async def send(
+    session: aiohttp.ClientSession, request: Request, timeout_s: float, since: Since
+) -> Attempt:
+    """Never raises for what a server or network can do; cancellation passes through."""
+    exchange = _Exchange(since)
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    try:
+        async with session.post(
+            request.url, data=request.body, headers=request.headers, timeout=timeout
+        ) as response:
+            exchange.status = response.status
+            exchange.headers = response.headers
+            if response.status != 200:
+                return exchange.finish(_error_code(await response.read(), response.status))
+            if request.stream:
+                return exchange.finish(await _read_stream(response, exchange))
+            return exchange.finish(_read_body(await response.read(), exchange))
+    except TimeoutError:
+        return exchange.finish("timeout")
+    except aiohttp.ClientError:
+        return exchange.finish("stream_cut" if exchange.status else "connection_error")
+    except orjson.JSONDecodeError:
+        return exchange.finish("bad_body")
+
+
+async def _read_stream(response: aiohttp.ClientResponse, exchange: _Exchange) -> str:
+    events = SseSplitter()
+    async for data in response.content.iter_any():
+        for event in events.feed(data):
+            if not event.startswith(b"data:"):
+                continue
+            payload = event[5:].strip()
+            if payload == _DONE:
+                return OK
+            error = _stream_event(_object(payload), exchange)
+            if error is not None:
+                return error
+    return "stream_cut"
+
+
+def _stream_event(event: dict[str, Any], exchange: _Exchange) -> str | None:
+    """An error event ends the attempt; a chunk with text is a token; usage is kept."""
+    if "error" in event:
+        return _code(event["error"]) or "stream_error"
+    if event.get("usage"):
+        exchange.usage = event["usage"]
+    for choice in event.get("choices") or ():
+        if (choice.get("delta") or {}).get("content") or choice.get("text"):
+            exchange.token()
+    return None
+
+
+def _read_body(body: bytes, exchange: _Exchange) -> str:
+    exchange.usage = _object(body).get("usage") or {}
+    exchange.first_s = exchange.last_s = exchange.since()
+    return OK
+
+
+def _error_code(body: bytes, status: int) -> str:
+    """The OpenAI-shaped error's `code`, else `http_STATUS`."""
+    try:
+        code = _code(_object(body).get("error"))
+    except orjson.JSONDecodeError:
+        code = None
+    return code or f"http_{status}"
+
+
+def _object(data: bytes) -> dict[str, Any]:
+    value = orjson.loads(data)
+    return value if isinstance(value, dict) else {}
+
+
+def _code(error: object) -> str | None:
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) and code else None

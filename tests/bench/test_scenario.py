@@ -1,0 +1,101 @@
+"""Scenario files: every library scenario loads; a bad one is refused naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sluicegate.bench.arrivals import Burst, Poisson
+from sluicegate.bench.dists import Fixed
+from sluicegate.bench.scenario import ScenarioError, compressed, load, rate_scaled
+
+LIBRARY = Path(__file__).parents[2] / "bench" / "scenarios"
+MINIMAL = {
+    "name": "minimal",
+    "duration_s": 10,
+    "gateway": {"tenants": [{"name": "a", "keys": [{"env": "KEY_A"}]}]},
+    "tenants": [{"name": "a", "key_env": "KEY_A"}],
+    "lanes": {"chat": {"ttft_s": 1}},
+    "flows": [
+        {"tenant": "a", "lane": "chat", "arrival": {"kind": "poisson", "rate": 4}},
+        {"tenant": "a", "lane": "chat", "arrival": {"kind": "burst", "count": 9, "at_s": [4]}},
+    ],
+}
+
+
+def write(tmp_path: Path, raw: dict) -> Path:
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def changed(path: str, value: object) -> dict:
+    """MINIMAL with the value at a dotted path (list indexes as numbers) replaced."""
+    raw = yaml.safe_load(yaml.safe_dump(MINIMAL))
+    *parents, last = [int(p) if p.isdigit() else p for p in path.split(".")]
+    node = raw
+    for part in parents:
+        node = node[part]
+    node[last] = value
+    return raw
+
+
+@pytest.mark.parametrize("path", sorted(LIBRARY.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_library_scenario_loads(path):
+    scenario = load(path)
+    assert scenario.name == path.stem
+    assert scenario.gateway is not None
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "named"),
+    [
+        ("flows.0.arrival.rate", 0, "flows[0].arrival.poisson.rate: Input should be greater"),
+        ("flows.0.lane", "batch", "flows[0].lane: unknown lane 'batch'"),
+        ("flows.1.tenant", "z", "flows[1].tenant: unknown tenant 'z'"),
+        ("flows.0.retry", {"policy": "sometimes"}, "flows[0].retry: Input tag 'sometimes'"),
+        ("flows.0.output_tokens", {"dist": "uniform", "low": 9, "high": 1}, "high must be >="),
+        ("flows.0.arrival.rate_per_s", 3, "flows[0].arrival.poisson.rate_per_s: Extra inputs"),
+        ("lanes.chat.ttft_s", -1, "lanes.chat.ttft_s: Input should be greater than 0"),
+        ("policy", "maybe", "policy: Input should be 'on' or 'off'"),
+        ("tenants.0.key_env", "OTHER", "tenants[0].key_env: OTHER is not a key env"),
+    ],
+)
+def test_a_bad_scenario_is_refused_naming_the_field(tmp_path, path, value, named):
+    with pytest.raises(ScenarioError) as refused:
+        load(write(tmp_path, changed(path, value)))
+    assert named in str(refused.value)
+    assert str(refused.value).startswith(f"{tmp_path / 'scenario.yaml'}: invalid scenario")
+
+
+def test_yaml_on_and_off_are_policies(tmp_path):
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(MINIMAL) + "policy: off\n")
+    assert load(path).policy == "off"
+
+
+def test_a_number_is_a_fixed_length(tmp_path):
+    scenario = load(write(tmp_path, changed("flows.0.prompt_tokens", 300)))
+    assert scenario.flows[0].prompt_tokens == Fixed(value=300)
+
+
+def test_quick_squeezes_the_timeline_and_keeps_the_rates(tmp_path):
+    scenario = compressed(load(write(tmp_path, MINIMAL)), duration_s=2.5, drain_s=1.0)
+    poisson, burst = (flow.arrival for flow in scenario.flows)
+    assert scenario.duration_s == 2.5
+    assert scenario.drain_s == 1.0
+    assert isinstance(poisson, Poisson)
+    assert poisson.rate == 4
+    assert isinstance(burst, Burst)
+    assert (burst.count, burst.at_s) == (3, [1.0])
+
+
+def test_rate_scale_multiplies_poisson_rates_only(tmp_path):
+    scenario = rate_scaled(load(write(tmp_path, MINIMAL)), 0.5)
+    poisson, burst = (flow.arrival for flow in scenario.flows)
+    assert isinstance(poisson, Poisson)
+    assert poisson.rate == 2
+    assert isinstance(burst, Burst)
+    assert burst.count == 9
