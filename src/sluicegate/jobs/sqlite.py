@@ -55,8 +55,10 @@ class SqliteDatabase:
     @asynccontextmanager
     async def write(self) -> AsyncIterator[Session]:
         async with self._turn:
-            await self._conn.execute("BEGIN IMMEDIATE")
             try:
+                # Inside the try: a cancel while BEGIN runs on the connection's thread must
+                # still roll back, or every later write on this connection fails.
+                await self._conn.execute("BEGIN IMMEDIATE")
                 yield self._session
                 await self._conn.commit()
             except BaseException:
