@@ -50,3 +50,11 @@ def test_a_gap_in_the_backlog_leaves_the_bin_out():
     found = backlogged_fairness(waiting, served, span_s=2.0, bin_s=1.0)
     assert found.bins == 1
     assert found.index == pytest.approx(1.0)
+
+
+def test_window_fairness_sums_the_bins_where_every_tenant_was_backlogged():
+    waiting = {"a": [(0.0, 4.0)], "b": [(0.0, 2.0), (1.5, 3.0)]}
+    served = {"a": [(0.0, 4.0, 400.0)], "b": [(0.0, 2.0, 100.0), (2.0, 3.0, 300.0)]}
+    found = backlogged_fairness(waiting, served, span_s=4.0, bin_s=1.0)
+    assert found.all_backlogged == {"a": pytest.approx(300.0), "b": pytest.approx(400.0)}
+    assert found.window_index == pytest.approx(jain([300.0, 400.0]))

@@ -39,6 +39,13 @@ class Fairness:
     bins: int
     backlogged_s: dict[str, float]
     service: dict[str, float]
+    all_backlogged: dict[str, float]
+    """Service summed over the bins in which every tenant was backlogged: the shares a
+    fair scheduler promises, without the noise of one request's tokens in one bin."""
+
+    @property
+    def window_index(self) -> float:
+        return jain(list(self.all_backlogged.values())) if self.all_backlogged else math.nan
 
 
 def backlogged_fairness(
@@ -57,6 +64,7 @@ def backlogged_fairness(
     merged = {tenant: _merge(spans) for tenant, spans in waiting.items()}
     per_bin = {tenant: _spread(items, count, bin_s) for tenant, items in served.items()}
     backlogged_s = dict.fromkeys(waiting, 0.0)
+    together = dict.fromkeys(waiting, 0.0) if len(waiting) > 1 else {}
     indexes: list[float] = []
     for index in range(count):
         low, high = index * bin_s, min((index + 1) * bin_s, span_s)
@@ -65,12 +73,17 @@ def backlogged_fairness(
             backlogged_s[tenant] += high - low
         if len(tenants) < 2:
             continue
-        value = jain([per_bin[tenant][index] if tenant in per_bin else 0.0 for tenant in tenants])
+        given = [per_bin[tenant][index] if tenant in per_bin else 0.0 for tenant in tenants]
+        if len(tenants) == len(waiting):
+            for tenant, amount in zip(tenants, given, strict=True):
+                together[tenant] += amount
+        value = jain(given)
         if not math.isnan(value):
             indexes.append(value)
     service = {tenant: sum(items) for tenant, items in per_bin.items()}
     mean = sum(indexes) / len(indexes) if indexes else math.nan
-    return Fairness(mean, len(indexes), backlogged_s, service)
+    together = together if any(together.values()) else {}
+    return Fairness(mean, len(indexes), backlogged_s, service, together)
 
 
 def _merge(spans: Sequence[Interval]) -> list[Interval]:

@@ -120,6 +120,8 @@ def fairness(records: Sequence[Record], span_s: float) -> dict[str, object]:
     found = backlogged_fairness(waiting, served, span_s, BIN_S)
     return {
         "jain_index": found.index,
+        "jain_all_backlogged": found.window_index,
+        "service_all_backlogged": found.all_backlogged,
         "bins": found.bins,
         "bin_s": BIN_S,
         "backlogged_s": found.backlogged_s,
