@@ -20,14 +20,22 @@ import aiohttp
 
 from sluicegate.admission.boundary import Boundary
 from sluicegate.api.asgi import Router
+from sluicegate.api.batches import BatchRoutes
 from sluicegate.api.gateway import Gateway
+from sluicegate.api.intake import Intake
+from sluicegate.api.jobs import JobRoutes
+from sluicegate.api.ledger import BatchLedger
 from sluicegate.api.server import listen, serve
 from sluicegate.capacity.breaker import Breaker
 from sluicegate.capacity.gates import AimdGate, BackendGate, MetricsGate, OpenGate
 from sluicegate.capacity.pools import Pool
 from sluicegate.config import ConfigError, load_settings
 from sluicegate.core.clock import Clock, MonotonicClock
-from sluicegate.core.types import Deployment, Lane, OverloadState, Settings
+from sluicegate.core.types import Deployment, JobPolicy, Lane, OverloadState, Settings
+from sluicegate.jobs.clock import UnixClock
+from sluicegate.jobs.postgres import open_postgres
+from sluicegate.jobs.sqlite import open_sqlite
+from sluicegate.jobs.store import JobStore
 from sluicegate.observability.metrics import GatewayMetrics
 from sluicegate.observability.status import snapshot
 from sluicegate.pipeline import Pipeline
@@ -39,6 +47,7 @@ from sluicegate.scheduling.dispatcher import Dispatcher, Target
 from sluicegate.scheduling.fairness import FairnessPolicy, RoundRobin, VirtualTokenCounter
 from sluicegate.scheduling.overload import OverloadMonitor, OverloadWatch
 from sluicegate.stores.memory import MemoryLimitStore
+from sluicegate.worker import Workers
 
 DEMO_KEYS = {"demo-alice": "sk-demo-alice", "demo-bob": "sk-demo-bob"}
 
@@ -52,12 +61,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Runtime:
-    """The wired objects: the ASGI app, and the pipeline for in-process (library) callers."""
+    """The wired objects: the ASGI app, the pipeline for in-process (library) callers, and
+    the job workers, whose store is opened at startup."""
 
     app: Router
     pipeline: Pipeline
     pools: dict[str, Pool]
     dispatchers: dict[str, Dispatcher]
+    workers: Workers
 
 
 def build(settings: Settings, clock: Clock | None = None) -> Runtime:
@@ -107,8 +118,13 @@ def build(settings: Settings, clock: Clock | None = None) -> Runtime:
     gateway = Gateway(
         settings, pipeline, metrics, clock, lambda: snapshot(monitor, dispatchers.values(), gates)
     )
+    wall = UnixClock()
+    workers = Workers(settings, pipeline, metrics, clock, wall)
+    intake = Intake(settings, wall, workers.wake)
+    ledger = BatchLedger(intake)
     background: list[asyncio.Task[None]] = []
     scrapes: list[aiohttp.ClientSession] = []
+    job_stores: list[JobStore] = []
 
     async def startup() -> None:
         for provider in providers.values():
@@ -119,10 +135,16 @@ def build(settings: Settings, clock: Clock | None = None) -> Runtime:
         if pollers:
             scrapes.append(aiohttp.ClientSession())
             background.extend(loop.create_task(p.run(scrapes[0])) for p in pollers)
+        job_stores.append(await open_job_store(settings.jobs, wall))
+        intake.attach(job_stores[0])
+        workers.start(job_stores[0], ledger.job_finished)
         gateway.ready = True
 
     async def shutdown() -> None:
         gateway.ready = False
+        intake.attach(None)
+        if job_stores:
+            await workers.stop()
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
@@ -130,9 +152,20 @@ def build(settings: Settings, clock: Clock | None = None) -> Runtime:
             await session.close()
         for provider in providers.values():
             await provider.close()
+        for store in job_stores:
+            await store.close()
 
     app = gateway.routes(Router(on_startup=[startup], on_shutdown=[shutdown]))
-    return Runtime(app, pipeline, pools, dispatchers)
+    JobRoutes(intake).routes(app)
+    BatchRoutes(intake, ledger).routes(app)
+    return Runtime(app, pipeline, pools, dispatchers, workers)
+
+
+async def open_job_store(policy: JobPolicy, clock: Clock) -> JobStore:
+    if policy.store == "postgres":
+        assert policy.postgres_dsn is not None, "config validation requires it"
+        return await open_postgres(policy.postgres_dsn, policy.postgres_schema, clock)
+    return await open_sqlite(policy.sqlite_path, clock)
 
 
 def make_gate(deployment: Deployment, clock: Clock) -> BackendGate:

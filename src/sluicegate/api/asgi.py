@@ -139,19 +139,37 @@ def _retrieve(task: asyncio.Task[None]) -> None:
 
 
 class Router:
-    """Exact-path routing with 404/405 answers in OpenAI's error shape."""
+    """Exact paths, then the longest matching prefix, with 404/405 answers in OpenAI's
+    error shape. Prefixes serve paths that carry an id (`/v1/jobs/{id}`); exact paths are
+    looked up first, so the inference routes never pay for them."""
 
     def __init__(self, on_startup: Iterable[Hook] = (), on_shutdown: Iterable[Hook] = ()) -> None:
         self._routes: dict[str, dict[str, Handler]] = {}
+        self._prefixes: list[tuple[str, dict[str, Handler]]] = []
         self._on_startup = list(on_startup)
         self._on_shutdown = list(on_shutdown)
 
     def add(self, method: str, path: str, handler: Handler) -> None:
         self._routes.setdefault(path, {})[method] = handler
 
+    def add_prefix(self, method: str, prefix: str, handler: Handler) -> None:
+        """Route `method` on every path under `prefix`; the handler reads the rest of the path."""
+        for known, methods in self._prefixes:
+            if known == prefix:
+                methods[method] = handler
+                return
+        self._prefixes.append((prefix, {method: handler}))
+        self._prefixes.sort(key=lambda entry: len(entry[0]), reverse=True)
+
+    def _methods(self, path: str) -> dict[str, Handler] | None:
+        methods = self._routes.get(path)
+        if methods is None:
+            methods = next((m for prefix, m in self._prefixes if path.startswith(prefix)), None)
+        return methods
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            methods = self._routes.get(scope["path"])
+            methods = self._methods(scope["path"])
             handler = methods.get(scope["method"]) if methods else None
             if handler is not None:
                 await handler(scope, receive, send)

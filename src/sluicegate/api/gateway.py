@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,7 @@ from sluicegate.api.asgi import (
     send_error,
     send_json,
 )
+from sluicegate.api.auth import Authenticator, key_digest, unauthorised
 from sluicegate.api.payloads import parse
 from sluicegate.core.call import Call
 from sluicegate.core.clock import Clock
@@ -68,7 +68,7 @@ class Gateway:
     ) -> None:
         self._settings = settings
         self._status = status
-        self._keys: Mapping[bytes, Tenant] = settings.keys
+        self._authenticate = Authenticator(settings.keys)
         self._admin_keys = settings.admin_keys
         self._pipeline = pipeline
         self._metrics = metrics
@@ -180,15 +180,6 @@ class Gateway:
             bound.stream.observe(now - first_byte)
             self._pipeline.first_token(call, ttft)
 
-    def _authenticate(self, scope: Scope) -> Tenant:
-        digest = _key_digest(scope)
-        if digest is None:
-            raise _unauthorised("missing API key: send 'Authorization: Bearer <key>'")
-        tenant = self._keys.get(digest)
-        if tenant is None:
-            raise _unauthorised("invalid API key")
-        return tenant
-
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             tenant = self._authenticate(scope)
@@ -209,8 +200,8 @@ class Gateway:
 
     async def _admin_status(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Overload state, queues and gates; for holders of an admin key only."""
-        if _key_digest(scope) not in self._admin_keys:
-            await send_error(send, _unauthorised("an admin key is required"))
+        if key_digest(scope) not in self._admin_keys:
+            await send_error(send, unauthorised("an admin key is required"))
             return
         await send_json(send, 200, self._status())
 
@@ -226,14 +217,6 @@ def _model_list(settings: Settings, tenant: Tenant) -> bytes:
         if tenant.may_use(name)
     ]
     return orjson.dumps({"object": "list", "data": data})
-
-
-def _key_digest(scope: Scope) -> bytes | None:
-    """sha256 of the bearer key: keys are compared (and kept) only as digests."""
-    value = header(scope, b"authorization")
-    if value is None or value[:7].lower() != b"bearer ":
-        return None
-    return hashlib.sha256(value[7:].strip()).digest()
 
 
 def _timeout_s(scope: Scope) -> float | None:
@@ -255,12 +238,6 @@ def _timeout_s(scope: Scope) -> float | None:
 def _lane(scope: Scope) -> str | None:
     value = header(scope, b"x-sluicegate-lane")
     return None if value is None else value.decode("latin-1")
-
-
-def _unauthorised(message: str) -> GatewayError:
-    return GatewayError(
-        401, "invalid_api_key", message, ErrorType.AUTHENTICATION, should_retry=False
-    )
 
 
 def _internal() -> GatewayError:

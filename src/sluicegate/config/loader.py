@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from sluicegate.config.schema import (
     DeploymentConfig,
     GatewayConfig,
+    JobsConfig,
     KeyConfig,
     OverloadConfig,
     PoolConfig,
@@ -29,6 +30,7 @@ from sluicegate.core.types import (
     BreakerPolicy,
     Deployment,
     Endpoint,
+    JobPolicy,
     Ladder,
     Lane,
     Model,
@@ -156,7 +158,12 @@ def _to_settings(config: GatewayConfig, env: Mapping[str, str], source: str) -> 
             _key_digest(key, env, f"{source}: admin.keys[{i}]")
             for i, key in enumerate(config.admin.keys)
         ),
+        jobs=_jobs(config.jobs),
     )
+
+
+def _jobs(spec: JobsConfig) -> JobPolicy:
+    return JobPolicy(**spec.model_dump())
 
 
 def _per_minute(limit: float | None) -> Rate | None:

@@ -243,6 +243,41 @@ class AdminConfig(Strict):
     keys: list[KeyConfig] = Field(default_factory=list, description="keys for /admin routes")
 
 
+class JobsConfig(Strict):
+    """Durable jobs and batches; every key has a default."""
+
+    store: Literal["sqlite", "postgres"] = "sqlite"
+    sqlite_path: str = Field(
+        default="sluicegate-jobs.db", min_length=1, description="relative to the working directory"
+    )
+    postgres_dsn: str | None = None
+    postgres_schema: str = Field(default="sluicegate", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
+    workers: int = Field(default=8, ge=1, description="jobs dispatched at once by this process")
+    handoff_size: int = Field(default=16, ge=1, description="claimed jobs waiting for a worker")
+    handoff_full: Literal["wait", "reject"] = "wait"
+    lease_s: Seconds = 30.0
+    heartbeat_s: Seconds = 10.0
+    poll_s: Seconds = Field(default=0.5, description="how often an idle claimer looks for jobs")
+    max_attempts: int = Field(default=5, ge=1)
+    backoff_base_s: float = Field(default=1.0, ge=0)
+    backoff_cap_s: float = Field(default=60.0, ge=0)
+    backlog_max: int | None = Field(default=100_000, ge=1)
+    tenant_backlog_max: int | None = Field(default=None, ge=1)
+    backlog_max_age_s: Seconds | None = None
+    recheck_auth: bool = True
+    default_deadline_s: Seconds = 86_400.0
+    expiry_sweep_s: Seconds = 1.0
+    max_file_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobsConfig:
+        if self.store == "postgres" and not self.postgres_dsn:
+            raise ValueError("store 'postgres' needs postgres_dsn")
+        if self.heartbeat_s >= self.lease_s:
+            raise ValueError("heartbeat_s must be shorter than lease_s, or leases lapse")
+        return self
+
+
 class GatewayConfig(Strict):
     server: ServerConfig = ServerConfig()
     routes: RoutesConfig = RoutesConfig()
@@ -250,6 +285,7 @@ class GatewayConfig(Strict):
     aggregate: QuotaConfig = QuotaConfig()
     pools: list[PoolConfig] = Field(default_factory=list)
     admin: AdminConfig = AdminConfig()
+    jobs: JobsConfig = JobsConfig()
     models: list[ModelConfig] = Field(min_length=1)
     tenants: list[TenantConfig] = Field(min_length=1)
 

@@ -277,6 +277,40 @@ class PoolSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class JobPolicy:
+    """Durable jobs: where they are kept, how workers claim and retry them, and how large
+    the backlog may grow before new jobs are refused (`None`: no bound).
+
+    `handoff_full` says what the claimer does when the local hand-off queue is full:
+    `wait` stops claiming until there is room; `reject` hands the job straight back to
+    the store for another worker or replica. A refused dispatch is not a failure: the job
+    goes back after a full-jitter backoff (at least the refusal's Retry-After) until it
+    was claimed `max_attempts` times.
+    """
+
+    store: str = "sqlite"
+    sqlite_path: str = "sluicegate-jobs.db"
+    postgres_dsn: str | None = field(default=None, repr=False)
+    postgres_schema: str = "sluicegate"
+    workers: int = 8
+    handoff_size: int = 16
+    handoff_full: str = "wait"
+    lease_s: float = 30.0
+    heartbeat_s: float = 10.0
+    poll_s: float = 0.5
+    max_attempts: int = 5
+    backoff_base_s: float = 1.0
+    backoff_cap_s: float = 60.0
+    backlog_max: int | None = 100_000
+    tenant_backlog_max: int | None = None
+    backlog_max_age_s: float | None = None
+    recheck_auth: bool = True
+    default_deadline_s: float = 86_400.0
+    expiry_sweep_s: float = 1.0
+    max_file_bytes: int = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     """Everything the gateway needs at run time; `keys` maps sha256(key) to its tenant."""
 
@@ -291,3 +325,4 @@ class Settings:
     pools: dict[str, PoolSpec]
     scheduling: Scheduling = field(default_factory=Scheduling)
     admin_keys: frozenset[bytes] = frozenset()
+    jobs: JobPolicy = JobPolicy()

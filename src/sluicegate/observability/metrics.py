@@ -288,6 +288,35 @@ class GatewayMetrics:
             ["deployment", "code"],
             registry=r,
         )
+        self._job_backlog = Gauge(
+            "sluicegate_job_backlog",
+            "Queued jobs per lane, all replicas together (refreshed by the expiry sweep).",
+            ["lane"],
+            registry=r,
+        )
+        self._job_backlog_age = Gauge(
+            "sluicegate_job_backlog_oldest_age_seconds",
+            "How long the oldest queued job of the lane has waited.",
+            ["lane"],
+            registry=r,
+        )
+        self._jobs = Gauge(
+            "sluicegate_jobs",
+            "Jobs in the store by state, all replicas together (refreshed by the expiry sweep).",
+            ["state"],
+            registry=r,
+        )
+        self._job_attempts = Histogram(
+            "sluicegate_job_attempts",
+            "Claims a job took until this process gave it a final state.",
+            buckets=(1, 2, 3, 5, 10, 20),
+            registry=r,
+        )
+        self._job_handbacks = Counter(
+            "sluicegate_job_handbacks",
+            "Claimed jobs handed straight back to the store: the hand-off queue was full.",
+            registry=r,
+        )
         self._routes: dict[tuple[str, str], RouteMetrics] = {}
         self._outcomes: dict[tuple[str, str, int], Counter] = {}
         self._in_flight_of: dict[str, Gauge] = {}
@@ -362,6 +391,20 @@ class GatewayMetrics:
         if child is None:
             child = self._queue_waits[key] = self._queue_wait.labels(model, lane)
         child.observe(wait_s)
+
+    def job_backlog(self, lane: str, size: int, oldest_age_s: float) -> None:
+        self._job_backlog.labels(lane).set(size)
+        self._job_backlog_age.labels(lane).set(oldest_age_s)
+
+    def job_states(self, counts: Mapping[str, int]) -> None:
+        for state, count in counts.items():
+            self._jobs.labels(state).set(count)
+
+    def job_finished(self, attempts: int) -> None:
+        self._job_attempts.observe(attempts)
+
+    def job_handed_back(self) -> None:
+        self._job_handbacks.inc()
 
     def upstream_error(self, deployment: str, code: str) -> None:
         self._upstream_errors.labels(deployment, code).inc()

@@ -1,0 +1,136 @@
+"""Batches kept up to date with their jobs: counts while they run, then result files.
+
+Nothing watches a batch: it is settled when one of its jobs ends here and whenever it is
+read, so a batch whose last job ended elsewhere (another replica, the expiry sweep, a
+cancel) is finished by its next poll. Status changes are compare-and-set, so a cancel is
+never undone and only one settler writes the result files; a settler that died after
+`finalizing` is replaced once the batch has been finalizing for a lease.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import orjson
+
+from sluicegate.api.intake import Intake
+from sluicegate.api.jobs import job_error
+from sluicegate.jobs.model import Batch, BatchStatus, Job, JobState, StoredFile
+from sluicegate.jobs.store import JobStore
+
+OUTPUT_PURPOSE = "batch_output"
+_OPEN = frozenset({BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING, BatchStatus.CANCELLING})
+
+
+class BatchLedger:
+    def __init__(self, intake: Intake) -> None:
+        self._intake = intake
+        self._settling: set[str] = set()
+
+    async def job_finished(self, job: Job) -> None:
+        if job.batch_id is not None:
+            await self.settle(job.tenant, job.batch_id)
+
+    async def settle(self, tenant: str, batch_id: str) -> Batch | None:
+        """The batch with its current counts, finished first if all its jobs are final."""
+        store = self._intake.store
+        batch = await store.get_batch(tenant, batch_id)
+        if batch is None or batch.status not in _OPEN:
+            return batch
+        jobs = await store.list_batch_jobs(tenant, batch_id)
+        batch = _counted(batch, jobs)
+        if not all(job.state.final for job in jobs) or not self._may_finish(batch):
+            return batch
+        self._settling.add(batch_id)
+        try:
+            return await self._finish(store, batch, jobs)
+        finally:
+            self._settling.discard(batch_id)
+
+    def _may_finish(self, batch: Batch) -> bool:
+        """Not while another settler here, or a live one elsewhere, writes its files."""
+        if batch.id in self._settling:
+            return False
+        if batch.status is not BatchStatus.FINALIZING:
+            return True
+        since = batch.status_at.get(BatchStatus.FINALIZING.value, 0.0)
+        return self._intake.clock.now() - since > self._intake.policy.lease_s
+
+    async def _finish(self, store: JobStore, batch: Batch, jobs: list[Job]) -> Batch | None:
+        if batch.status is BatchStatus.IN_PROGRESS:
+            finalizing = replace(batch, status=BatchStatus.FINALIZING)
+            if not await store.update_batch(finalizing, BatchStatus.IN_PROGRESS):
+                return await store.get_batch(batch.tenant, batch.id)
+            batch = _counted(await _reread(store, batch), jobs)
+        output, errors = _result_lines(jobs)
+        final = replace(
+            batch,
+            status=_final_status(batch, jobs),
+            output_file_id=await self._write(store, batch, "output", output),
+            error_file_id=await self._write(store, batch, "errors", errors),
+        )
+        await store.update_batch(final, batch.status)
+        return await store.get_batch(batch.tenant, batch.id)
+
+    async def _write(
+        self, store: JobStore, batch: Batch, kind: str, lines: list[bytes]
+    ) -> str | None:
+        if not lines:
+            return None
+        file = StoredFile(
+            tenant=batch.tenant,
+            purpose=OUTPUT_PURPOSE,
+            filename=f"{batch.id}_{kind}.jsonl",
+            content=b"".join(lines),
+        )
+        return (await store.create_file(file)).id
+
+
+async def _reread(store: JobStore, batch: Batch) -> Batch:
+    stored = await store.get_batch(batch.tenant, batch.id)
+    assert stored is not None, "batches are never deleted"
+    return stored
+
+
+def _counted(batch: Batch, jobs: list[Job]) -> Batch:
+    succeeded = sum(job.state is JobState.SUCCEEDED for job in jobs)
+    ended = sum(job.state.final for job in jobs)
+    return replace(
+        batch,
+        total_requests=len(jobs),
+        completed_requests=succeeded,
+        failed_requests=ended - succeeded,
+    )
+
+
+def _final_status(batch: Batch, jobs: list[Job]) -> BatchStatus:
+    if batch.status is BatchStatus.CANCELLING:
+        return BatchStatus.CANCELLED
+    if any(job.state is JobState.EXPIRED for job in jobs):
+        return BatchStatus.EXPIRED
+    return BatchStatus.COMPLETED
+
+
+def _result_lines(jobs: list[Job]) -> tuple[list[bytes], list[bytes]]:
+    """OpenAI's output lines (successes) and error lines (every other request)."""
+    output: list[bytes] = []
+    errors: list[bytes] = []
+    for job in jobs:
+        if job.state is JobState.SUCCEEDED:
+            body = orjson.Fragment(job.result or b"null")
+            output.append(_line(job, {"status_code": 200, "request_id": job.id, "body": body}))
+            continue
+        error = job_error(job) or {}
+        status = error.get("status")
+        if status is None:
+            errors.append(_line(job, None, error))
+        else:
+            response = {"status_code": status, "request_id": job.id, "body": {"error": error}}
+            errors.append(_line(job, response))
+    return output, errors
+
+
+def _line(job: Job, response: dict[str, Any] | None, error: Any = None) -> bytes:
+    line = {"id": f"batch_req_{job.id}", "custom_id": job.custom_id, "response": response}
+    return orjson.dumps(line | {"error": error}) + b"\n"

@@ -1,0 +1,44 @@
+"""The `jobs:` section: defaults, and one bad value per error, named by its field."""
+
+from __future__ import annotations
+
+import pytest
+
+from sluicegate.config import ConfigError
+from sluicegate.core.types import JobPolicy
+from tests.config.test_config import base, parse
+
+
+def with_jobs(**jobs) -> dict:
+    return base() | {"jobs": jobs}
+
+
+def test_without_a_jobs_section_jobs_use_sqlite_with_the_documented_defaults():
+    policy = parse(base()).jobs
+    assert policy == JobPolicy()
+    assert (policy.store, policy.sqlite_path, policy.workers) == ("sqlite", "sluicegate-jobs.db", 8)
+    assert (policy.handoff_full, policy.max_attempts, policy.recheck_auth) == ("wait", 5, True)
+
+
+def test_the_postgres_dsn_stays_out_of_the_policy_repr():
+    dsn = "postgresql://app:s3cret@db/jobs"
+    policy = parse(with_jobs(store="postgres", postgres_dsn=dsn)).jobs
+    assert policy.postgres_dsn == dsn
+    assert "s3cret" not in repr(policy)
+
+
+@pytest.mark.parametrize(
+    ("jobs", "expected"),
+    [
+        ({"store": "postgres"}, "jobs: Value error, store 'postgres' needs postgres_dsn"),
+        ({"heartbeat_s": 30}, "jobs: Value error, heartbeat_s must be shorter than lease_s"),
+        ({"handoff_full": "drop"}, "jobs.handoff_full: Input should be 'wait' or 'reject'"),
+        ({"workers": 0}, "jobs.workers: Input should be greater than or equal to 1"),
+        ({"postgres_schema": "Jobs"}, "jobs.postgres_schema: String should match pattern"),
+        ({"backlog": 10}, "jobs.backlog: Extra inputs are not permitted"),
+    ],
+)
+def test_each_bad_jobs_field_is_named(jobs, expected):
+    with pytest.raises(ConfigError) as info:
+        parse(with_jobs(**jobs))
+    assert expected in str(info.value)

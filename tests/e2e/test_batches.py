@@ -1,0 +1,158 @@
+"""OpenAI's files and batches flow through the official SDK, on the job store (MISSION 7)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import Iterator
+
+import openai
+import orjson
+import pytest
+
+from tests.e2e.conftest import sim_stats
+from tests.support.jobs import (
+    CHAT,
+    KEYS,
+    ONE_AT_A_TIME,
+    STORES,
+    JobClient,
+    chat,
+    gateway_config,
+    job_database,
+    sqlite_jobs,
+    start_gateway,
+)
+from tests.support.processes import Proc
+
+database = pytest.fixture(params=STORES)(job_database)
+
+
+@pytest.fixture
+def gateway(sim, database, tmp_path) -> Iterator[Proc]:
+    proc = start_gateway(tmp_path, gateway_config(sim, database.keys))
+    yield proc
+    proc.stop()
+
+
+def client(gateway: Proc, tenant: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key=KEYS[tenant], max_retries=0)
+
+
+def jsonl(bodies: dict[str, dict], url: str = CHAT) -> io.BytesIO:
+    lines = [
+        orjson.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
+        for custom_id, body in bodies.items()
+    ]
+    return io.BytesIO(b"\n".join(lines) + b"\n")
+
+
+async def settled(sdk: openai.AsyncOpenAI, batch_id: str, timeout_s: float = 20.0):
+    """Poll as the SDK's users do; there is nothing to wait on but the next answer."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            batch = await sdk.batches.retrieve(batch_id)
+            if batch.status in ("completed", "failed", "expired", "cancelled"):
+                return batch
+            await asyncio.sleep(0.05)
+
+
+async def lines(sdk: openai.AsyncOpenAI, file_id: str) -> list[dict]:
+    content = await sdk.files.content(file_id)
+    return [orjson.loads(line) for line in content.read().splitlines()]
+
+
+async def test_the_sdk_batch_flow_completes_end_to_end(gateway):
+    sdk = client(gateway, "alice")
+    bodies = {f"r{i}": chat(max_tokens=3) for i in range(4)} | {"too-long": chat(40_000)}
+    upload = await sdk.files.create(file=("in.jsonl", jsonl(bodies)), purpose="batch")
+    assert (upload.purpose, upload.status) == ("batch", "processed")
+    created = await sdk.batches.create(
+        input_file_id=upload.id,
+        endpoint=CHAT,
+        completion_window="24h",
+        metadata={"run": "e2e"},
+    )
+    assert (created.status, created.request_counts.total) == ("in_progress", 5)
+
+    batch = await settled(sdk, created.id)
+    assert batch.status == "completed"
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (4, 1)
+    assert batch.in_progress_at <= batch.finalizing_at <= batch.completed_at
+    assert batch.metadata == {"run": "e2e"}
+    output = await lines(sdk, batch.output_file_id)
+    assert sorted(line["custom_id"] for line in output) == ["r0", "r1", "r2", "r3"]
+    for line in output:
+        assert line["response"]["status_code"] == 200
+        assert line["response"]["body"]["object"] == "chat.completion"
+    [failed] = await lines(sdk, batch.error_file_id)
+    assert (failed["custom_id"], failed["response"]["status_code"]) == ("too-long", 400)
+    assert (await sdk.files.retrieve(batch.output_file_id)).purpose == "batch_output"
+
+
+async def test_a_tenant_cannot_see_or_cancel_another_tenants_files_and_batches(gateway):
+    alice, bob = client(gateway, "alice"), client(gateway, "bob")
+    upload = await alice.files.create(file=("in.jsonl", jsonl({"a": chat()})), purpose="batch")
+    batch = await alice.batches.create(
+        input_file_id=upload.id, endpoint=CHAT, completion_window="24h"
+    )
+    for attempt in (
+        bob.files.retrieve(upload.id),
+        bob.files.content(upload.id),
+        bob.batches.retrieve(batch.id),
+        bob.batches.cancel(batch.id),
+        bob.batches.create(input_file_id=upload.id, endpoint=CHAT, completion_window="24h"),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            await attempt
+    assert (await settled(alice, batch.id)).status == "completed"
+
+
+async def test_bad_lines_make_a_failed_batch_that_names_them(gateway):
+    sdk = client(gateway, "bob")
+    bodies = {"ok": chat(), "streamed": chat(stream=True), "private": chat(model="private")}
+    upload = await sdk.files.create(file=("in.jsonl", jsonl(bodies)), purpose="batch")
+    batch = await sdk.batches.create(
+        input_file_id=upload.id, endpoint=CHAT, completion_window="24h"
+    )
+    assert batch.status == "failed"
+    assert [(e.line, e.code) for e in batch.errors.data] == [
+        (2, "invalid_request"),
+        (3, "model_not_allowed"),
+    ]
+    with pytest.raises(openai.BadRequestError):
+        await sdk.files.create(file=("in.jsonl", jsonl(bodies)), purpose="fine-tune")
+    with pytest.raises(openai.BadRequestError):
+        await sdk.batches.create(input_file_id=upload.id, endpoint=CHAT, completion_window="1h")
+
+
+async def test_a_cancelled_batch_sends_nothing_more_and_ends_cancelled(sim, http, tmp_path):
+    """One worker busy with a long job: the batch's requests wait, and its cancel ends
+    them without a model call."""
+    config = gateway_config(sim, sqlite_jobs(tmp_path, **ONE_AT_A_TIME))
+    gateway = start_gateway(tmp_path, config)
+    try:
+        jobs, sdk = JobClient(http, gateway, "alice"), client(gateway, "alice")
+        received = (await sim_stats(http, sim))["received"]
+        blocker = await jobs.accepted(chat(max_tokens=200))
+        await jobs.wait(blocker["id"], {"running"})
+        upload = await sdk.files.create(
+            file=("in.jsonl", jsonl({f"r{i}": chat() for i in range(3)})), purpose="batch"
+        )
+        batch = await sdk.batches.create(
+            input_file_id=upload.id, endpoint=CHAT, completion_window="24h"
+        )
+        cancelling = await sdk.batches.cancel(batch.id)
+        assert cancelling.status in ("cancelling", "cancelled")
+        ended = await settled(sdk, batch.id)
+        assert (ended.status, ended.request_counts.failed, ended.output_file_id) == (
+            "cancelled",
+            3,
+            None,
+        )
+        errors = await lines(sdk, ended.error_file_id)
+        assert {line["error"]["code"] for line in errors} == {"cancelled"}
+        await jobs.wait(blocker["id"], {"succeeded"})
+        assert (await sim_stats(http, sim))["received"] - received == 1
+    finally:
+        gateway.stop()
