@@ -77,5 +77,6 @@ _HOPELESS = frozenset(
         Refusal.PROMPT_TOO_LONG,
         Refusal.TOO_COSTLY,
         Refusal.BODY_TOO_LARGE,
+        Refusal.EXPIRED,
     }
 )
