@@ -19,7 +19,7 @@ from sluicegate.providers.anthropic_request import include_usage, messages_reque
 from sluicegate.providers.anthropic_response import chat_completion
 from sluicegate.providers.anthropic_stream import StreamBroken, StreamTranslator
 from sluicegate.providers.base import interrupted
-from sluicegate.providers.transport import AdapterResponse, Transport, UpstreamBody
+from sluicegate.providers.transport import AdapterResponse, HttpProvider, UpstreamBody
 
 API_VERSION = "2023-06-01"
 
@@ -59,22 +59,15 @@ class AnthropicResponse(AdapterResponse):
         self.used_tokens = translator.used_tokens
 
 
-class AnthropicProvider:
+class AnthropicProvider(HttpProvider):
     """Serves the chat endpoint only: the Messages API has no completions or embeddings."""
 
     def __init__(self, deployment: Deployment) -> None:
-        self.deployment = deployment
         headers = {"anthropic-version": API_VERSION}
         if deployment.api_key is not None:
             headers["x-api-key"] = deployment.api_key
-        self._transport = Transport(deployment, headers)
+        super().__init__(deployment, headers)
         self._url = deployment.base_url + "/messages"
-
-    async def start(self) -> None:
-        await self._transport.start()
-
-    async def close(self) -> None:
-        await self._transport.close()
 
     @asynccontextmanager
     async def open(

@@ -11,7 +11,7 @@ import orjson
 
 from sluicegate.core.types import Deployment, Endpoint
 from sluicegate.providers.base import classify_status, interrupted
-from sluicegate.providers.transport import AdapterResponse, Transport, UpstreamBody
+from sluicegate.providers.transport import AdapterResponse, HttpProvider, UpstreamBody
 
 _DONE = b"data: [DONE]"
 _USAGE = re.compile(rb'"usage":\s*\{[^}]*"total_tokens":\s*(\d+)')
@@ -79,22 +79,15 @@ class OpenAIResponse(AdapterResponse):
         return chunk[: event.start()] + chunk[event.end() :]
 
 
-class OpenAIProvider:
+class OpenAIProvider(HttpProvider):
     """The request passes through; only the model name and the usage request change."""
 
     def __init__(self, deployment: Deployment) -> None:
-        self.deployment = deployment
-        self._urls = {e: deployment.base_url + e.path.removeprefix("/v1") for e in Endpoint}
         headers: dict[str, str] = {}
         if deployment.api_key is not None:
             headers["authorization"] = f"Bearer {deployment.api_key}"
-        self._transport = Transport(deployment, headers)
-
-    async def start(self) -> None:
-        await self._transport.start()
-
-    async def close(self) -> None:
-        await self._transport.close()
+        super().__init__(deployment, headers)
+        self._urls = {e: deployment.base_url + e.path.removeprefix("/v1") for e in Endpoint}
 
     @asynccontextmanager
     async def open(

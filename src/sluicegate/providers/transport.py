@@ -140,3 +140,17 @@ class AdapterResponse:
     def ended(self) -> bool:
         """True once the upstream itself finished or broke the response, not we."""
         return self._body.ended
+
+
+class HttpProvider:
+    """What every HTTP adapter shares: its deployment and a started/closed transport."""
+
+    def __init__(self, deployment: Deployment, headers: dict[str, str]) -> None:
+        self.deployment = deployment
+        self._transport = Transport(deployment, headers)
+
+    async def start(self) -> None:
+        await self._transport.start()
+
+    async def close(self) -> None:
+        await self._transport.close()
