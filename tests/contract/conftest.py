@@ -8,7 +8,6 @@ unless `CI=true`, where that is a failure.
 from __future__ import annotations
 
 import functools
-import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -20,10 +19,7 @@ from sluicegate.jobs.postgres import open_postgres
 from sluicegate.jobs.sqlite import open_sqlite
 from sluicegate.jobs.sqlstore import SqlJobStore
 from tests.support.clock import FakeClock
-
-POSTGRES_DSN = os.environ.get(
-    "SLUICEGATE_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test"
-)
+from tests.support.postgres import POSTGRES_DSN, connect_or_skip
 
 OpenStore = Callable[[], Awaitable[SqlJobStore]]
 
@@ -31,13 +27,7 @@ OpenStore = Callable[[], Awaitable[SqlJobStore]]
 @pytest.fixture(scope="session")
 async def postgres_dsn() -> str:
     """Probed once: an unreachable server costs one timeout, not one per test."""
-    try:
-        conn = await asyncpg.connect(POSTGRES_DSN, timeout=5)
-    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-        reason = f"PostgreSQL is not reachable at {POSTGRES_DSN} ({exc!r})"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{reason}; CI=true requires it")
-        pytest.skip(reason)
+    conn = await connect_or_skip()
     await conn.close()
     return POSTGRES_DSN
 

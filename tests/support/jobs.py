@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator
@@ -16,11 +15,9 @@ import asyncpg
 import pytest
 import yaml
 
+from tests.support.postgres import POSTGRES_DSN, connect_or_skip
 from tests.support.processes import Proc, start
 
-POSTGRES_DSN = os.environ.get(
-    "SLUICEGATE_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test"
-)
 SIM_KEY = "sim-secret"
 KEYS = {"alice": "sk-jobs-alice", "bob": "sk-jobs-bob"}
 ENV = {"ALICE_KEY": KEYS["alice"], "BOB_KEY": KEYS["bob"], "SIM_KEY": SIM_KEY}
@@ -65,12 +62,7 @@ async def job_database(
         path = tmp_path / "jobs.db"
         yield JobDatabase({"sqlite_path": str(path)}, path=path)
         return
-    try:
-        conn = await asyncpg.connect(POSTGRES_DSN, timeout=5)
-    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"PostgreSQL is required with CI=true: {exc!r}")
-        pytest.skip(f"PostgreSQL is not reachable at {POSTGRES_DSN}")
+    conn = await connect_or_skip()
     schema = f"sluicegate_e2e_{uuid.uuid4().hex[:12]}"
     keys = {"store": "postgres", "postgres_dsn": POSTGRES_DSN, "postgres_schema": schema}
     try:
