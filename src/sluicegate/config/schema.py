@@ -101,6 +101,7 @@ class LaneConfig(Strict):
     max_kv_usage: float | None = Field(default=None, gt=0, le=1)
     max_share: float = Field(default=1.0, gt=0, le=1)
     starvation_s: Seconds | None = None
+    max_dispatch_rate: float | None = Field(default=None, gt=0)
 
 
 class LadderConfig(Strict):

@@ -162,7 +162,8 @@ class Lane:
     A higher `priority` is more important. `max_backend_waiting` is how many requests
     may wait in the backend's own queue when this lane dispatches (0: only into an
     empty queue). `max_share` caps the lane's part of each pool, which reserves the
-    rest for the lanes above it.
+    rest for the lanes above it. `max_dispatch_rate` (per second) spreads the lane's
+    dispatches evenly, so its prefills do not reach a backend in waves.
     """
 
     name: str
@@ -179,6 +180,7 @@ class Lane:
     max_kv_usage: float | None = None
     max_share: float = 1.0
     starvation_s: float | None = None
+    max_dispatch_rate: float | None = None
 
 
 class OverloadState(enum.IntEnum):

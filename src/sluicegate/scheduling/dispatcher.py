@@ -89,6 +89,7 @@ class Dispatcher:
         self._on_wait = on_wait
         self._paused = paused
         self._last_dispatch_s: float | None = None
+        self._next_dispatch_s: dict[str, float] = {}
         self.dispatch_interval_s: float | None = None
         """Smoothed time between dispatches, to estimate how long a newcomer would wait."""
         self._lane_use: dict[tuple[str, str], int] = {}
@@ -247,6 +248,9 @@ class Dispatcher:
 
     async def _try(self, call: Call, lane: Lane) -> Grant | GatewayError:
         """Take every permit on the first candidate deployment that admits the lane."""
+        pace = self._pace_wait_s(lane)
+        if pace > 0:
+            return Refusal.CAPACITY.error(f"lane {lane.name} is paced", pace)
         refusals: list[GatewayError] = []
         for target in self._candidates(call):
             breaker = target.breaker
@@ -283,6 +287,11 @@ class Dispatcher:
             return grant
         return _most_telling(refusals)
 
+    def _pace_wait_s(self, lane: Lane) -> float:
+        if lane.max_dispatch_rate is None:
+            return 0.0
+        return self._next_dispatch_s.get(lane.name, 0.0) - self.clock.now()
+
     def _within_share(self, target: Target, lane: Lane) -> bool:
         if lane.max_share >= 1.0:
             return True
@@ -307,6 +316,10 @@ class Dispatcher:
         if self._on_wait is not None:
             self._on_wait(self.model, grant.lane.name, wait_s)
         now = call.dispatched_s = self.clock.now()
+        rate = grant.lane.max_dispatch_rate
+        if rate is not None:
+            earliest = max(self._next_dispatch_s.get(grant.lane.name, now), now)
+            self._next_dispatch_s[grant.lane.name] = earliest + 1.0 / rate
         if self._last_dispatch_s is not None:
             gap = now - self._last_dispatch_s
             previous = self.dispatch_interval_s

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable
 
 import pytest
@@ -285,3 +286,25 @@ async def test_a_paused_lane_waits_until_unpaused():
         await asyncio.wait_for(waiter, 1)
     finally:
         runner.cancel()
+
+
+async def test_a_paced_lane_spreads_its_dispatches():
+    pool = Pool(PoolSpec("p", 10), MemoryLimitStore(CLOCK))
+    paced = Lane("paced", queue_size=10, max_queue_age_s=5, max_dispatch_rate=20)
+    dispatcher = Dispatcher(
+        "m",
+        [paced],
+        [Target(DEPLOYMENT, (pool,), Gate(), Breaker(BreakerPolicy(), CLOCK))],
+        lambda lane: VirtualTokenCounter(),
+        CLOCK,
+    )
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        started = CLOCK.now()
+        calls = [call(lane=paced) for _ in range(4)]
+        await asyncio.gather(*(dispatcher.acquire(c) for c in calls))
+        times = sorted(c.dispatched_s - started for c in calls)
+    finally:
+        runner.cancel()
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert all(gap >= 0.045 for gap in gaps), times
