@@ -21,7 +21,7 @@ from sluicegate.admission.boundary import Boundary
 from sluicegate.admission.estimate import Tokenizer, chars_over_four, output_tokens, prompt_tokens
 from sluicegate.core.call import Call
 from sluicegate.core.clock import Clock
-from sluicegate.core.errors import CONTEXT_LENGTH, ErrorType, GatewayError, not_found
+from sluicegate.core.errors import CONTEXT_LENGTH, GatewayError
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Deployment, Endpoint, Lane, Model, OverloadState, Settings, Tenant
 from sluicegate.observability.metrics import GatewayMetrics
@@ -44,6 +44,7 @@ class Pipeline:
         clock: Clock,
         tokenizer: Tokenizer = chars_over_four,
     ) -> None:
+        self._settings = settings
         self._models = settings.models
         self._routes = settings.routes
         self._scheduling = settings.scheduling
@@ -71,18 +72,7 @@ class Pipeline:
         timeout_s: float | None,
         lane: str | None = None,
     ) -> Call:
-        name = payload["model"]
-        model = self._models.get(name)
-        if model is None:
-            raise not_found(f"the model {name!r} does not exist", "model_not_found")
-        if not tenant.may_use(name):
-            raise GatewayError(
-                403,
-                "model_not_allowed",
-                f"this key may not use the model {name!r}",
-                ErrorType.PERMISSION,
-                should_retry=False,
-            )
+        model = self._settings.model_for(tenant, payload["model"])
         route = self._routes[endpoint]
         prompt = prompt_tokens(endpoint, payload, self._count)
         output = output_tokens(endpoint, payload, route.max_output_tokens)

@@ -1,55 +1,17 @@
-"""Real `python -m sluicegate.sim` processes on loopback, stopped by fixture finalizers."""
+"""Real `sluicegate sim` processes on loopback, stopped by fixture finalizers."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
 
 import aiohttp
 import openai
 import pytest
 
-from tests.support.processes import Proc, free_port
+from tests.support.processes import Proc
+from tests.support.processes import start as launch
 
 StartSim = Callable[..., Proc]
-
-
-def launch(args: list[str], log_dir: Path, *, timeout_s: float = 20.0) -> Proc:
-    """Start a simulator and wait until /sim/stats answers (it does even when `down`)."""
-    port = free_port()
-    log = log_dir / f"sim-{port}.log"
-    with log.open("wb") as handle:
-        popen = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sluicegate.sim",
-                *args,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-            ],
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-        )
-    proc = Proc(popen, port, log)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if popen.poll() is not None:
-            raise RuntimeError(f"sim exited with {popen.returncode}:\n{proc.output()}")
-        try:
-            with urllib.request.urlopen(proc.url + "/sim/stats", timeout=1) as resp:
-                if resp.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(0.05)
-    proc.stop()
-    raise RuntimeError(f"sim did not become ready in {timeout_s}s:\n{proc.output()}")
 
 
 @pytest.fixture(scope="session")
@@ -59,7 +21,8 @@ def start_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartSim]:
     log_dir = tmp_path_factory.mktemp("sim-logs")
 
     def start(*args: str) -> Proc:
-        proc = launch(list(args), log_dir)
+        # /sim/stats answers even while the `down` fault makes /health fail.
+        proc = launch("sim", list(args), log_dir, ready_path="/sim/stats")
         procs.append(proc)
         return proc
 

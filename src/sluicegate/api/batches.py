@@ -22,9 +22,10 @@ from sluicegate.api.asgi import (
     send_bytes,
     send_json,
 )
-from sluicegate.api.intake import Intake, endpoint_of, json_object, path_id
+from sluicegate.api.intake import Intake, endpoint_of, path_id
 from sluicegate.api.ledger import BatchLedger
 from sluicegate.api.multipart import parse_form
+from sluicegate.api.payloads import json_object
 from sluicegate.core.errors import GatewayError, bad_request, not_found
 from sluicegate.core.types import Endpoint, Tenant
 from sluicegate.jobs.model import Batch, BatchStatus, Job, StoredFile

@@ -84,17 +84,7 @@ class Intake:
         payload = parse(endpoint, raw)
         if payload.get("stream"):
             raise bad_request("a job's answer is stored, not streamed: leave 'stream' unset")
-        model = payload["model"]
-        if model not in self.settings.models:
-            raise not_found(f"the model {model!r} does not exist", "model_not_found")
-        if not tenant.may_use(model):
-            raise GatewayError(
-                403,
-                "model_not_allowed",
-                f"this key may not use {model!r}",
-                ErrorType.PERMISSION,
-                should_retry=False,
-            )
+        self.settings.model_for(tenant, payload["model"])
         return raw
 
     def lane(self, name: Any) -> str:
@@ -154,16 +144,6 @@ def path_id(scope: Scope, prefix: str, suffix: str = "") -> str:
     if not rest or "/" in rest:
         raise not_found(f"no route {scope['path']}", "unknown_route")
     return rest
-
-
-def json_object(body: bytes) -> dict[str, Any]:
-    try:
-        value = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise bad_request(f"the body is not valid JSON: {exc}", "invalid_json") from None
-    if not isinstance(value, dict):
-        raise bad_request("the body must be a JSON object")
-    return value
 
 
 def _backlog_full(status: int, message: str) -> GatewayError:

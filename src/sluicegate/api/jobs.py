@@ -23,7 +23,8 @@ from sluicegate.api.asgi import (
     send_bytes,
     send_json,
 )
-from sluicegate.api.intake import Intake, endpoint_of, json_object, path_id
+from sluicegate.api.intake import Intake, endpoint_of, path_id
+from sluicegate.api.payloads import json_object
 from sluicegate.core.errors import bad_request, not_found
 from sluicegate.core.types import Tenant
 from sluicegate.jobs.model import Job, JobState

@@ -16,13 +16,18 @@ _REQUIRED = {
 }
 
 
-def parse(endpoint: Endpoint, body: bytes) -> dict[str, Any]:
+def json_object(body: bytes) -> dict[str, Any]:
     try:
-        payload = orjson.loads(body)
+        value = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise bad_request(f"the body is not valid JSON: {exc}", "invalid_json") from None
-    if not isinstance(payload, dict):
+    if not isinstance(value, dict):
         raise bad_request("the body must be a JSON object")
+    return value
+
+
+def parse(endpoint: Endpoint, body: bytes) -> dict[str, Any]:
+    payload = json_object(body)
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("'model' is required and must be a non-empty string")

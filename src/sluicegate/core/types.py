@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from sluicegate.core.errors import ErrorType, GatewayError, not_found
 from sluicegate.core.limits import Rate
 
 
@@ -327,4 +328,17 @@ class Settings:
     pools: dict[str, PoolSpec]
     scheduling: Scheduling = field(default_factory=Scheduling)
     admin_keys: frozenset[bytes] = frozenset()
+
+    def model_for(self, tenant: Tenant, name: str) -> Model:
+        """The model `name`, if it exists and `tenant` may use it (404 / 403 otherwise)."""
+        model = self.models.get(name)
+        if model is None:
+            raise not_found(f"the model {name!r} does not exist", "model_not_found")
+        if not tenant.may_use(name):
+            raise GatewayError(
+                403, "model_not_allowed", f"this key may not use the model {name!r}",
+                ErrorType.PERMISSION, should_retry=False,
+            )  # fmt: skip
+        return model
+
     jobs: JobPolicy = JobPolicy()

@@ -14,14 +14,13 @@ import itertools
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn, Protocol
+from typing import Any, Protocol
 
 import orjson
 
 from sluicegate.api.asgi import (
     JSON_HEADERS,
     ClientDisconnected,
-    DisconnectWatcher,
     Receive,
     Scope,
     Send,
@@ -308,15 +307,16 @@ class SimHost(Protocol):
 StreamLoop = Callable[
     [MessageEvents, GenerationRequest, Sequence, int | None, Receive, Send], Awaitable[None]
 ]
+Respond = Callable[[Callable[[], bytes], Sequence, int | None, Receive, Send], Awaitable[None]]
 
 
 class MessagesFace:
-    """`route` serves `POST /v1/messages`; `stream` and `drop` are the host's own."""
+    """`route` serves `POST /v1/messages`; `stream` and `respond` are the host's own."""
 
-    def __init__(self, host: SimHost, stream: StreamLoop, drop: Callable[[], NoReturn]) -> None:
+    def __init__(self, host: SimHost, stream: StreamLoop, respond: Respond) -> None:
         self._host = host
         self._stream = stream
-        self._drop = drop
+        self._respond = respond
         self._ids = itertools.count(1)
         key = host.options.api_key
         self._key = None if key is None else key.encode()
@@ -378,23 +378,10 @@ class MessagesFace:
                 await self._stream(events, generation, seq, cut, receive, send)
             else:
                 await self._respond(
-                    message_body(message_id, tool_id, request), seq, cut, receive, send
+                    lambda: message_body(message_id, tool_id, request), seq, cut, receive, send
                 )
         finally:
             host.engine.cancel(seq)
-
-    async def _respond(
-        self, body: bytes, seq: Sequence, cut: int | None, receive: Receive, send: Send
-    ) -> None:
-        async with DisconnectWatcher(receive):
-            if cut is None:
-                await seq.wait_finished()
-            else:
-                await seq.wait_for(cut)
-        if cut is not None:
-            await send({"type": "http.response.start", "status": 200, "headers": JSON_HEADERS})
-            self._drop()
-        await send_bytes(send, 200, body, JSON_HEADERS)
 
 
 def _too_long(request: MessagesRequest, limit: int) -> str:

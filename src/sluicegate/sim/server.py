@@ -91,7 +91,7 @@ class SimServer:
             ("POST", "/v1/chat/completions", self._inference(self._chat)),
             ("POST", "/v1/completions", self._inference(self._completion)),
             ("POST", "/v1/embeddings", self._inference(self._embedding)),
-            ("POST", "/v1/messages", MessagesFace(self, self._stream, self._drop).route),
+            ("POST", "/v1/messages", MessagesFace(self, self._stream, self._respond).route),
             ("GET", "/v1/models", self._models),
             ("GET", "/health", self._health),
             ("GET", "/metrics", self._metrics),
@@ -176,20 +176,26 @@ class SimServer:
                 events = StreamEvents(kind, response_id, int(time.time()), request.model)
                 await self._stream(events, request, seq, cut, receive, send)
             else:
-                await self._respond(kind, response_id, request, seq, cut, receive, send)
+                await self._respond(
+                    lambda: completion_body(
+                        kind, response_id, int(time.time()), request.model,
+                        request.prompt_tokens, seq.generated,
+                    ),
+                    seq, cut, receive, send,
+                )  # fmt: skip
         finally:
             self.engine.cancel(seq)
 
     async def _respond(
         self,
-        kind: Kind,
-        response_id: str,
-        request: GenerationRequest,
+        body: Callable[[], bytes],
         seq: Sequence,
         cut: int | None,
         receive: Receive,
         send: Send,
     ) -> None:
+        """Answer once the sequence finished (or cut the connection at `cut` tokens); the
+        body is rendered only then, from what was generated."""
         async with DisconnectWatcher(receive):
             if cut is None:
                 await seq.wait_finished()
@@ -198,10 +204,7 @@ class SimServer:
         if cut is not None:
             await send({"type": "http.response.start", "status": 200, "headers": JSON_HEADERS})
             self._drop()
-        body = completion_body(
-            kind, response_id, int(time.time()), request.model, request.prompt_tokens, seq.generated
-        )
-        await send_bytes(send, 200, body, JSON_HEADERS)
+        await send_bytes(send, 200, body(), JSON_HEADERS)
 
     async def _stream(
         self,

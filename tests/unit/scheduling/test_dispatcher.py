@@ -63,17 +63,17 @@ class Gate:
             listener()
 
 
+def dispatcher_for(lanes: list[Lane], pool: Pool, gate: Gate | None = None, **options):
+    """One deployment behind `pool`, VTC fairness, the real clock."""
+    target = Target(DEPLOYMENT, (pool,), gate or Gate(), Breaker(BreakerPolicy(), CLOCK))
+    return Dispatcher("m", lanes, [target], lambda lane: VirtualTokenCounter(), CLOCK, **options)
+
+
 @pytest.fixture
 async def setup():
     pool = Pool(PoolSpec("p", 1), MemoryLimitStore(CLOCK))
     gate = Gate()
-    dispatcher = Dispatcher(
-        "m",
-        [INTERACTIVE, HEAVY, BACKGROUND, SHORT],
-        [Target(DEPLOYMENT, (pool,), gate, Breaker(BreakerPolicy(), CLOCK))],
-        lambda lane: VirtualTokenCounter(),
-        CLOCK,
-    )
+    dispatcher = dispatcher_for([INTERACTIVE, HEAVY, BACKGROUND, SHORT], pool, gate)
     runner = asyncio.create_task(dispatcher.run())
     yield dispatcher, pool, gate
     runner.cancel()
@@ -212,13 +212,7 @@ async def test_the_backend_gate_holds_a_lane_until_it_opens(setup):
 
 async def test_a_lane_share_reserves_the_rest_of_the_pool():
     pool = Pool(PoolSpec("p", 4), MemoryLimitStore(CLOCK))
-    dispatcher = Dispatcher(
-        "m",
-        [INTERACTIVE, BACKGROUND],
-        [Target(DEPLOYMENT, (pool,), Gate(), Breaker(BreakerPolicy(), CLOCK))],
-        lambda lane: VirtualTokenCounter(),
-        CLOCK,
-    )
+    dispatcher = dispatcher_for([INTERACTIVE, BACKGROUND], pool)
     runner = asyncio.create_task(dispatcher.run())
     try:
         grants = [await dispatcher.acquire(call(lane=BACKGROUND)) for _ in range(2)]
@@ -267,13 +261,8 @@ async def test_a_lane_whose_expected_wait_breaks_its_promise_refuses(setup):
 async def test_a_paused_lane_waits_until_unpaused():
     pool = Pool(PoolSpec("p", 4), MemoryLimitStore(CLOCK))
     paused = {"background"}
-    dispatcher = Dispatcher(
-        "m",
-        [INTERACTIVE, BACKGROUND],
-        [Target(DEPLOYMENT, (pool,), Gate(), Breaker(BreakerPolicy(), CLOCK))],
-        lambda lane: VirtualTokenCounter(),
-        CLOCK,
-        paused=lambda lane: lane.name in paused,
+    dispatcher = dispatcher_for(
+        [INTERACTIVE, BACKGROUND], pool, paused=lambda lane: lane.name in paused
     )
     runner = asyncio.create_task(dispatcher.run())
     try:
@@ -291,13 +280,7 @@ async def test_a_paused_lane_waits_until_unpaused():
 async def test_a_paced_lane_spreads_its_dispatches():
     pool = Pool(PoolSpec("p", 10), MemoryLimitStore(CLOCK))
     paced = Lane("paced", queue_size=10, max_queue_age_s=5, max_dispatch_rate=20)
-    dispatcher = Dispatcher(
-        "m",
-        [paced],
-        [Target(DEPLOYMENT, (pool,), Gate(), Breaker(BreakerPolicy(), CLOCK))],
-        lambda lane: VirtualTokenCounter(),
-        CLOCK,
-    )
+    dispatcher = dispatcher_for([paced], pool)
     runner = asyncio.create_task(dispatcher.run())
     try:
         started = CLOCK.now()
