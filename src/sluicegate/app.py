@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import logging
 import os
 import subprocess
 import sys
@@ -135,6 +136,8 @@ def build(settings: Settings, clock: Clock | None = None) -> Runtime:
         if pollers:
             scrapes.append(aiohttp.ClientSession())
             background.extend(loop.create_task(p.run(scrapes[0])) for p in pollers)
+        for task in background:
+            task.add_done_callback(_report_crash)
         job_stores.append(await open_job_store(settings.jobs, wall))
         intake.attach(job_stores[0])
         workers.start(job_stores[0], ledger.job_finished)
@@ -159,6 +162,15 @@ def build(settings: Settings, clock: Clock | None = None) -> Runtime:
     JobRoutes(intake).routes(app)
     BatchRoutes(intake, ledger).routes(app)
     return Runtime(app, pipeline, pools, dispatchers, workers)
+
+
+def _report_crash(task: asyncio.Task[None]) -> None:
+    """These loops run for the process's lifetime: one that ends with an error is a bug
+    that would otherwise stall its queue silently, so say so loudly."""
+    if not task.cancelled() and (err := task.exception()) is not None:
+        logging.getLogger("sluicegate").critical(
+            "background task %s stopped", task.get_coro(), exc_info=err
+        )
 
 
 async def open_job_store(policy: JobPolicy, clock: Clock) -> JobStore:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -119,23 +120,31 @@ def services(tenant_limits: Mapping[str, float] | None = None) -> Iterator[Servi
 
 @contextmanager
 def stack(
-    sim_args: Sequence[str], gateway_config: str, env: Mapping[str, str]
+    sim_args: Sequence[str],
+    gateway_config: str,
+    env: Mapping[str, str],
+    keep_logs: Path | None = None,
 ) -> Iterator[tuple[Child, Child]]:
     """Start `sluicegate sim SIM_ARGS`, then a gateway with this config text; stop both after.
 
     The gateway's environment is `env` plus SLUICEGATE_SIM_URL, which the config may use.
+    With `keep_logs`, both processes' logs are copied there once they stopped.
     """
-    with (
-        tempfile.TemporaryDirectory(prefix="sluicegate-bench-") as logs,
-        _spawn("sim", ["sim", *sim_args], "/health", Path(logs)) as sim,
-    ):
+    with tempfile.TemporaryDirectory(prefix="sluicegate-bench-") as logs:
         log_dir = Path(logs)
         config = log_dir / "gateway.yaml"
         config.write_text(gateway_config)
         serve = ["serve", "--config", str(config), "--log-level", "warning"]
-        gateway_env = {**env, SIM_URL_ENV: sim.url}
-        with _spawn("gateway", serve, "/ready", log_dir, gateway_env) as gateway:
-            yield sim, gateway
+        try:
+            with _spawn("sim", ["sim", *sim_args], "/health", log_dir) as sim:
+                gateway_env = {**env, SIM_URL_ENV: sim.url}
+                with _spawn("gateway", serve, "/ready", log_dir, gateway_env) as gateway:
+                    yield sim, gateway
+        finally:
+            if keep_logs is not None:
+                keep_logs.mkdir(parents=True, exist_ok=True)
+                for log in log_dir.glob("*.log"):
+                    shutil.copy(log, keep_logs / log.name)
 
 
 def free_port() -> int:

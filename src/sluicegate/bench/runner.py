@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or DEFAULT_OUT / f"{scenario.name}-{where}"
     try:
         with (
-            _target(args, scenario) as target,
+            _target(args, scenario, out) as target,
             asyncio.Runner(loop_factory=loop_factory()) as runner,
         ):
             result = runner.run(_drive(scenario, target))
@@ -100,11 +100,11 @@ def _prepared(args: argparse.Namespace) -> Scenario:
 
 
 @contextmanager
-def _target(args: argparse.Namespace, scenario: Scenario) -> Iterator[Target]:
+def _target(args: argparse.Namespace, scenario: Scenario, out: Path) -> Iterator[Target]:
     if args.target:
         yield external(scenario, args.target, args.sim)
         return
-    with started(scenario) as target:
+    with started(scenario, out) as target:
         yield target
 
 

@@ -27,6 +27,9 @@ DEFAULT_METRICS = (
     "sluicegate_*queue*",
     "sluicegate_requests_in_flight",
     "sluicegate_pool_active_attempts",
+    "sluicegate_overload_state",
+    "sluicegate_overload_pressure",
+    "sluicegate_dispatch_gate",
     "vllm:num_requests_waiting",
     "vllm:num_requests_running",
 )

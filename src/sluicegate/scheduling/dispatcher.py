@@ -94,7 +94,10 @@ class Dispatcher:
         """Smoothed time between dispatches, to estimate how long a newcomer would wait."""
         self._lane_use: dict[tuple[str, str], int] = {}
         self._kicked = asyncio.Event()
-        self._retry: asyncio.TimerHandle | None = None
+        self._retry: tuple[float, asyncio.Handle] | None = None
+        """The pending wake-up for a rate limit's next slot: (loop time, handle), cleared
+        when it fires. uvloop's handles have no `when()` and its timers may fire a little
+        before their time by the loop's clock, so neither is asked."""
         for target in self.targets:
             target.gate.on_change(self.kick)
             for pool in target.pools:
@@ -333,11 +336,15 @@ class Dispatcher:
         loop = asyncio.get_running_loop()
         when = loop.time() + delay_s
         pending = self._retry
-        if pending is not None and loop.time() < pending.when() <= when:
+        if pending is not None and pending[0] <= when:
             return
         if pending is not None:
-            pending.cancel()
-        self._retry = loop.call_at(when, self.kick)
+            pending[1].cancel()
+        self._retry = (when, loop.call_at(when, self._retry_due))
+
+    def _retry_due(self) -> None:
+        self._retry = None
+        self.kick()
 
 
 def _ramp_refusal(target: Target) -> GatewayError:

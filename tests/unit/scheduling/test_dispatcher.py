@@ -291,3 +291,17 @@ async def test_a_paced_lane_spreads_its_dispatches():
         runner.cancel()
     gaps = [b - a for a, b in itertools.pairwise(times)]
     assert all(gap >= 0.045 for gap in gaps), times
+
+
+async def test_a_fast_paced_lane_keeps_dispatching():
+    """Sub-millisecond waits: uvloop answers call_at with a plain Handle then (no when()),
+    which once stopped the dispatcher for good."""
+    pool = Pool(PoolSpec("p", 50), MemoryLimitStore(CLOCK))
+    paced = Lane("paced", queue_size=50, max_queue_age_s=5, max_dispatch_rate=2000)
+    dispatcher = dispatcher_for([paced], pool)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        calls = [call(lane=paced) for _ in range(40)]
+        await asyncio.wait_for(asyncio.gather(*(dispatcher.acquire(c) for c in calls)), 2)
+    finally:
+        runner.cancel()
