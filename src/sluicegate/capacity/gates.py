@@ -84,7 +84,8 @@ class MetricsGate(_Listeners):
     """Dispatch while the backend's estimated waiting queue is within the lane's bound,
     its time per output token within the lane's SLO and its KV cache within the lane's
     ceiling. The estimate is the last sample's waiting plus what was sent since, minus
-    what finished since."""
+    what finished since; with the backend's `max_num_seqs` known, what was sent fills
+    free slots first."""
 
     def __init__(self, spec: BackendMetrics, clock: Clock) -> None:
         super().__init__()
@@ -102,8 +103,14 @@ class MetricsGate(_Listeners):
 
     @property
     def estimated_waiting(self) -> float:
-        waiting = self._sample.waiting if self._sample is not None else 0.0
-        return max(0.0, waiting + self._sent - self._done)
+        sample = self._sample
+        if sample is None:
+            return 0.0
+        since = self._sent - self._done
+        slots = self._spec.max_num_seqs
+        if slots is None:
+            return max(0.0, sample.waiting + since)
+        return max(0.0, sample.running + sample.waiting + since - slots)
 
     def update(self, sample: BackendSample) -> None:
         previous = self._sample

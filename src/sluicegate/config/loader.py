@@ -218,7 +218,7 @@ def _backend_metrics(spec: DeploymentConfig, base_url: str) -> BackendMetrics | 
     if m is None:
         return None
     url = str(m.url) if m.url is not None else base_url.removesuffix("/v1") + "/metrics"
-    return BackendMetrics(url, m.interval_s, m.stale_after_s, m.on_stale)
+    return BackendMetrics(url, m.interval_s, m.stale_after_s, m.on_stale, m.max_num_seqs)
 
 
 def _adaptive(spec: DeploymentConfig) -> AdaptiveLimit | None:

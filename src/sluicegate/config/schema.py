@@ -102,6 +102,7 @@ class LaneConfig(Strict):
     max_share: float = Field(default=1.0, gt=0, le=1)
     starvation_s: Seconds | None = None
     max_dispatch_rate: float | None = Field(default=None, gt=0)
+    ttft_target_s: Seconds | None = None
 
 
 class LadderConfig(Strict):
@@ -152,6 +153,13 @@ class SchedulingConfig(Strict):
                 raise ValueError(f"lane {lane.name!r} demotes to unknown lane {lane.demote_to!r}")
             if target.priority >= lane.priority:
                 raise ValueError(f"lane {lane.name!r} must demote to a lower-priority lane")
+        top = max(self.lanes, key=lambda lane: lane.priority)
+        for lane in self.lanes:
+            if lane.ttft_target_s is not None and lane is not top:
+                raise ValueError(
+                    f"lane {lane.name!r}: ttft_target_s is read on the top lane only "
+                    f"({top.name!r}, the highest priority), which the lanes below yield to"
+                )
         return self
 
 
@@ -160,6 +168,7 @@ class MetricsConfig(Strict):
     interval_s: Seconds = 0.25
     stale_after_s: Seconds = 1.0
     on_stale: Literal["hold", "pools", "saturated"] = "pools"
+    max_num_seqs: int | None = Field(default=None, ge=1)
 
 
 class AdaptiveConfig(Strict):

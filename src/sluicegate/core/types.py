@@ -49,13 +49,17 @@ class BackendMetrics:
 
     `on_stale` says what a missing or old sample means: `hold` dispatches nothing,
     `pools` falls back to the pools' concurrency alone, `saturated` is `hold` for
-    every lane but also counts as overload.
+    every lane but also counts as overload. `max_num_seqs` is the backend's running-batch
+    size (vLLM's flag): requests sent since the last sample fill its free slots before
+    they count as waiting. Unknown (None), every such request counts as waiting, which
+    is safe but admits only about one background request per sample.
     """
 
     url: str
     interval_s: float = 0.25
     stale_after_s: float = 1.0
     on_stale: str = "pools"
+    max_num_seqs: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +169,8 @@ class Lane:
     empty queue). `max_share` caps the lane's part of each pool, which reserves the
     rest for the lanes above it. `max_dispatch_rate` (per second) spreads the lane's
     dispatches evenly, so its prefills do not reach a backend in waves.
+    `ttft_target_s`, on the top lane, makes every lower lane yield: their dispatch rate
+    follows the top lane's recent time to first token (see `Yielding`).
     """
 
     name: str
@@ -182,6 +188,7 @@ class Lane:
     max_share: float = 1.0
     starvation_s: float | None = None
     max_dispatch_rate: float | None = None
+    ttft_target_s: float | None = None
 
 
 class OverloadState(enum.IntEnum):

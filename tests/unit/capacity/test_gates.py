@@ -14,9 +14,10 @@ def sample(waiting=0.0, running=0.0, kv=0.1, tpot_sum=0.0, tpot_count=0.0) -> Ba
     return BackendSample(waiting, running, kv, tpot_sum, tpot_count)
 
 
-def gate(on_stale="pools") -> tuple[MetricsGate, FakeClock]:
+def gate(on_stale="pools", max_num_seqs=None) -> tuple[MetricsGate, FakeClock]:
     clock = FakeClock()
-    return MetricsGate(BackendMetrics("http://x/metrics", 0.25, 1.0, on_stale), clock), clock
+    spec = BackendMetrics("http://x/metrics", 0.25, 1.0, on_stale, max_num_seqs)
+    return MetricsGate(spec, clock), clock
 
 
 def test_dispatch_while_the_backend_queue_is_within_the_lanes_bound():
@@ -39,6 +40,26 @@ def test_background_only_into_an_empty_queue_counting_what_was_sent_since():
     g.sent()
     g.update(sample(waiting=0))
     assert g.admits(BACKGROUND)
+
+
+def test_with_the_backends_batch_size_known_sends_fill_free_slots_before_they_wait():
+    g, _ = gate(max_num_seqs=8)
+    g.update(sample(waiting=0, running=5))
+    for _ in range(4):
+        assert g.admits(BACKGROUND)
+        g.sent()
+    assert g.estimated_waiting == 1
+    assert not g.admits(BACKGROUND)
+    g.done(0.1)
+    assert g.admits(BACKGROUND)
+
+
+def test_without_it_every_send_since_the_sample_counts_as_waiting():
+    g, _ = gate()
+    g.update(sample(waiting=0, running=5))
+    g.sent()
+    assert g.estimated_waiting == 1
+    assert not g.admits(BACKGROUND)
 
 
 def test_slow_decoding_closes_the_gate_for_a_lane_with_a_tpot_slo():
