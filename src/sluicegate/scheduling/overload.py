@@ -2,9 +2,11 @@
 
 Pressure is the worst of: the interactive lanes' oldest queue wait and recent p95
 time to first token against their TTFT promise, and the backends' decode time per
-token against the interactive TPOT promise. Each state turns on more of the fallback
-ladder (see `Ladder`); a state is left only once pressure has stayed below its
-threshold x `leave_ratio` for `hold_s`, so a brief dip does not flap it.
+token against the interactive TPOT promise while interactive requests are running
+(a backend busy with background prefills alone slows nobody the top lane protects).
+Each state turns on more of the fallback ladder (see `Ladder`); a state is left only
+once pressure has stayed below its threshold x `leave_ratio` for `hold_s`, so a brief
+dip does not flap it.
 """
 
 from __future__ import annotations
@@ -109,7 +111,9 @@ class OverloadWatch:
                     found.append((now - oldest) / top.ttft_slo_s)
             p95 = self._window.p95()
             found.append(None if p95 is None else p95 / top.ttft_slo_s)
-        if top.tpot_slo_s is not None:
+        if top.tpot_slo_s is not None and any(
+            d.stats[top.name].in_flight for d in self._dispatchers
+        ):
             found += [
                 None if gate.tpot_s is None else gate.tpot_s / top.tpot_slo_s
                 for gate in self._gates

@@ -2,9 +2,20 @@ from __future__ import annotations
 
 import pytest
 
-from sluicegate.core.types import Endpoint, Ladder, Lane, OverloadPolicy, OverloadState
+from sluicegate.capacity.gates import BackendSample, MetricsGate
+from sluicegate.core.types import (
+    BackendMetrics,
+    Endpoint,
+    Ladder,
+    Lane,
+    OverloadPolicy,
+    OverloadState,
+    Scheduling,
+)
+from sluicegate.scheduling.dispatcher import Dispatcher
+from sluicegate.scheduling.fairness import RoundRobin
 from sluicegate.scheduling.ladder import degrade
-from sluicegate.scheduling.overload import OverloadMonitor, TtftWindow
+from sluicegate.scheduling.overload import OverloadMonitor, OverloadWatch, TtftWindow
 from tests.support.clock import FakeClock
 
 POLICY = OverloadPolicy(hold_s=5.0)
@@ -96,3 +107,19 @@ def test_ladder_trims_the_oldest_turns_but_keeps_system_and_the_last():
 def test_ladder_leaves_other_endpoints_prompts_alone(endpoint):
     payload = {"input": "x" * 1000, "prompt": "x" * 1000}
     assert degrade(Ladder(trim_prompt_tokens=5), TOP, TOP, endpoint, payload, chars) == []
+
+
+def test_slow_decoding_counts_only_while_the_top_lane_has_requests_running():
+    """A backend slowed by background prefills alone must not pause that background."""
+    clock = FakeClock()
+    top = Lane("interactive", priority=100, tpot_slo_s=0.1)
+    scheduling = Scheduling(lanes=(top, BOTTOM))
+    gate = MetricsGate(BackendMetrics("http://x/metrics"), clock)
+    gate.update(BackendSample(0, 24, 0.5, tpot_sum=0.0, tpot_count=0))
+    gate.update(BackendSample(0, 24, 0.5, tpot_sum=24 * 1.2, tpot_count=24))
+    dispatcher = Dispatcher("m", scheduling.lanes, [], lambda lane: RoundRobin(), clock)
+    monitor = OverloadMonitor(POLICY, clock)
+    watch = OverloadWatch(monitor, scheduling, [dispatcher], [gate], TtftWindow(clock), clock)
+    assert watch.tick() is OverloadState.NORMAL
+    dispatcher.stats[top.name].in_flight = 1
+    assert watch.tick() is OverloadState.INTERACTIVE_ONLY
