@@ -100,9 +100,11 @@ class Pipeline:
         )
 
     def first_token(self, call: Call, ttft_s: float) -> None:
-        """Feed the overload monitor the protected lane's time to first token."""
+        """Feed the overload monitor and the model's dispatcher the protected lane's time
+        to first token."""
         if call.lane is self._scheduling.top:
             self.ttft.add(ttft_s)
+            self._dispatchers[call.model.name].first_token(call.lane, ttft_s)
 
     def _degrade(
         self, lane: Lane, endpoint: Endpoint, model: Model, payload: dict[str, Any]

@@ -9,7 +9,8 @@ import yaml
 
 from sluicegate.bench.arrivals import Burst, Poisson
 from sluicegate.bench.dists import Fixed
-from sluicegate.bench.scenario import ScenarioError, compressed, load, rate_scaled
+from sluicegate.bench.scenario import Flow, ScenarioError, compressed, load, rate_scaled
+from sluicegate.bench.traffic import flow_keys
 
 LIBRARY = Path(__file__).parents[2] / "bench" / "scenarios"
 MINIMAL = {
@@ -99,3 +100,12 @@ def test_rate_scale_multiplies_poisson_rates_only(tmp_path):
     assert poisson.rate == 2
     assert isinstance(burst, Burst)
     assert burst.count == 9
+
+
+def test_an_idle_baseline_replays_the_same_traffic_as_its_busy_scenario():
+    busy = load(LIBRARY / "noisy-neighbour.yaml").flows
+    idle = load(LIBRARY / "noisy-neighbour-idle.yaml").flows
+    assert [f.tenant for f in busy] == ["a", "b", "c"]
+    assert flow_keys(busy)[1:] == flow_keys(idle)
+    two_of_a = [Flow.model_validate(flow) for flow in MINIMAL["flows"]]
+    assert flow_keys(two_of_a) == [("a", 0), ("a", 1)]

@@ -82,6 +82,17 @@ def test_interpolation_default_and_typed_values():
         (lambda c: c["tenants"][0].update(models=["nope"]), "unknown models ['nope']"),
         (lambda c: c["models"].append(c["models"][0]), "duplicate name 'chat' in models"),
         (lambda c: c.update(server={"port": "many"}), "server.port"),
+        (
+            lambda c: c.update(
+                scheduling={
+                    "lanes": [
+                        {"name": "interactive", "priority": 10},
+                        {"name": "batch", "ttft_target_s": 0.1},
+                    ]
+                }
+            ),
+            "lane 'batch': ttft_target_s is read on the top lane only",
+        ),
     ],
 )
 def test_each_bad_field_is_named(mutate, expected):

@@ -147,6 +147,7 @@ class Gateway:
         async for chunk in upstream.chunks():
             if call.first_byte_s is None:
                 call.first_byte_s = self._clock.now()
+                self._pipeline.first_token(call, call.first_byte_s - exchange.arrived_s)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
     async def _fail(self, endpoint: Endpoint, exchange: Exchange, err: GatewayError) -> None:
@@ -175,10 +176,8 @@ class Gateway:
         bound.admission.observe(dispatched - exchange.arrived_s)
         bound.upstream.observe(first_byte - dispatched)
         if call.stream:
-            ttft = first_byte - exchange.arrived_s
-            bound.ttft.observe(ttft)
+            bound.ttft.observe(first_byte - exchange.arrived_s)
             bound.stream.observe(now - first_byte)
-            self._pipeline.first_token(call, ttft)
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:

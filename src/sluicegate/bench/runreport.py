@@ -90,13 +90,22 @@ def tables(doc: Mapping[str, Any]) -> list[Table]:
     return [
         Table(
             f"Load, {doc['scenario']['target']}",
-            ["offered/s", "attempts/s", "accepted/s", "goodput/s", "capacity/s", "goodput %"],
+            [
+                "offered/s",
+                "attempts/s",
+                "accepted/s",
+                "goodput/s",
+                "capacity/s",
+                "goodput %",
+                "tokens/s",
+            ],
             [
                 [
                     *(_n(load[k], 2) for k in ("offered_rps", "attempts_rps", "accepted_rps")),
                     _n(load["goodput_rps"], 2),
                     _n(load["capacity_rps"], 2),
                     _n(_pct(load["goodput_of_capacity"]), 1),
+                    _n(load["tokens_per_s"], 0),
                 ]
             ],
             0,

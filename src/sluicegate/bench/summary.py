@@ -33,6 +33,8 @@ DEFINITIONS = {
     "TTFT": "first send of the request (retries and their waits included) to the first SSE "
     "event with output text; a non-streamed answer's first token comes with its body",
     "TPOT": "(last token - first token) / (output tokens - 1) of the successful attempt",
+    "tokens/s": "prompt + output tokens of successful requests, over first send to last end "
+    "(the work delivered; compare runs of one scenario for work conservation)",
     "end-to-end": "first send of the request to the end of its last attempt",
     "refusal latency": "send to end of an attempt refused by the gateway's own limits (its "
     "closed list of refusal codes), as the client saw it; 'at once' leaves out expired and "
@@ -67,6 +69,8 @@ def load(
 ) -> dict[str, float | int | None]:
     goodput = goodput_rps(records, lanes, duration_s)
     attempts = sum(len(r.attempts) for r in records)
+    first = min((r.start_s for r in records), default=0.0)
+    busy_s = max((r.end_s for r in records), default=0.0) - first
     return {
         "duration_s": duration_s,
         "requests": len(records),
@@ -77,6 +81,7 @@ def load(
         "goodput_rps": goodput,
         "capacity_rps": capacity_rps,
         "goodput_of_capacity": None if capacity_rps is None else goodput / capacity_rps,
+        "tokens_per_s": sum(r.service_tokens for r in records) / busy_s if busy_s > 0 else 0.0,
     }
 
 

@@ -11,7 +11,8 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections import Counter
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,15 +140,16 @@ class Traffic:
             await asyncio.gather(*pending, return_exceptions=True)
 
     def _sources(self) -> Iterator[Coroutine[Any, Any, None]]:
-        for index, flow in enumerate(self._scenario.flows):
+        keys = flow_keys(self._scenario.flows)
+        for index, (flow, key) in enumerate(zip(self._scenario.flows, keys, strict=True)):
             arrival = flow.arrival
             if isinstance(arrival, Closed):
                 for client_index in range(arrival.clients):
-                    yield self._closed(index, flow, arrival, self._rng(index, client_index))
+                    yield self._closed(index, flow, arrival, self._rng(*key, client_index))
             else:
-                yield self._open(index, flow, arrival, self._rng(index))
+                yield self._open(index, flow, arrival, self._rng(*key))
 
-    def _rng(self, *at: int) -> random.Random:
+    def _rng(self, *at: str | int) -> random.Random:
         return random.Random(":".join(map(str, (self._scenario.seed, *at))))
 
     async def _open(self, index: int, flow: Flow, arrival: OpenLoop, rng: random.Random) -> None:
@@ -233,3 +235,15 @@ class Traffic:
 
     async def _sleep_until(self, at_s: float) -> None:
         await asyncio.sleep(max(0.0, at_s - self.since()))
+
+
+def flow_keys(flows: Sequence[Flow]) -> list[tuple[str, int]]:
+    """What seeds each flow's RNG: its tenant and its rank among that tenant's flows,
+    not its position in the file, so a scenario that adds or drops another tenant's
+    flow (an idle baseline) replays the same traffic for the rest."""
+    ranks: Counter[str] = Counter()
+    keys = []
+    for flow in flows:
+        keys.append((flow.tenant, ranks[flow.tenant]))
+        ranks[flow.tenant] += 1
+    return keys

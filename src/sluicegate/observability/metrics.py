@@ -135,7 +135,21 @@ class CapacityCollector(Collector):
             "Each tenant's weighted service counter in the fair scheduler (tokens).",
             labels=[*labels, "tenant"],
         )
+        yield_rate = GaugeMetricFamily(
+            "sluicegate_yield_rate_limit",
+            "Dispatches per second allowed to the lanes below the top lane while they yield "
+            "to its time-to-first-token target; 0 while they are not limited.",
+            labels=["model"],
+        )
+        yield_cuts = CounterMetricFamily(
+            "sluicegate_yield_cuts",
+            "Times the lower lanes' rate was cut because the top lane's TTFT broke its target.",
+            labels=["model"],
+        )
         for d in self._dispatchers:
+            if d.yielding is not None:
+                yield_rate.add_metric([d.model], d.yielding.rate_per_s or 0.0)
+                yield_cuts.add_metric([d.model], d.yielding.cuts)
             for name, queue in d.queues.items():
                 key = [d.model, name]
                 depth.add_metric(key, queue.size)
@@ -146,7 +160,7 @@ class CapacityCollector(Collector):
                 expired.add_metric(key, stats.expired)
                 for tenant, counter in getattr(queue.fairness, "counters", {}).items():
                     service.add_metric([*key, tenant], counter)
-        yield from (depth, oldest, dispatched, expired, service)
+        yield from (depth, oldest, dispatched, expired, service, yield_rate, yield_cuts)
 
     def _gate_families(self) -> Iterator[Metric]:
         state = GaugeMetricFamily(

@@ -27,6 +27,7 @@ from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Deployment, Lane
 from sluicegate.scheduling.fairness import FairnessPolicy
 from sluicegate.scheduling.queues import LaneQueue, Waiter
+from sluicegate.scheduling.yielding import Yielding
 
 
 @dataclass(slots=True)
@@ -62,6 +63,7 @@ class LaneStats:
     dispatched: int = 0
     expired: int = 0
     wait_s_total: float = 0.0
+    in_flight: int = 0
 
 
 class Dispatcher:
@@ -78,6 +80,9 @@ class Dispatcher:
     ) -> None:
         self.model = model
         self.lanes = sorted(lanes, key=lambda lane: -lane.priority)
+        self.protected = self.lanes[0]
+        target = self.protected.ttft_target_s
+        self.yielding = None if target is None else Yielding(target, clock)
         self.queues: dict[str, LaneQueue[Grant]] = {
             lane.name: LaneQueue(lane, fairness(lane)) for lane in self.lanes
         }
@@ -105,6 +110,11 @@ class Dispatcher:
 
     def kick(self) -> None:
         self._kicked.set()
+
+    def first_token(self, lane: Lane, ttft_s: float) -> None:
+        """A streamed request of `lane` got its first token `ttft_s` after arrival."""
+        if self.yielding is not None and lane is self.protected:
+            self.yielding.observe(ttft_s)
 
     async def run(self) -> None:
         while True:
@@ -149,6 +159,7 @@ class Dispatcher:
             grant.target.breaker.record(not grant.failed)
             for pool in grant.target.pools:
                 self._lane_use[(pool.name, grant.lane.name)] -= 1
+            self.stats[grant.lane.name].in_flight -= 1
             if call.used_tokens is not None:
                 produced = max(0, call.used_tokens - call.prompt_tokens)
                 fairness = self.queues[grant.lane.name].fairness
@@ -291,9 +302,16 @@ class Dispatcher:
         return _most_telling(refusals)
 
     def _pace_wait_s(self, lane: Lane) -> float:
-        if lane.max_dispatch_rate is None:
-            return 0.0
-        return self._next_dispatch_s.get(lane.name, 0.0) - self.clock.now()
+        paced = 0.0
+        if lane.max_dispatch_rate is not None:
+            paced = self._next_dispatch_s.get(lane.name, 0.0) - self.clock.now()
+        if self._yields(lane):
+            assert self.yielding is not None
+            paced = max(paced, self.yielding.wait_s())
+        return paced
+
+    def _yields(self, lane: Lane) -> bool:
+        return self.yielding is not None and lane.priority < self.protected.priority
 
     def _within_share(self, target: Target, lane: Lane) -> bool:
         if lane.max_share >= 1.0:
@@ -315,10 +333,14 @@ class Dispatcher:
         self.queues[grant.lane.name].fairness.charge(call.tenant.name, call.prompt_tokens, output)
         stats = self.stats[grant.lane.name]
         stats.dispatched += 1
+        stats.in_flight += 1
         stats.wait_s_total += wait_s
         if self._on_wait is not None:
             self._on_wait(self.model, grant.lane.name, wait_s)
         now = call.dispatched_s = self.clock.now()
+        if self._yields(grant.lane):
+            assert self.yielding is not None
+            self.yielding.dispatched()
         rate = grant.lane.max_dispatch_rate
         if rate is not None:
             earliest = max(self._next_dispatch_s.get(grant.lane.name, now), now)

@@ -12,7 +12,7 @@ from sluicegate.capacity.breaker import Breaker
 from sluicegate.capacity.gates import GateState
 from sluicegate.capacity.pools import Pool
 from sluicegate.core.call import Call
-from sluicegate.core.clock import MonotonicClock
+from sluicegate.core.clock import Clock, MonotonicClock
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.types import (
     BreakerPolicy,
@@ -28,6 +28,7 @@ from sluicegate.core.types import (
 from sluicegate.scheduling.dispatcher import Dispatcher, Target
 from sluicegate.scheduling.fairness import VirtualTokenCounter
 from sluicegate.stores.memory import MemoryLimitStore
+from tests.support.clock import FakeClock
 
 CLOCK = MonotonicClock()
 INTERACTIVE = Lane("interactive", priority=100, queue_size=100, max_queue_age_s=5)
@@ -63,10 +64,12 @@ class Gate:
             listener()
 
 
-def dispatcher_for(lanes: list[Lane], pool: Pool, gate: Gate | None = None, **options):
-    """One deployment behind `pool`, VTC fairness, the real clock."""
-    target = Target(DEPLOYMENT, (pool,), gate or Gate(), Breaker(BreakerPolicy(), CLOCK))
-    return Dispatcher("m", lanes, [target], lambda lane: VirtualTokenCounter(), CLOCK, **options)
+def dispatcher_for(
+    lanes: list[Lane], pool: Pool, gate: Gate | None = None, clock: Clock = CLOCK, **options
+):
+    """One deployment behind `pool`, VTC fairness, the real clock unless told otherwise."""
+    target = Target(DEPLOYMENT, (pool,), gate or Gate(), Breaker(BreakerPolicy(), clock))
+    return Dispatcher("m", lanes, [target], lambda lane: VirtualTokenCounter(), clock, **options)
 
 
 @pytest.fixture
@@ -304,4 +307,24 @@ async def test_a_fast_paced_lane_keeps_dispatching():
         calls = [call(lane=paced) for _ in range(40)]
         await asyncio.wait_for(asyncio.gather(*(dispatcher.acquire(c) for c in calls)), 2)
     finally:
+        runner.cancel()
+
+
+@pytest.mark.parametrize("target_s", [None, 0.05])
+async def test_lower_lanes_yield_when_the_top_lanes_first_tokens_are_late(target_s):
+    clock = FakeClock()
+    top = Lane("interactive", priority=100, queue_size=10, ttft_target_s=target_s)
+    low = Lane("background", queue_size=10, max_queue_age_s=60)
+    pool = Pool(PoolSpec("p", 10), MemoryLimitStore(clock))
+    dispatcher = dispatcher_for([top, low], pool, clock=clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        dispatcher.first_token(top, 10 * 0.05)
+        clock.advance(1.5)
+        await dispatcher.acquire(call(lane=low))
+        second = asyncio.create_task(dispatcher.acquire(call(lane=low)))
+        await settle()
+        assert second.done() == (target_s is None)
+    finally:
+        second.cancel()
         runner.cancel()
