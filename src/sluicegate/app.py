@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import logging
 import os
 import subprocess
@@ -141,6 +142,8 @@ def build(settings: Settings, clock: Clock | None = None) -> Runtime:
         job_stores.append(await open_job_store(settings.jobs, wall))
         intake.attach(job_stores[0])
         workers.start(job_stores[0], ledger.job_finished)
+        gc.collect()
+        gc.freeze()
         gateway.ready = True
 
     async def shutdown() -> None:

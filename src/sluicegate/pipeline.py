@@ -71,6 +71,7 @@ class Pipeline:
         arrived_s: float,
         timeout_s: float | None,
         lane: str | None = None,
+        client_retries: int = 0,
     ) -> Call:
         model = self._settings.model_for(tenant, payload["model"])
         route = self._routes[endpoint]
@@ -97,6 +98,7 @@ class Pipeline:
             deadline,
             prompt,
             prompt + output,
+            client_retries=client_retries,
         )
 
     def first_token(self, call: Call, ttft_s: float) -> None:
@@ -170,10 +172,10 @@ class Pipeline:
         """One attempt, or two when the route hedges: after `hedge_after_s` without first
         bytes a second attempt goes to another deployment, the first to answer wins and
         the other is cancelled (its permits stay held until it has really ended)."""
-        first = asyncio.ensure_future(self._start(call))
         hedge_after = call.route.hedge_after_s
         if hedge_after is None or len(call.model.deployments) < 2:
-            return await _owned(first)
+            return await self._start(call)
+        first = asyncio.ensure_future(self._start(call))
         done, _ = await asyncio.wait({first}, timeout=hedge_after)
         if done:
             return first.result()
@@ -333,15 +335,6 @@ class _Failed(Exception):
         super().__init__(error.message)
         self.error = error
         self.worth_another = worth_another
-
-
-async def _owned(task: asyncio.Task[_Started]) -> _Started:
-    """Await one attempt; if the caller is cancelled meanwhile, so is the attempt."""
-    try:
-        return await task
-    except asyncio.CancelledError:
-        task.cancel()
-        raise
 
 
 class Answer:

@@ -122,11 +122,15 @@ class DisconnectWatcher:
             self._owner.cancel()
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> bool:
-        if self._task is not None:
-            self._task.cancel()
-        if not self._fired or self._owner is None:
+        # Dropping the references breaks the cycle task -> its CancelledError -> the
+        # watch frame -> self -> task, which would leave each request's garbage to the
+        # slow full collections.
+        task, owner, self._task, self._owner = self._task, self._owner, None, None
+        if task is not None:
+            task.cancel()
+        if not self._fired or owner is None:
             return False
-        self._owner.uncancel()
+        owner.uncancel()
         if exc_type is asyncio.CancelledError:
             raise ClientDisconnected
         return False

@@ -121,7 +121,13 @@ class Gateway:
             await pipeline.enter(endpoint, tenant, permits)
             payload = parse(endpoint, await read_body(receive, self._settings.max_body_bytes))
             call = pipeline.resolve(
-                tenant, endpoint, payload, exchange.arrived_s, _timeout_s(scope), _lane(scope)
+                tenant,
+                endpoint,
+                payload,
+                exchange.arrived_s,
+                _timeout_s(scope),
+                _lane(scope),
+                _client_retries(scope),
             )
             exchange.call = call
             await pipeline.charge(call, permits)
@@ -237,6 +243,14 @@ def _timeout_s(scope: Scope) -> float | None:
 def _lane(scope: Scope) -> str | None:
     value = header(scope, b"x-sluicegate-lane")
     return None if value is None else value.decode("latin-1")
+
+
+def _client_retries(scope: Scope) -> int:
+    """The `openai` SDKs number their retries; a malformed count is no hint, not an error."""
+    value = header(scope, b"x-stainless-retry-count")
+    if value is None or not value.isdigit():
+        return 0
+    return int(value[:6])
 
 
 def _internal() -> GatewayError:

@@ -19,6 +19,8 @@ from sluicegate.bench.retry import retry_hint_s
 
 LANE_HEADER = "x-sluicegate-lane"
 TIMEOUT_HEADER = "x-sluicegate-timeout"
+RETRY_HEADER = "x-stainless-retry-count"
+"""Sent as the `openai` SDKs send it: the number of earlier attempts of this request."""
 CHARS_PER_TOKEN = 4
 """The gateway and the simulator both estimate ceil(characters / 4) tokens of a prompt."""
 _DONE = b"[DONE]"
@@ -44,6 +46,7 @@ def prepare(
         "authorization": f"Bearer {key}",
         LANE_HEADER: lane,
         TIMEOUT_HEADER: f"{timeout_s:g}",
+        RETRY_HEADER: "0",
     }
     return Request(f"{base_url}/chat/completions", body, headers, stream)
 
@@ -84,14 +87,21 @@ class _Exchange:
 
 
 async def send(
-    session: aiohttp.ClientSession, request: Request, timeout_s: float, since: Since
+    session: aiohttp.ClientSession,
+    request: Request,
+    timeout_s: float,
+    since: Since,
+    retries: int = 0,
 ) -> Attempt:
     """Never raises for what a server or network can do; cancellation passes through."""
     exchange = _Exchange(since)
     timeout = aiohttp.ClientTimeout(total=timeout_s)
+    headers = request.headers
+    if retries:
+        headers = {**headers, RETRY_HEADER: str(retries)}
     try:
         async with session.post(
-            request.url, data=request.body, headers=request.headers, timeout=timeout
+            request.url, data=request.body, headers=headers, timeout=timeout
         ) as response:
             exchange.status = response.status
             exchange.headers = response.headers

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
@@ -43,15 +43,18 @@ def backoff_delay_s(
 
 class NoRetry(Strict):
     policy: Literal["none"]
+    announces: ClassVar[bool] = False
 
     def delay_s(self, attempts: int, last: Attempt, rng: random.Random) -> float | None:
         return None
 
 
 class Immediate(Strict):
-    """A naive client: sends again at once after any retryable failure, reading no header."""
+    """A naive client: sends again at once after any retryable failure, reading no header
+    and sending none about its retries."""
 
     policy: Literal["immediate"]
+    announces: ClassVar[bool] = False
     max_attempts: Attempts = 5
 
     def delay_s(self, attempts: int, last: Attempt, rng: random.Random) -> float | None:
@@ -59,9 +62,11 @@ class Immediate(Strict):
 
 
 class Backoff(Strict):
-    """A careful client: honours `x-should-retry: false`, Retry-After and retry-after-ms."""
+    """A careful client, like the `openai` SDKs: honours `x-should-retry: false`,
+    Retry-After and retry-after-ms, and numbers its retries (`x-stainless-retry-count`)."""
 
     policy: Literal["backoff"]
+    announces: ClassVar[bool] = True
     max_attempts: Attempts = 5
     base_s: Annotated[float, Field(gt=0)] = 0.5
     cap_s: Annotated[float, Field(gt=0)] = 20.0

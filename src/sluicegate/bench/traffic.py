@@ -188,7 +188,13 @@ class Traffic:
         )
         for number in range(1, MAX_ATTEMPTS + 1):
             request.sending_since = self.since()
-            attempt = await client.send(self._session, prepared, flow.timeout_s, self.since)
+            attempt = await client.send(
+                self._session,
+                prepared,
+                flow.timeout_s,
+                self.since,
+                retries=number - 1 if flow.retry.announces else 0,
+            )
             request.sending_since = None
             request.attempts.append(attempt)
             delay_s = flow.retry.delay_s(number, attempt, rng)

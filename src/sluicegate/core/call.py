@@ -32,3 +32,5 @@ class Call:
     first_byte_s: float | None = None
     excluded: set[str] = field(default_factory=set)
     """Deployments that already failed this request: tried last, if at all."""
+    client_retries: int = 0
+    """How many times the caller says it already sent this request (its SDK's header)."""

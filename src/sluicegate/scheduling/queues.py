@@ -1,7 +1,11 @@
-"""A lane's queue: one FIFO per tenant, served in the order a fairness policy chooses.
+"""A lane's queue: one queue per tenant, served in the order a fairness policy chooses.
 
-Bounded by size here and by age through each waiter's own timeout; a waiter that
-leaves (deadline, age, caller gone) is removed at once and never dispatched.
+Within a tenant, first attempts go before the retries its clients announce (the
+`openai` SDKs send `x-stainless-retry-count`), each in arrival order: under overload a
+retry has already spent part of its caller's patience, so of two requests the fresh
+one is likelier to be answered in time. Bounded by size here and by age through each
+waiter's own timeout; a waiter that leaves (deadline, age, caller gone) is removed at
+once and never dispatched.
 """
 
 from __future__ import annotations
@@ -33,11 +37,33 @@ class Waiter(Generic[G]):
         return self.call.tenant.name
 
 
+class _Flow(Generic[G]):
+    """One tenant's waiters: first attempts, then retries, each FIFO."""
+
+    __slots__ = ("fresh", "retried")
+
+    def __init__(self) -> None:
+        self.fresh: deque[Waiter[G]] = deque()
+        self.retried: deque[Waiter[G]] = deque()
+
+    def __bool__(self) -> bool:
+        return bool(self.fresh or self.retried)
+
+    def part(self, waiter: Waiter[G]) -> deque[Waiter[G]]:
+        return self.retried if waiter.call.client_retries else self.fresh
+
+    def head(self) -> Waiter[G]:
+        return self.fresh[0] if self.fresh else self.retried[0]
+
+    def oldest_enqueued_s(self) -> float:
+        return min(part[0].enqueued_s for part in (self.fresh, self.retried) if part)
+
+
 class LaneQueue(Generic[G]):
     def __init__(self, lane: Lane, fairness: FairnessPolicy) -> None:
         self.lane = lane
         self.fairness = fairness
-        self._flows: dict[str, deque[Waiter[G]]] = {}
+        self._flows: dict[str, _Flow[G]] = {}
         self.size = 0
 
     @property
@@ -47,27 +73,28 @@ class LaneQueue(Generic[G]):
     def push(self, waiter: Waiter[G]) -> None:
         flow = self._flows.get(waiter.flow)
         if flow is None:
-            flow = self._flows[waiter.flow] = deque()
+            flow = self._flows[waiter.flow] = _Flow()
         if not flow:
             self.fairness.backlogged(waiter.flow)
-        flow.append(waiter)
+        flow.part(waiter).append(waiter)
         self.size += 1
 
     def head(self) -> Waiter[G] | None:
-        """The next waiter by the fairness policy: FIFO within its tenant."""
+        """The next waiter: the fairness policy picks the tenant, its queue the waiter."""
         flow = self.fairness.pick()
-        return None if flow is None else self._flows[flow][0]
+        return None if flow is None else self._flows[flow].head()
 
     def remove(self, waiter: Waiter[G]) -> bool:
         """Take `waiter` out (dispatched or leaving); False if it was not queued."""
         flow = self._flows.get(waiter.flow)
         if not flow:
             return False
-        if flow[0] is waiter:
-            flow.popleft()
+        part = flow.part(waiter)
+        if part and part[0] is waiter:
+            part.popleft()
         else:
             try:
-                flow.remove(waiter)
+                part.remove(waiter)
             except ValueError:
                 return False
         self.size -= 1
@@ -76,5 +103,5 @@ class LaneQueue(Generic[G]):
         return True
 
     def oldest_enqueued_s(self) -> float | None:
-        heads = [flow[0].enqueued_s for flow in self._flows.values() if flow]
+        heads = [flow.oldest_enqueued_s() for flow in self._flows.values() if flow]
         return min(heads, default=None)
