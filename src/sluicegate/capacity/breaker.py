@@ -2,10 +2,12 @@
 
 Closed: attempts flow and outcomes are counted. Open: the deployment takes nothing
 until `open_s` has passed. Half-open: a few probes go through; a success closes the
-circuit, a failure opens it again. After a close, and after a throttle cooldown, the
-deployment's concurrency ramps from `ramp_from` to its full limit over `ramp_s`, with
-jitter so that replicas do not step in lockstep. The counts are this process's own; a
-shared store can hold them later behind the same methods.
+circuit, a failure opens it again for twice as long (up to `max_open_s`), so a short
+outage costs a short wait and a long one only an occasional probe. After a close, and
+after a throttle cooldown, the deployment's concurrency ramps from `ramp_from` to its
+full limit over `ramp_s`, with jitter so that replicas do not step in lockstep. The
+counts are this process's own; a shared store can hold them later behind the same
+methods.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class Breaker:
         self._outcomes: deque[bool] = deque(maxlen=policy.window)
         self._consecutive = 0
         self._open_until = 0.0
+        self._open_for = policy.open_s
         self._probes = 0
         self._ramp: tuple[float, float] | None = None
 
@@ -90,14 +93,14 @@ class Breaker:
             if ok:
                 self._close()
             else:
-                self._open()
+                self._open(min(self.policy.max_open_s, 2 * self._open_for))
             return
         if self.state is BreakerState.OPEN:
             return
         self._outcomes.append(ok)
         self._consecutive = 0 if ok else self._consecutive + 1
         if self._consecutive >= self.policy.consecutive_failures or self._ratio_tripped():
-            self._open()
+            self._open(self.policy.open_s)
 
     def ramp_after(self, delay_s: float) -> None:
         """Start a ramp when a cooldown of `delay_s` ends (a provider throttled us)."""
@@ -110,10 +113,11 @@ class Breaker:
         failures = seen - sum(self._outcomes)
         return failures / seen >= self.policy.failure_ratio
 
-    def _open(self) -> None:
+    def _open(self, seconds: float) -> None:
         self.state = BreakerState.OPEN
         self.opened += 1
-        self._open_until = self._clock.now() + self.policy.open_s
+        self._open_for = seconds
+        self._open_until = self._clock.now() + seconds
         self._outcomes.clear()
         self._consecutive = 0
         self._ramp = None

@@ -59,7 +59,8 @@ class BreakerConfig(Strict):
     failure_ratio: float = Field(default=0.5, gt=0, le=1)
     window: int = Field(default=20, ge=1)
     min_attempts: int = Field(default=10, ge=1)
-    open_s: Seconds = 30.0
+    open_s: Seconds = 5.0
+    max_open_s: Seconds = 60.0
     half_open_probes: int = Field(default=1, ge=1)
     ramp_s: float = Field(default=10.0, ge=0)
     ramp_from: int = Field(default=1, ge=1)

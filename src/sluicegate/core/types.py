@@ -78,14 +78,16 @@ class AdaptiveLimit:
 class BreakerPolicy:
     """Open after `consecutive_failures` in a row, or a `failure_ratio` over the last
     `window` attempts (once `min_attempts` were seen); stay open `open_s`, then let
-    `half_open_probes` attempts through; on success, ramp the deployment's concurrency
-    up from `ramp_from` over `ramp_s` (jittered), so a backlog is not released at once."""
+    `half_open_probes` attempts through; a failed probe doubles the next open time, up
+    to `max_open_s`. On success, ramp the deployment's concurrency up from `ramp_from`
+    over `ramp_s` (jittered), so a backlog is not released at once."""
 
     consecutive_failures: int = 5
     failure_ratio: float = 0.5
     window: int = 20
     min_attempts: int = 10
-    open_s: float = 30.0
+    open_s: float = 5.0
+    max_open_s: float = 60.0
     half_open_probes: int = 1
     ramp_s: float = 10.0
     ramp_from: int = 1

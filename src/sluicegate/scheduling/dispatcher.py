@@ -134,7 +134,7 @@ class Dispatcher:
             refusal = outcome
         else:
             refusal = Refusal.CAPACITY.error(f"lane {lane.name} has requests waiting ahead")
-        if lane.queue_size == 0:
+        if lane.queue_size == 0 or self._outlasts(refusal, call):
             raise refusal
         self._check_promise(lane, ahead)
         queue = self.queues[lane.name]
@@ -170,6 +170,17 @@ class Dispatcher:
         return sum(
             self.queues[other.name].size for other in self.lanes if other.priority >= lane.priority
         )
+
+    def _outlasts(self, refusal: GatewayError, call: Call) -> bool:
+        """Every deployment named a time (an open circuit, a rate limit's next slot) and
+        it comes after this request would have left the queue: answer now, with that time
+        as Retry-After, rather than let the request wait and expire."""
+        known = refusal.retry_after_s
+        if known is None:
+            return False
+        lane, now = call.lane, self.clock.now()
+        may_wait = min(lane.max_queue_age_s, call.deadline_s - call.route.min_attempt_s - now)
+        return known > may_wait
 
     def _check_promise(self, lane: Lane, ahead: int) -> None:
         """Refuse rather than queue when the expected wait already breaks the lane's TTFT
@@ -222,7 +233,6 @@ class Dispatcher:
                     continue
                 outcome = await self._try(waiter.call, lane)
                 if isinstance(outcome, GatewayError):
-                    self._retry_after(outcome.retry_after_s)
                     continue
                 if not queue.remove(waiter) or waiter.future.done():
                     await self.release(outcome, waiter.call)
@@ -264,6 +274,7 @@ class Dispatcher:
         """Take every permit on the first candidate deployment that admits the lane."""
         pace = self._pace_wait_s(lane)
         if pace > 0:
+            self._retry_after(pace)
             return Refusal.CAPACITY.error(f"lane {lane.name} is paced", pace)
         refusals: list[GatewayError] = []
         for target in self._candidates(call):
@@ -299,6 +310,9 @@ class Dispatcher:
                 refusals.append(err)
                 continue
             return grant
+        timed = [r.retry_after_s for r in refusals if r.retry_after_s is not None]
+        if timed:
+            self._retry_after(min(timed))
         return _most_telling(refusals)
 
     def _pace_wait_s(self, lane: Lane) -> float:
@@ -381,8 +395,9 @@ def _granted(waiter: Waiter[Grant]) -> bool:
 
 
 def _most_telling(refusals: list[GatewayError]) -> GatewayError:
-    """The refusal to answer with: the soonest known retry time, else the first reason."""
-    timed = [r for r in refusals if r.retry_after_s is not None]
-    if timed:
-        return min(timed, key=lambda r: r.retry_after_s or 0.0)
-    return refusals[0]
+    """The refusal to answer with: when every deployment named a time, the soonest one;
+    otherwise one without a time, since the wait is then unknown."""
+    untimed = [r for r in refusals if r.retry_after_s is None]
+    if untimed:
+        return untimed[0]
+    return min(refusals, key=lambda r: r.retry_after_s or 0.0)

@@ -328,3 +328,25 @@ async def test_lower_lanes_yield_when_the_top_lanes_first_tokens_are_late(target
     finally:
         second.cancel()
         runner.cancel()
+
+
+@pytest.mark.parametrize(("age_s", "queued"), [(1.0, False), (30.0, True)])
+async def test_a_known_wait_longer_than_the_queue_allows_is_answered_at_once(age_s, queued):
+    """An open circuit names its reopening time: a request that could not wait that long
+    gets 503 circuit_open with Retry-After now, rather than waiting to expire."""
+    clock = FakeClock()
+    lane = Lane("default", queue_size=10, max_queue_age_s=age_s)
+    pool = Pool(PoolSpec("p", 4), MemoryLimitStore(clock))
+    dispatcher = dispatcher_for([lane], pool, clock=clock)
+    breaker = dispatcher.targets[0].breaker
+    for _ in range(breaker.policy.consecutive_failures):
+        breaker.started()
+        breaker.record(False)
+    attempt = asyncio.create_task(dispatcher.acquire(call(lane=lane)))
+    await settle()
+    assert attempt.done() != queued
+    if not queued:
+        err = attempt.exception()
+        assert isinstance(err, GatewayError)
+        assert (err.code, err.retry_after_s) == ("circuit_open", breaker.policy.open_s)
+    attempt.cancel()
