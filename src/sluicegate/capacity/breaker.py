@@ -60,6 +60,14 @@ class Breaker:
             return None
         return max(0.0, self._open_until - self._clock.now())
 
+    def spread(self, wait_s: float | None) -> float | None:
+        """When to tell a refused caller to come back: the reopening (or the cooldown's
+        end) plus a random part of the ramp that follows it. Callers told the same second
+        would all return to a deployment that then admits them a few at a time."""
+        if wait_s is None:
+            return None
+        return wait_s + self._jitter() * self.policy.ramp_s
+
     def ramp_starts_in(self) -> float | None:
         """Seconds until a scheduled ramp begins (a cooldown still running); else None."""
         if self._ramp is None:

@@ -134,7 +134,7 @@ class Dispatcher:
             refusal = outcome
         else:
             refusal = Refusal.CAPACITY.error(f"lane {lane.name} has requests waiting ahead")
-        if lane.queue_size == 0 or self._outlasts(refusal, call):
+        if lane.queue_size == 0 or self._outlasts(refusal, call, self.clock.now()):
             raise refusal
         self._check_promise(lane, ahead)
         queue = self.queues[lane.name]
@@ -171,16 +171,17 @@ class Dispatcher:
             self.queues[other.name].size for other in self.lanes if other.priority >= lane.priority
         )
 
-    def _outlasts(self, refusal: GatewayError, call: Call) -> bool:
+    def _outlasts(self, refusal: GatewayError, call: Call, enqueued_s: float) -> bool:
         """Every deployment named a time (an open circuit, a rate limit's next slot) and
         it comes after this request would have left the queue: answer now, with that time
         as Retry-After, rather than let the request wait and expire."""
         known = refusal.retry_after_s
         if known is None:
             return False
-        lane, now = call.lane, self.clock.now()
-        may_wait = min(lane.max_queue_age_s, call.deadline_s - call.route.min_attempt_s - now)
-        return known > may_wait
+        leaves_s = min(
+            enqueued_s + call.lane.max_queue_age_s, call.deadline_s - call.route.min_attempt_s
+        )
+        return known > leaves_s - self.clock.now()
 
     def _check_promise(self, lane: Lane, ahead: int) -> None:
         """Refuse rather than queue when the expected wait already breaks the lane's TTFT
@@ -233,7 +234,11 @@ class Dispatcher:
                     continue
                 outcome = await self._try(waiter.call, lane)
                 if isinstance(outcome, GatewayError):
-                    continue
+                    if not self._outlasts(outcome, waiter.call, waiter.enqueued_s):
+                        continue
+                    if queue.remove(waiter) and not waiter.future.done():
+                        waiter.future.set_exception(outcome)
+                    break
                 if not queue.remove(waiter) or waiter.future.done():
                     await self.release(outcome, waiter.call)
                 else:
@@ -280,15 +285,19 @@ class Dispatcher:
         for target in self._candidates(call):
             breaker = target.breaker
             if not breaker.allows():
+                reopens = breaker.reopens_in()
+                self._retry_after(reopens)
                 refusals.append(
                     Refusal.CIRCUIT_OPEN.error(
                         f"deployment {target.deployment.name} is failing; its circuit is open",
-                        breaker.reopens_in(),
+                        breaker.spread(reopens),
                     )
                 )
                 continue
             if breaker.in_flight >= breaker.limit(target.full):
-                refusals.append(_ramp_refusal(target))
+                cooling = breaker.ramp_starts_in()
+                self._retry_after(cooling)
+                refusals.append(_ramp_refusal(target, breaker.spread(cooling)))
                 continue
             if not target.gate.admits(lane):
                 refusals.append(
@@ -383,8 +392,8 @@ class Dispatcher:
         self.kick()
 
 
-def _ramp_refusal(target: Target) -> GatewayError:
-    name, cooling = target.deployment.name, target.breaker.ramp_starts_in()
+def _ramp_refusal(target: Target, cooling: float | None) -> GatewayError:
+    name = target.deployment.name
     if cooling is not None:
         return Refusal.POOL_COOLING.error(f"deployment {name} is cooling down", cooling)
     return Refusal.CAPACITY.error(f"deployment {name} is ramping up after a recovery")

@@ -348,5 +348,32 @@ async def test_a_known_wait_longer_than_the_queue_allows_is_answered_at_once(age
     if not queued:
         err = attempt.exception()
         assert isinstance(err, GatewayError)
-        assert (err.code, err.retry_after_s) == ("circuit_open", breaker.policy.open_s)
+        assert err.code == "circuit_open"
+        policy = breaker.policy
+        assert policy.open_s <= (err.retry_after_s or 0) <= policy.open_s + policy.ramp_s
     attempt.cancel()
+
+
+async def test_a_queued_request_is_answered_when_a_circuit_opens_for_longer_than_it_may_wait():
+    clock = FakeClock()
+    lane = Lane("default", queue_size=10, max_queue_age_s=1)
+    pool = Pool(PoolSpec("p", 1), MemoryLimitStore(clock))
+    dispatcher = dispatcher_for([lane], pool, clock=clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        await dispatcher.acquire(call(lane=lane))
+        waiting = asyncio.create_task(dispatcher.acquire(call(lane=lane)))
+        await settle()
+        assert not waiting.done()
+        breaker = dispatcher.targets[0].breaker
+        for _ in range(breaker.policy.consecutive_failures):
+            breaker.started()
+            breaker.record(False)
+        dispatcher.kick()
+        await settle()
+        assert waiting.done()
+        err = waiting.exception()
+        assert isinstance(err, GatewayError)
+        assert err.code == "circuit_open"
+    finally:
+        runner.cancel()
