@@ -106,7 +106,7 @@ class Pipeline:
         to first token."""
         if call.lane is self._scheduling.top:
             self.ttft.add(ttft_s)
-            self._dispatchers[call.model.name].first_token(call.lane, ttft_s)
+            self._dispatchers[call.model.name].first_token(call, ttft_s)
 
     def _degrade(
         self, lane: Lane, endpoint: Endpoint, model: Model, payload: dict[str, Any]

@@ -53,7 +53,7 @@ def document(scenario: Scenario, run: Run, setup: Mapping[str, object]) -> dict[
         statuses=summary.statuses(records),
         latency=summary.latency(records, lanes),
         refusals=refusals,
-        fairness=summary.fairness(records, span_s),
+        fairness=summary.fairness(records, scenario.duration_s),
         series={**summary.series(records, lanes, span_s), "metrics": run.metrics},
         slos={name: slo.model_dump() for name, slo in lanes.items()},
         events=run.events,

@@ -41,7 +41,9 @@ DEFINITIONS = {
     "deadline_exceeded, which may follow a wait in a queue",
     "fairness": "Jain's index of tokens served (prompt + output, spread over first token to "
     "end) per 1 s bin among the tenants backlogged all through the bin (a request waiting for "
-    "its first token or for a retry), averaged over bins with two or more of them",
+    "its first token or for a retry), averaged over bins with two or more of them; only bins "
+    "of the run's duration count (in the drain no new work arrives, so what is still queued "
+    "says nothing about the tenants' demand)",
 }
 
 

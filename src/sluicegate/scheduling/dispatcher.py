@@ -83,6 +83,10 @@ class Dispatcher:
         self.protected = self.lanes[0]
         target = self.protected.ttft_target_s
         self.yielding = None if target is None else Yielding(target, clock)
+        self._prefilling: set[int] = set()
+        """Streamed top-lane requests dispatched and still waiting for their first token,
+        while lower lanes yield: a background prefill sent now would share their engine
+        steps and delay exactly the first tokens the target protects."""
         self.queues: dict[str, LaneQueue[Grant]] = {
             lane.name: LaneQueue(lane, fairness(lane)) for lane in self.lanes
         }
@@ -111,10 +115,19 @@ class Dispatcher:
     def kick(self) -> None:
         self._kicked.set()
 
-    def first_token(self, lane: Lane, ttft_s: float) -> None:
-        """A streamed request of `lane` got its first token `ttft_s` after arrival."""
-        if self.yielding is not None and lane is self.protected:
+    def first_token(self, call: Call, ttft_s: float) -> None:
+        """A streamed request got its first token `ttft_s` after arrival."""
+        if self.yielding is not None and call.lane is self.protected:
             self.yielding.observe(ttft_s)
+            self._prefilled(call)
+
+    def _prefilled(self, call: Call) -> None:
+        """`call` no longer waits for its first token: lower lanes may go once none does."""
+        prefilling = self._prefilling
+        if id(call) in prefilling:
+            prefilling.discard(id(call))
+            if not prefilling:
+                self.kick()
 
     async def run(self) -> None:
         while True:
@@ -136,7 +149,7 @@ class Dispatcher:
             refusal = Refusal.CAPACITY.error(f"lane {lane.name} has requests waiting ahead")
         if lane.queue_size == 0 or self._outlasts(refusal, call, self.clock.now()):
             raise refusal
-        self._check_promise(lane, ahead)
+        self._check_promise(lane, self._served_before(call))
         queue = self.queues[lane.name]
         if queue.full:
             raise Refusal.QUEUE_FULL.error(f"the {lane.name} queue of {self.model} is full")
@@ -156,6 +169,7 @@ class Dispatcher:
             if call.first_byte_s is not None and call.dispatched_s is not None:
                 first_byte = call.first_byte_s - call.dispatched_s
             grant.target.gate.done(first_byte)
+            self._prefilled(call)
             grant.target.breaker.record(not grant.failed)
             for pool in grant.target.pools:
                 self._lane_use[(pool.name, grant.lane.name)] -= 1
@@ -171,6 +185,15 @@ class Dispatcher:
             self.queues[other.name].size for other in self.lanes if other.priority >= lane.priority
         )
 
+    def _served_before(self, call: Call) -> int:
+        """Queued requests that would go before `call`: all of the lanes above, and in
+        its own lane all of them, or only the first attempts when `call` is one too
+        (announced retries queue behind first attempts)."""
+        lane = call.lane
+        own = self.queues[lane.name]
+        above = self._queued_ahead(lane) - own.size
+        return above + (own.size if call.client_retries else own.fresh)
+
     def _outlasts(self, refusal: GatewayError, call: Call, enqueued_s: float) -> bool:
         """Every deployment named a time (an open circuit, a rate limit's next slot) and
         it comes after this request would have left the queue: answer now, with that time
@@ -185,15 +208,17 @@ class Dispatcher:
 
     def _check_promise(self, lane: Lane, ahead: int) -> None:
         """Refuse rather than queue when the expected wait already breaks the lane's TTFT
-        promise: an honest 'not now' beats a late answer."""
+        promise, or outlasts its queue age limit (the request would only expire, its
+        caller's time spent): an honest 'not now' beats a late answer."""
         interval = self.dispatch_interval_s
         if lane.ttft_slo_s is None or interval is None or not ahead:
             return
         expected = ahead * interval
-        if expected > lane.ttft_slo_s:
+        bound = min(lane.ttft_slo_s, lane.max_queue_age_s)
+        if expected > bound:
             raise Refusal.OVERLOADED.error(
                 f"the {lane.name} lane's expected wait ({expected:.1f}s) exceeds its "
-                f"{lane.ttft_slo_s:g}s promise; retry later"
+                f"{bound:g}s limit; retry later"
             )
 
     async def _wait(self, waiter: Waiter[Grant], queue: LaneQueue[Grant]) -> Grant:
@@ -277,6 +302,8 @@ class Dispatcher:
 
     async def _try(self, call: Call, lane: Lane) -> Grant | GatewayError:
         """Take every permit on the first candidate deployment that admits the lane."""
+        if self._prefilling and self._yields(lane):
+            return Refusal.CAPACITY.error(f"lane {lane.name} yields to first tokens due")
         pace = self._pace_wait_s(lane)
         if pace > 0:
             self._retry_after(pace)
@@ -364,6 +391,8 @@ class Dispatcher:
         if self._yields(grant.lane):
             assert self.yielding is not None
             self.yielding.dispatched()
+        elif self.yielding is not None and grant.lane is self.protected and call.stream:
+            self._prefilling.add(id(call))
         rate = grant.lane.max_dispatch_rate
         if rate is not None:
             earliest = max(self._next_dispatch_s.get(grant.lane.name, now), now)

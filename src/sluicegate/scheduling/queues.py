@@ -65,6 +65,9 @@ class LaneQueue(Generic[G]):
         self.fairness = fairness
         self._flows: dict[str, _Flow[G]] = {}
         self.size = 0
+        self.fresh = 0
+        """Waiters that are first attempts: the only ones a first attempt queues behind
+        within its tenant."""
 
     @property
     def full(self) -> bool:
@@ -78,6 +81,7 @@ class LaneQueue(Generic[G]):
             self.fairness.backlogged(waiter.flow)
         flow.part(waiter).append(waiter)
         self.size += 1
+        self.fresh += not waiter.call.client_retries
 
     def head(self) -> Waiter[G] | None:
         """The next waiter: the fairness policy picks the tenant, its queue the waiter."""
@@ -98,6 +102,7 @@ class LaneQueue(Generic[G]):
             except ValueError:
                 return False
         self.size -= 1
+        self.fresh -= not waiter.call.client_retries
         if not flow:
             self.fairness.idle(waiter.flow)
         return True

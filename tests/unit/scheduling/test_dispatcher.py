@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 from collections.abc import Callable
 
@@ -244,9 +245,13 @@ async def test_a_starving_lane_goes_before_higher_ones(setup):
     interactive.cancel()
 
 
-async def test_a_lane_whose_expected_wait_breaks_its_promise_refuses(setup):
+@pytest.mark.parametrize(("ttft_slo_s", "age_s"), [(1.0, 5.0), (10.0, 1.0)])
+async def test_a_lane_whose_expected_wait_breaks_its_promise_refuses(setup, ttft_slo_s, age_s):
+    """Expected wait 1.5 s: beyond the TTFT promise, or beyond the queue's age limit."""
     dispatcher, _, _ = setup
-    promised = Lane("promised", priority=100, queue_size=100, max_queue_age_s=5, ttft_slo_s=1.0)
+    promised = Lane(
+        "promised", priority=100, queue_size=100, max_queue_age_s=age_s, ttft_slo_s=ttft_slo_s
+    )
     dispatcher.queues["promised"] = dispatcher.queues["interactive"]
     holder = call()
     grant = await dispatcher.acquire(holder)
@@ -319,7 +324,7 @@ async def test_lower_lanes_yield_when_the_top_lanes_first_tokens_are_late(target
     dispatcher = dispatcher_for([top, low], pool, clock=clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
-        dispatcher.first_token(top, 10 * 0.05)
+        dispatcher.first_token(call(lane=top), 10 * 0.05)
         clock.advance(1.5)
         await dispatcher.acquire(call(lane=low))
         second = asyncio.create_task(dispatcher.acquire(call(lane=low)))
@@ -377,3 +382,51 @@ async def test_a_queued_request_is_answered_when_a_circuit_opens_for_longer_than
         assert err.code == "circuit_open"
     finally:
         runner.cancel()
+
+
+async def test_lower_lanes_hold_while_a_top_lane_stream_awaits_its_first_token():
+    clock = FakeClock()
+    top = Lane("interactive", priority=100, queue_size=10, ttft_target_s=0.05)
+    low = Lane("background", queue_size=10, max_queue_age_s=60)
+    pool = Pool(PoolSpec("p", 10), MemoryLimitStore(clock))
+    dispatcher = dispatcher_for([top, low], pool, clock=clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        streamed = dataclasses.replace(call(lane=top), stream=True)
+        await dispatcher.acquire(streamed)
+        background = asyncio.create_task(dispatcher.acquire(call(lane=low)))
+        await settle()
+        assert not background.done()
+        dispatcher.first_token(streamed, 0.01)
+        await asyncio.wait_for(background, 1)
+    finally:
+        runner.cancel()
+
+
+@pytest.mark.parametrize(("retries", "refused"), [(0, False), (1, True)])
+async def test_announced_retries_do_not_count_against_a_first_attempts_promise(retries, refused):
+    """Three retries queued at 0.5 s per dispatch: 1.5 s, beyond a 1 s promise, for a
+    newcomer that queues behind them (a retry), not for one that goes before them."""
+    pool = Pool(PoolSpec("p", 1), MemoryLimitStore(CLOCK))
+    lane = Lane("promised", queue_size=10, max_queue_age_s=5, ttft_slo_s=1.0)
+    dispatcher = dispatcher_for([lane], pool)
+    holder = call(lane=lane)
+    grant = await dispatcher.acquire(holder)
+    queued = [
+        asyncio.create_task(
+            dispatcher.acquire(dataclasses.replace(call(lane=lane), client_retries=1))
+        )
+        for _ in range(3)
+    ]
+    await settle()
+    dispatcher.dispatch_interval_s = 0.5
+    newcomer = asyncio.create_task(
+        dispatcher.acquire(dataclasses.replace(call(lane=lane), client_retries=retries))
+    )
+    await settle()
+    assert newcomer.done() == refused
+    if refused:
+        assert isinstance(newcomer.exception(), GatewayError)
+    for task in [*queued, newcomer]:
+        task.cancel()
+    await dispatcher.release(grant, holder)
