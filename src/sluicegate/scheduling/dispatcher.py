@@ -302,18 +302,21 @@ class Dispatcher:
 
     async def _try(self, call: Call, lane: Lane) -> Grant | GatewayError:
         """Take every permit on the first candidate deployment that admits the lane."""
-        if self._prefilling and self._yields(lane):
+        if self._prefilling and self._yielding_for(lane) is not None:
             return Refusal.CAPACITY.error(f"lane {lane.name} yields to first tokens due")
         pace = self._pace_wait_s(lane)
         if pace > 0:
             self._retry_after(pace)
             return Refusal.CAPACITY.error(f"lane {lane.name} is paced", pace)
         refusals: list[GatewayError] = []
+        # When a refusal may end: callers are told a later, spread time, but the
+        # dispatcher itself looks again at the earliest one.
+        wakes: list[float] = []
         for target in self._candidates(call):
             breaker = target.breaker
             if not breaker.allows():
                 reopens = breaker.reopens_in()
-                self._retry_after(reopens)
+                wakes += [] if reopens is None else [reopens]
                 refusals.append(
                     Refusal.CIRCUIT_OPEN.error(
                         f"deployment {target.deployment.name} is failing; its circuit is open",
@@ -323,7 +326,7 @@ class Dispatcher:
                 continue
             if breaker.in_flight >= breaker.limit(target.full):
                 cooling = breaker.ramp_starts_in()
-                self._retry_after(cooling)
+                wakes += [] if cooling is None else [cooling]
                 refusals.append(_ramp_refusal(target, breaker.spread(cooling)))
                 continue
             if not target.gate.admits(lane):
@@ -344,24 +347,27 @@ class Dispatcher:
                 for permit in grant.permits:
                     await permit.release(0)
                 refusals.append(err)
+                wakes += [] if err.retry_after_s is None else [err.retry_after_s]
                 continue
             return grant
-        timed = [r.retry_after_s for r in refusals if r.retry_after_s is not None]
-        if timed:
-            self._retry_after(min(timed))
+        if wakes:
+            self._retry_after(min(wakes))
         return _most_telling(refusals)
 
     def _pace_wait_s(self, lane: Lane) -> float:
         paced = 0.0
         if lane.max_dispatch_rate is not None:
             paced = self._next_dispatch_s.get(lane.name, 0.0) - self.clock.now()
-        if self._yields(lane):
-            assert self.yielding is not None
-            paced = max(paced, self.yielding.wait_s())
+        yielding = self._yielding_for(lane)
+        if yielding is not None:
+            paced = max(paced, yielding.wait_s())
         return paced
 
-    def _yields(self, lane: Lane) -> bool:
-        return self.yielding is not None and lane.priority < self.protected.priority
+    def _yielding_for(self, lane: Lane) -> Yielding | None:
+        """The controller `lane` yields to, if it is below a protected top lane."""
+        if lane.priority < self.protected.priority:
+            return self.yielding
+        return None
 
     def _within_share(self, target: Target, lane: Lane) -> bool:
         if lane.max_share >= 1.0:
@@ -388,9 +394,9 @@ class Dispatcher:
         if self._on_wait is not None:
             self._on_wait(self.model, grant.lane.name, wait_s)
         now = call.dispatched_s = self.clock.now()
-        if self._yields(grant.lane):
-            assert self.yielding is not None
-            self.yielding.dispatched()
+        yielding = self._yielding_for(grant.lane)
+        if yielding is not None:
+            yielding.dispatched()
         elif self.yielding is not None and grant.lane is self.protected and call.stream:
             self._prefilling.add(id(call))
         rate = grant.lane.max_dispatch_rate
