@@ -31,6 +31,7 @@ from sluicegate.api.server import listen, serve
 from sluicegate.capacity.breaker import Breaker
 from sluicegate.capacity.gates import AimdGate, BackendGate, MetricsGate, OpenGate
 from sluicegate.capacity.pools import Pool
+from sluicegate.children import spawn, stop
 from sluicegate.config import ConfigError, load_settings
 from sluicegate.core.clock import Clock, MonotonicClock
 from sluicegate.core.types import Deployment, JobPolicy, Lane, OverloadState, Settings
@@ -63,11 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Runtime:
-    """The wired objects: the ASGI app, the pipeline for in-process (library) callers, and
-    the job workers, whose store is opened at startup."""
+    """The wired objects: the ASGI app, the pipeline for in-process (library) callers and
+    the clock it runs on, and the job workers, whose store is opened at startup."""
 
     app: Router
     pipeline: Pipeline
+    clock: Clock
     pools: dict[str, Pool]
     dispatchers: dict[str, Dispatcher]
     workers: Workers
@@ -164,7 +166,7 @@ def build(settings: Settings, clock: Clock | None = None) -> Runtime:
     app = gateway.routes(Router(on_startup=[startup], on_shutdown=[shutdown]))
     JobRoutes(intake).routes(app)
     BatchRoutes(intake, ledger).routes(app)
-    return Runtime(app, pipeline, pools, dispatchers, workers)
+    return Runtime(app, pipeline, clock, pools, dispatchers, workers)
 
 
 def _report_crash(task: asyncio.Task[None]) -> None:
@@ -258,15 +260,14 @@ def _no_backend() -> Iterator[dict[str, str]]:
 def _demo_backend() -> Iterator[dict[str, str]]:
     """Start `sluicegate sim` as a child process for the demo and stop it afterwards."""
     port = _free_port()
-    child = subprocess.Popen(
+    child = spawn(
         [sys.executable, "-m", "sluicegate", "sim", "--host", "127.0.0.1", "--port", str(port)]
     )
     try:
         _wait_healthy(f"http://127.0.0.1:{port}/health", child)
         yield {**os.environ, "SLUICEGATE_DEMO_SIM_URL": f"http://127.0.0.1:{port}/v1"}
     finally:
-        child.terminate()
-        child.wait(timeout=10)
+        stop(child, grace_s=10)
 
 
 def _free_port() -> int:

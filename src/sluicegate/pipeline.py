@@ -20,7 +20,7 @@ from typing import Any
 from sluicegate.admission.boundary import Boundary
 from sluicegate.admission.estimate import Tokenizer, chars_over_four, output_tokens, prompt_tokens
 from sluicegate.core.call import Call
-from sluicegate.core.clock import Clock
+from sluicegate.core.clock import Clock, sleep_until
 from sluicegate.core.errors import CONTEXT_LENGTH, GatewayError
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Deployment, Endpoint, Lane, Model, OverloadState, Settings, Tenant
@@ -278,9 +278,10 @@ class Pipeline:
         delay = 0.0
         if failure.code != CONTEXT_LENGTH:
             delay = self._random.uniform(0, min(retry.cap_s, retry.base_s * 2 ** (number - 2)))
-        if call.deadline_s - self._clock.now() - delay < call.route.min_attempt_s:
+        now = self._clock.now()
+        if call.deadline_s - now - delay < call.route.min_attempt_s:
             raise failure
-        await asyncio.sleep(delay)
+        await sleep_until(self._clock, now + delay)
 
     @asynccontextmanager
     async def _open(

@@ -63,7 +63,7 @@ async def in_process(gw: InProcessGateway, max_tokens: int) -> None:
     pipeline = gw.runtime.pipeline
     tenant = gw.settings.tenants[0]
     payload = {"model": "chat", "messages": MESSAGES, "max_tokens": max_tokens}
-    call = pipeline.resolve(tenant, Endpoint.CHAT, payload, asyncio.get_running_loop().time(), None)
+    call = pipeline.resolve(tenant, Endpoint.CHAT, payload, gw.runtime.clock.now(), None)
     async with pipeline.attempt(call) as upstream:
         await upstream.read()
 

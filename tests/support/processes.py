@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sluicegate.children import spawn
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -56,7 +58,7 @@ def start(
     port = free_port()
     log = log_dir / f"{command}-{port}.log"
     handle = log.open("wb")
-    popen = subprocess.Popen(
+    popen = spawn(
         [
             sys.executable,
             "-m",

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 import socket
+from types import FrameType
 
 import uvicorn
 
@@ -32,10 +34,13 @@ def listen(host: str, port: int) -> socket.socket:
 def serve(
     app: Router, listener: socket.socket, *, log_level: str = "warning", graceful_s: float = 5.0
 ) -> None:
-    """Serve until SIGINT/SIGTERM; open requests get `graceful_s` to finish.
+    """Serve until SIGINT/SIGTERM; open requests get `graceful_s` to finish, then the
+    app's shutdown runs, and this returns.
 
-    uvicorn re-raises the signal it caught once it has shut down; that is the normal
-    way to stop, not an error, so it must not print a traceback.
+    uvicorn re-raises the signal it caught once it has shut down. For SIGTERM (the stop
+    signal of systemd, Docker and Kubernetes) the default action would end the process
+    on the spot, skipping the caller's own clean-up (such as stopping the demo's
+    simulator), so it is turned into the same quiet return as SIGINT.
     """
     config = uvicorn.Config(
         app,
@@ -47,5 +52,13 @@ def serve(
         backlog=BACKLOG,
         timeout_graceful_shutdown=int(graceful_s),
     )
-    with contextlib.suppress(KeyboardInterrupt):
-        uvicorn.Server(config).run(sockets=[listener])
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            uvicorn.Server(config).run(sockets=[listener])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt

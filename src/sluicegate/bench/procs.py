@@ -6,7 +6,6 @@ import math
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import orjson
 import psutil
+
+from sluicegate.children import spawn, stop
 
 HOST = "127.0.0.1"
 GATEWAY_MODEL = "bench-chat"
@@ -166,7 +167,7 @@ def _spawn(
     log = log_dir / f"{name}.log"
     command = [sys.executable, "-m", "sluicegate", *args, "--host", HOST, "--port", str(port)]
     with log.open("wb") as out:
-        popen = subprocess.Popen(
+        popen = spawn(
             command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
         )
         child = Child(name, popen, f"http://{HOST}:{port}", log)
@@ -174,7 +175,7 @@ def _spawn(
             _await_ready(child, child.url + ready_path)
             yield child
         finally:
-            _stop(popen)
+            stop(popen, STOP_GRACE_S)
 
 
 def _await_ready(child: Child, url: str) -> None:
@@ -195,15 +196,3 @@ def _answers(url: str) -> bool:
             return bool(response.status == 200)
     except OSError:
         return False
-
-
-def _stop(popen: subprocess.Popen[bytes]) -> None:
-    """SIGINT lets uvicorn shut down cleanly; kill only what ignores it."""
-    if popen.poll() is not None:
-        return
-    popen.send_signal(signal.SIGINT)
-    try:
-        popen.wait(timeout=STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        popen.kill()
-        popen.wait(timeout=STOP_GRACE_S)

@@ -1,9 +1,19 @@
-"""A monotonic clock that policy code receives instead of reading time itself."""
+"""A monotonic clock that policy code receives instead of reading or waiting on time itself.
+
+Waiting goes through the clock too (`call_at`, `sleep_until`), so a test's fake clock
+drives expiry, pacing and wake-ups exactly as it drives `now()`: one clock per test.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
 from typing import Protocol
+
+
+class Timer(Protocol):
+    def cancel(self) -> None: ...
 
 
 class Clock(Protocol):
@@ -11,9 +21,38 @@ class Clock(Protocol):
         """Seconds on a monotonic scale; only differences are meaningful."""
         ...
 
+    def call_at(self, when_s: float, callback: Callable[[], None]) -> Timer:
+        """Run `callback` once `now()` has reached `when_s` (at once if it has)."""
+        ...
+
 
 class MonotonicClock:
+    """The process's monotonic clock, waiting on the running event loop.
+
+    Delays are taken from this clock's own reading rather than the loop's `time()`,
+    which uvloop reads from its own cached source.
+    """
+
     __slots__ = ()
 
     def now(self) -> float:
         return time.monotonic()
+
+    def call_at(self, when_s: float, callback: Callable[[], None]) -> Timer:
+        delay = max(0.0, when_s - time.monotonic())
+        return asyncio.get_running_loop().call_later(delay, callback)
+
+
+async def sleep_until(clock: Clock, when_s: float) -> None:
+    """Wait until `clock` reads `when_s`; cancelling the wait cancels its timer."""
+    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def wake() -> None:
+        if not future.done():
+            future.set_result(None)
+
+    timer = clock.call_at(when_s, wake)
+    try:
+        await future
+    finally:
+        timer.cancel()

@@ -51,6 +51,20 @@ class GatewayError(Exception):
         self.should_retry = should_retry
         self.failover = failover
 
+    def renewed(self) -> GatewayError:
+        """A fresh copy to raise. An error kept where the raising frame can reach it (a
+        queued request's future) must not be raised itself: its traceback would point
+        back at that frame, a reference cycle left for the garbage collector."""
+        return GatewayError(
+            self.status,
+            self.code,
+            self.message,
+            self.error_type,
+            retry_after_s=self.retry_after_s,
+            should_retry=self.should_retry,
+            failover=self.failover,
+        )
+
 
 def bad_request(message: str, code: str = "invalid_request") -> GatewayError:
     return GatewayError(400, code, message, ErrorType.INVALID_REQUEST, should_retry=False)

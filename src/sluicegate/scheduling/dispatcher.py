@@ -21,7 +21,7 @@ from sluicegate.capacity.breaker import Breaker
 from sluicegate.capacity.gates import BackendGate
 from sluicegate.capacity.pools import Pool, PoolPermit
 from sluicegate.core.call import Call
-from sluicegate.core.clock import Clock
+from sluicegate.core.clock import Clock, Timer
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Deployment, Lane
@@ -87,7 +87,7 @@ class Dispatcher:
         """Streamed top-lane requests dispatched and still waiting for their first token,
         while lower lanes yield: a background prefill sent now would share their engine
         steps and delay exactly the first tokens the target protects."""
-        self.queues: dict[str, LaneQueue[Grant]] = {
+        self.queues: dict[str, LaneQueue[Grant | GatewayError]] = {
             lane.name: LaneQueue(lane, fairness(lane)) for lane in self.lanes
         }
         self.stats = {lane.name: LaneStats() for lane in self.lanes}
@@ -103,10 +103,9 @@ class Dispatcher:
         """Smoothed time between dispatches, to estimate how long a newcomer would wait."""
         self._lane_use: dict[tuple[str, str], int] = {}
         self._kicked = asyncio.Event()
-        self._retry: tuple[float, asyncio.Handle] | None = None
-        """The pending wake-up for a rate limit's next slot: (loop time, handle), cleared
-        when it fires. uvloop's handles have no `when()` and its timers may fire a little
-        before their time by the loop's clock, so neither is asked."""
+        self._retry: tuple[float, Timer] | None = None
+        """The pending wake-up for a rate limit's next slot: (clock time, timer), cleared
+        when it fires."""
         for target in self.targets:
             target.gate.on_change(self.kick)
             for pool in target.pools:
@@ -153,7 +152,7 @@ class Dispatcher:
         queue = self.queues[lane.name]
         if queue.full:
             raise Refusal.QUEUE_FULL.error(f"the {lane.name} queue of {self.model} is full")
-        waiter: Waiter[Grant] = Waiter(call, lane, self.clock.now())
+        waiter: Waiter[Grant | GatewayError] = Waiter(call, lane, self.clock.now())
         queue.push(waiter)
         self.kick()
         return await self._wait(waiter, queue)
@@ -221,31 +220,52 @@ class Dispatcher:
                 f"{bound:g}s limit; retry later"
             )
 
-    async def _wait(self, waiter: Waiter[Grant], queue: LaneQueue[Grant]) -> Grant:
-        """The intentional wait point: bounded by the lane's age limit and the deadline."""
+    async def _wait(
+        self, waiter: Waiter[Grant | GatewayError], queue: LaneQueue[Grant | GatewayError]
+    ) -> Grant:
+        """The intentional wait point: bounded by the lane's age limit and the deadline,
+        both timed on the dispatcher's clock."""
         call, lane = waiter.call, waiter.lane
         age_limit = waiter.enqueued_s + lane.max_queue_age_s
         deadline = call.deadline_s - call.route.min_attempt_s
+        timer = self.clock.call_at(
+            min(age_limit, deadline), lambda: self._expire(waiter, queue, deadline <= age_limit)
+        )
         try:
-            async with asyncio.timeout(max(0.0, min(age_limit, deadline) - self.clock.now())):
-                return await waiter.future
-        except TimeoutError:
-            if not queue.remove(waiter) and _granted(waiter):
-                return waiter.future.result()
-            self.stats[lane.name].expired += 1
-            if deadline <= age_limit:
-                raise Refusal.DEADLINE.error(
-                    f"the request's deadline passed while it waited in the {lane.name} queue"
-                ) from None
-            raise Refusal.EXPIRED.error(
-                f"the request waited {lane.max_queue_age_s:g}s in the {lane.name} queue, "
-                "its lane's limit"
-            ) from None
+            outcome = await waiter.future
         except asyncio.CancelledError:
             queue.remove(waiter)
-            if _granted(waiter):
-                await self.release(waiter.future.result(), call)
+            grant = _granted(waiter)
+            if grant is not None:
+                await self.release(grant, call)
             raise
+        finally:
+            timer.cancel()
+        if isinstance(outcome, GatewayError):
+            raise outcome.renewed()
+        return outcome
+
+    def _expire(
+        self,
+        waiter: Waiter[Grant | GatewayError],
+        queue: LaneQueue[Grant | GatewayError],
+        by_deadline: bool,
+    ) -> None:
+        """Answer a request still queued when its deadline or its lane's age limit came."""
+        if not queue.remove(waiter) or waiter.future.done():
+            return
+        lane = waiter.lane
+        self.stats[lane.name].expired += 1
+        if by_deadline:
+            error = Refusal.DEADLINE.error(
+                f"the request's deadline passed while it waited in the {lane.name} queue"
+            )
+        else:
+            error = Refusal.EXPIRED.error(
+                f"the request waited {lane.max_queue_age_s:g}s in the {lane.name} queue, "
+                "its lane's limit"
+            )
+        waiter.future.set_result(error)
 
     async def _pump(self) -> None:
         """Dispatch queued requests until nothing more can go."""
@@ -262,7 +282,7 @@ class Dispatcher:
                     if not self._outlasts(outcome, waiter.call, waiter.enqueued_s):
                         continue
                     if queue.remove(waiter) and not waiter.future.done():
-                        waiter.future.set_exception(outcome)
+                        waiter.future.set_result(outcome)
                     break
                 if not queue.remove(waiter) or waiter.future.done():
                     await self.release(outcome, waiter.call)
@@ -413,14 +433,13 @@ class Dispatcher:
         """Wake when a rate limit's next slot or a cooldown's end comes."""
         if delay_s is None or math.isinf(delay_s):
             return
-        loop = asyncio.get_running_loop()
-        when = loop.time() + delay_s
+        when = self.clock.now() + delay_s
         pending = self._retry
         if pending is not None and pending[0] <= when:
             return
         if pending is not None:
             pending[1].cancel()
-        self._retry = (when, loop.call_at(when, self._retry_due))
+        self._retry = (when, self.clock.call_at(when, self._retry_due))
 
     def _retry_due(self) -> None:
         self._retry = None
@@ -434,8 +453,12 @@ def _ramp_refusal(target: Target, cooling: float | None) -> GatewayError:
     return Refusal.CAPACITY.error(f"deployment {name} is ramping up after a recovery")
 
 
-def _granted(waiter: Waiter[Grant]) -> bool:
-    return waiter.future.done() and not waiter.future.cancelled()
+def _granted(waiter: Waiter[Grant | GatewayError]) -> Grant | None:
+    future = waiter.future
+    if not future.done() or future.cancelled():
+        return None
+    outcome = future.result()
+    return outcome if isinstance(outcome, Grant) else None
 
 
 def _most_telling(refusals: list[GatewayError]) -> GatewayError:
