@@ -46,7 +46,8 @@ from sluicegate.providers.anthropic import AnthropicProvider
 from sluicegate.providers.backend_metrics import MetricsPoller
 from sluicegate.providers.base import Provider
 from sluicegate.providers.openai import OpenAIProvider
-from sluicegate.scheduling.dispatcher import Dispatcher, Target
+from sluicegate.scheduling.attempt import Target
+from sluicegate.scheduling.dispatcher import Dispatcher
 from sluicegate.scheduling.fairness import FairnessPolicy, RoundRobin, VirtualTokenCounter
 from sluicegate.scheduling.overload import OverloadMonitor, OverloadWatch
 from sluicegate.stores.memory import MemoryLimitStore

@@ -1,35 +1,63 @@
-"""The hot path between the HTTP edge and a provider, readable top to bottom.
+"""The hot path between a caller and a provider, readable top to bottom.
 
-The edge authenticates and reads the body; the pipeline does everything else in
-order: concurrency gates (`enter`), resolving the model, lane and deadline
-(`resolve`), quotas (`charge`), then one upstream `attempt`, which waits for its turn
-in the model's dispatcher (the only wait point) and receives a grant holding a permit
-from every pool of the chosen deployment. Every permit lives on an exit stack owned by
-the caller's `async with`, so it is released exactly once, after the attempt has ended.
+Every caller (the HTTP edge, the job workers, an in-process caller) hands the pipeline
+an `Inbound` and uses the answer inside `Pipeline.run`, which does everything in order:
+concurrency gates (`enter`), the body, resolving the model, lane and deadline, quotas
+(`charge`), then upstream attempts. Each attempt waits for its turn in the model's
+dispatcher (the only wait point) and is granted a deployment and a permit from each of
+its pools. Every permit lives on an exit stack that `run` owns, so it is released
+exactly once, after the attempt has really ended; the request's outcome is recorded
+once, when `run` ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from sluicegate.admission.boundary import Boundary
 from sluicegate.admission.estimate import Tokenizer, chars_over_four, output_tokens, prompt_tokens
-from sluicegate.core.call import Call
+from sluicegate.core.call import Call, Tally
 from sluicegate.core.clock import Clock, sleep_until
-from sluicegate.core.errors import CONTEXT_LENGTH, GatewayError
+from sluicegate.core.errors import CONTEXT_LENGTH, CallerGone, GatewayError
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Deployment, Endpoint, Lane, Model, OverloadState, Settings, Tenant
-from sluicegate.observability.metrics import GatewayMetrics
+from sluicegate.hedging import Hedging
+from sluicegate.observability.metrics import UNKNOWN_MODEL, GatewayMetrics
 from sluicegate.providers.base import Provider, UpstreamResponse, timed_out
-from sluicegate.scheduling.dispatcher import Dispatcher, Grant
+from sluicegate.scheduling.attempt import Attempt
+from sluicegate.scheduling.dispatcher import Dispatcher
 from sluicegate.scheduling.ladder import degrade
 from sluicegate.scheduling.lanes import Demand, classify
 from sluicegate.scheduling.overload import OverloadMonitor, TtftWindow
+
+REFUSALS = frozenset(Refusal)
+
+
+@dataclass(frozen=True, slots=True)
+class Inbound:
+    """A request as its caller hands it over, before anything is checked.
+
+    `payload` reads and parses the body: called after the concurrency gates, so a slow
+    body never holds more than a slot. `watch`, when given, is entered once the body is
+    read and cancels the request when its caller goes away. `interactive` traffic takes
+    the route's and the aggregate's slots as well as the tenant's; jobs take only the
+    tenant's (the others guard interactive HTTP traffic).
+    """
+
+    endpoint: Endpoint
+    tenant: Tenant
+    arrived_s: float
+    payload: Callable[[], Awaitable[dict[str, Any]]]
+    timeout_s: float | None = None
+    lane: str | None = None
+    client_retries: int = 0
+    interactive: bool = True
+    watch: Callable[[], AbstractAsyncContextManager[Any]] | None = None
 
 
 class Pipeline:
@@ -58,34 +86,45 @@ class Pipeline:
         self._clock = clock
         self._count = tokenizer
         self._random = random.Random()
-        self._losers: set[asyncio.Future[Any]] = set()
+        self._hedging = Hedging(clock, metrics.hedge)
 
-    async def enter(self, endpoint: Endpoint, tenant: Tenant, permits: AsyncExitStack) -> None:
-        await self._boundary.enter(endpoint, tenant, permits)
+    @asynccontextmanager
+    async def run(self, inbound: Inbound) -> AsyncIterator[Answer]:
+        """The request's whole life; every permit taken is released when this ends."""
+        call: Call | None = None
+        answer: Answer | None = None
+        try:
+            async with AsyncExitStack() as permits:
+                await self._boundary.enter(
+                    inbound.endpoint, inbound.tenant, permits, inbound.interactive
+                )
+                payload = await inbound.payload()
+                if inbound.watch is not None:
+                    await permits.enter_async_context(inbound.watch())
+                call = self._resolve(inbound, payload)
+                tally = Tally()
+                await self._boundary.charge(call, permits, tally)
+                async with self._attempts(call, tally) as answer:
+                    yield answer
+        except BaseException as err:
+            self._record(inbound, call, answer, err)
+            raise
+        self._record(inbound, call, answer, None)
 
-    def resolve(
-        self,
-        tenant: Tenant,
-        endpoint: Endpoint,
-        payload: dict[str, Any],
-        arrived_s: float,
-        timeout_s: float | None,
-        lane: str | None = None,
-        client_retries: int = 0,
-    ) -> Call:
+    def _resolve(self, inbound: Inbound, payload: dict[str, Any]) -> Call:
+        tenant, endpoint = inbound.tenant, inbound.endpoint
         model = self._settings.model_for(tenant, payload["model"])
         route = self._routes[endpoint]
         prompt = prompt_tokens(endpoint, payload, self._count)
         output = output_tokens(endpoint, payload, route.max_output_tokens)
         demand = Demand(prompt, output, bool(payload.get("tools")))
-        chosen = classify(self._scheduling, lane, tenant, route, demand)
+        chosen = classify(self._scheduling, inbound.lane, tenant, route, demand)
         if self._overload.state >= OverloadState.DEGRADED:
             model = self._degrade(chosen, endpoint, model, payload)
             prompt = prompt_tokens(endpoint, payload, self._count)
             output = output_tokens(endpoint, payload, route.max_output_tokens)
         output = _cap_output(chosen, payload, output)
-        deadline = arrived_s + (route.default_timeout_s if timeout_s is None else timeout_s)
-        stream = payload.get("stream") is True
+        timeout_s = route.default_timeout_s if inbound.timeout_s is None else inbound.timeout_s
         return Call(
             endpoint,
             tenant,
@@ -93,20 +132,13 @@ class Pipeline:
             route,
             chosen,
             payload,
-            stream,
-            arrived_s,
-            deadline,
+            payload.get("stream") is True,
+            inbound.arrived_s,
+            inbound.arrived_s + timeout_s,
             prompt,
             prompt + output,
-            client_retries=client_retries,
+            inbound.client_retries,
         )
-
-    def first_token(self, call: Call, ttft_s: float) -> None:
-        """Feed the overload monitor and the model's dispatcher the protected lane's time
-        to first token."""
-        if call.lane is self._scheduling.top:
-            self.ttft.add(ttft_s)
-            self._dispatchers[call.model.name].first_token(call, ttft_s)
 
     def _degrade(
         self, lane: Lane, endpoint: Endpoint, model: Model, payload: dict[str, Any]
@@ -130,11 +162,17 @@ class Pipeline:
             self._metrics.ladder_action(action)
         return model
 
-    async def charge(self, call: Call, permits: AsyncExitStack) -> None:
-        await self._boundary.charge(call, permits)
+    def _first_token(self, attempt: Attempt) -> None:
+        """Feed the overload monitor and the model's dispatcher the protected lane's time
+        to first token."""
+        call = attempt.call
+        if call.lane is self._scheduling.top and attempt.first_byte_s is not None:
+            ttft_s = attempt.first_byte_s - call.arrived_s
+            self.ttft.add(ttft_s)
+            self._dispatchers[call.model.name].first_token(attempt, ttft_s)
 
     @asynccontextmanager
-    async def attempt(self, call: Call) -> AsyncIterator[Answer]:
+    async def _attempts(self, call: Call, tally: Tally) -> AsyncIterator[Answer]:
         """An upstream answer whose first bytes have arrived, after as many attempts as the
         route allows. An attempt that fails before that (connection, timeout, 5xx,
         throttling, a context window too small) releases its permits, and the next one
@@ -142,12 +180,13 @@ class Pipeline:
         there is one. Once the answer is yielded the provider is fixed."""
         retry = call.route.retry
         failure: GatewayError | None = None
+        tried: set[str] = set()
         for number in range(1, retry.max_attempts + 1):
             if failure is not None:
                 await self._back_off(call, number, failure)
             self._budget_s(call)
             try:
-                started = await self._race(call)
+                started = await self._race(call, number, tried)
             except _Failed as failed:
                 if not failed.worth_another:
                     raise failed.error from None
@@ -157,120 +196,84 @@ class Pipeline:
                 if failure is None:
                     raise
                 raise failure from None
-            async with started.stack:
-                self._metrics.attempts(number)
-                try:
-                    yield started.answer
-                except GatewayError as err:
-                    started.grant.failed = err.failover
-                    raise
+            attempt = started.attempt
+            try:
+                async with started.stack:
+                    self._metrics.attempts(number)
+                    try:
+                        yield started.answer
+                    except BaseException as err:
+                        attempt.end(err)
+                        raise
+                    attempt.end(None)
+            finally:
+                tally.used_tokens = attempt.used_tokens
             return
         assert failure is not None
         raise failure
 
-    async def _race(self, call: Call) -> _Started:
-        """One attempt, or two when the route hedges: after `hedge_after_s` without first
-        bytes a second attempt goes to another deployment, the first to answer wins and
-        the other is cancelled (its permits stay held until it has really ended)."""
+    async def _race(self, call: Call, number: int, tried: set[str]) -> _Started:
+        """One attempt, or two when the route hedges (see `Hedging`)."""
         hedge_after = call.route.hedge_after_s
         if hedge_after is None or len(call.model.deployments) < 2:
-            return await self._start(call)
-        first = asyncio.ensure_future(self._start(call))
-        done, _ = await asyncio.wait({first}, timeout=hedge_after)
-        if done:
-            return first.result()
-        self._metrics.hedge("sent")
-        second = asyncio.ensure_future(self._start(call))
-        pending = {first, second}
-        errors: list[BaseException] = []
-        try:
-            while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    if task.exception() is not None:
-                        errors.append(task.exception())
-                        continue
-                    if task is second:
-                        self._metrics.hedge("won")
-                    for other in done - {task}:
-                        if other.exception() is None:
-                            self._keep(asyncio.ensure_future(other.result().stack.aclose()))
-                    return task.result()
-            raise errors[0]
-        finally:
-            for task in pending:
-                task.cancel()
-                self._keep(task)
+            return await self._start(call, number, tried)
+        return await self._hedging.race(
+            lambda: self._start(call, number, tried), hedge_after, _Started.discard
+        )
 
-    def _keep(self, task: asyncio.Future[Any]) -> None:
-        """Hold a losing attempt until it has really ended (it frees its own permits)."""
-        self._losers.add(task)
-        task.add_done_callback(self._losers.discard)
-
-    async def _start(self, call: Call) -> _Started:
+    async def _start(self, call: Call, number: int, tried: set[str]) -> _Started:
         """One attempt up to its first bytes. Whatever it took is released if it fails or
         is cancelled; on success the caller owns its exit stack."""
         dispatcher = self._dispatchers[call.model.name]
+        attempt = Attempt(call, number, frozenset(tried))
         stack = AsyncExitStack()
         try:
-            grant = await dispatcher.acquire(call)
-            stack.push_async_callback(dispatcher.release, grant, call)
-            call.excluded.add(grant.target.deployment.name)
+            await dispatcher.acquire(attempt)
+            stack.push_async_callback(dispatcher.release, attempt)
+            tried.add(attempt.deployment.name)
             try:
-                answer = await self._first_bytes(stack, grant, call)
+                answer = await self._first_bytes(stack, attempt)
             except GatewayError as err:
-                grant.failed = err.failover
-                raise _Failed(err, await self._worth_another(grant, call, err)) from None
-            return _Started(stack, grant, answer)
-        except BaseException:
+                attempt.end(err)
+                raise _Failed(err, await self._worth_another(attempt, err, tried)) from None
+            return _Started(stack, attempt, answer)
+        except BaseException as err:
+            attempt.end(err)
             await stack.aclose()
             raise
 
-    async def _first_bytes(self, attempt: AsyncExitStack, grant: Grant, call: Call) -> Answer:
-        deployment = grant.target.deployment
-        if deployment.pass_priority:
-            call.payload["priority"] = self._top_priority - call.lane.priority
-        if call.route.reasoning_effort is not None:
-            call.payload.setdefault("reasoning_effort", call.route.reasoning_effort)
+    async def _first_bytes(self, stack: AsyncExitStack, attempt: Attempt) -> Answer:
+        call, deployment = attempt.call, attempt.deployment
+        attempt.body = body_for(call, deployment, self._top_priority)
         limit = call.route.first_byte_s or deployment.timeouts.first_byte_s
         try:
             async with asyncio.timeout(limit):
-                upstream = await attempt.enter_async_context(
-                    self._open(deployment, call, self._budget_s(call))
+                upstream = await stack.enter_async_context(
+                    self._open(attempt, self._budget_s(call))
                 )
-                answer = Answer(upstream, call)
+                answer = Answer(upstream, attempt, self._clock, self._first_token)
                 await answer.prime()
         except TimeoutError:
             raise timed_out(deployment.name) from None
         return answer
 
-    async def _worth_another(self, grant: Grant, call: Call, err: GatewayError) -> bool:
+    async def _worth_another(self, attempt: Attempt, err: GatewayError, tried: set[str]) -> bool:
         """Act on a failed attempt (throttling cools the pools) and say whether another
         attempt may do better."""
-        deployment = grant.target.deployment
+        target = attempt.target
+        assert target is not None
+        deployment = target.deployment
         if err.code == "upstream_throttled":
             cooldown = err.retry_after_s or deployment.throttle_cooldown_s
-            for pool in grant.target.pools:
+            for pool in target.pools:
                 await pool.cool(cooldown)
                 self._metrics.throttled(pool.name)
-            grant.target.breaker.ramp_after(cooldown)
+            target.breaker.ramp_after(cooldown)
         if err.code == CONTEXT_LENGTH:
-            return self._larger_context_left(call, deployment)
+            return _larger_context_left(attempt.call, deployment, tried)
         if err.failover:
             self._metrics.retried(deployment.name, err.code)
         return err.failover
-
-    def _larger_context_left(self, call: Call, failed: Deployment) -> bool:
-        """Exclude every deployment whose window is no larger than the one that was too
-        small; another attempt is worth it only if a larger one remains."""
-        window = failed.context_window or 0
-        larger = False
-        for d in call.model.deployments:
-            if d.context_window is not None and d.context_window > window:
-                larger = larger or d.name not in call.excluded
-            else:
-                call.excluded.add(d.name)
-        return larger
 
     async def _back_off(self, call: Call, number: int, failure: GatewayError) -> None:
         """Full jitter, within the deadline; a context-window fallback does not wait."""
@@ -284,16 +287,17 @@ class Pipeline:
         await sleep_until(self._clock, now + delay)
 
     @asynccontextmanager
-    async def _open(
-        self, deployment: Deployment, call: Call, budget_s: float
-    ) -> AsyncIterator[UpstreamResponse]:
+    async def _open(self, attempt: Attempt, budget_s: float) -> AsyncIterator[UpstreamResponse]:
+        deployment = attempt.deployment
         provider = self._providers[deployment.name]
+        body = attempt.body
+        assert body is not None
         try:
-            async with provider.open(call.endpoint, call.payload, budget_s) as upstream:
+            async with provider.open(attempt.call.endpoint, body, budget_s) as upstream:
                 try:
                     yield upstream
                 finally:
-                    call.used_tokens = upstream.used_tokens
+                    attempt.used_tokens = upstream.used_tokens
         except GatewayError as err:
             if err.status >= 500:
                 self._metrics.upstream_error(deployment.name, err.code)
@@ -309,6 +313,62 @@ class Pipeline:
             )
         return left
 
+    def _record(
+        self,
+        inbound: Inbound,
+        call: Call | None,
+        answer: Answer | None,
+        error: BaseException | None,
+    ) -> None:
+        """The request's outcome, once: its status, a refusal's reason, and on success
+        the time spent in each stage."""
+        route = inbound.endpoint.value
+        model = UNKNOWN_MODEL if call is None else call.model.name
+        status = _status(error)
+        if isinstance(error, GatewayError) and error.code in REFUSALS:
+            self._metrics.refused(route, error.code, status)
+        self._metrics.answered(route, model, status)
+        if call is None or answer is None or error is not None:
+            return
+        attempt = answer.attempt
+        dispatched, first_byte = attempt.dispatched_s, attempt.first_byte_s
+        if dispatched is None or first_byte is None:
+            return
+        arrived, now = call.arrived_s, self._clock.now()
+        bound = self._metrics.route(route, model)
+        bound.latency.observe(now - arrived)
+        bound.admission.observe(dispatched - arrived)
+        bound.upstream.observe(first_byte - dispatched)
+        if call.stream:
+            bound.ttft.observe(first_byte - arrived)
+            bound.stream.observe(now - first_byte)
+
+
+def body_for(call: Call, deployment: Deployment, top_priority: int) -> dict[str, Any]:
+    """The body one attempt sends to `deployment`: the caller's, plus what this
+    deployment alone needs. The caller's payload is shared by every attempt and never
+    written to."""
+    extra: dict[str, Any] = {}
+    if deployment.pass_priority:
+        extra["priority"] = top_priority - call.lane.priority
+    effort = call.route.reasoning_effort
+    if effort is not None and "reasoning_effort" not in call.payload:
+        extra["reasoning_effort"] = effort
+    return {**call.payload, **extra} if extra else call.payload
+
+
+def _larger_context_left(call: Call, failed: Deployment, tried: set[str]) -> bool:
+    """Mark every deployment whose window is no larger than the one that was too small
+    as tried; another attempt is worth it only if a larger one remains."""
+    window = failed.context_window or 0
+    larger = False
+    for d in call.model.deployments:
+        if d.context_window is not None and d.context_window > window:
+            larger = larger or d.name not in tried
+        else:
+            tried.add(d.name)
+    return larger
+
 
 def _cap_output(lane: Lane, payload: dict[str, Any], output: int) -> int:
     """Hold a request to its lane's output cap, rewriting its max_tokens if it asked more."""
@@ -320,13 +380,29 @@ def _cap_output(lane: Lane, payload: dict[str, Any], output: int) -> int:
     return cap
 
 
+def _status(error: BaseException | None) -> int:
+    """The status a request ended with: 499 when its caller left first."""
+    if error is None:
+        return 200
+    if isinstance(error, GatewayError):
+        return error.status
+    if isinstance(error, asyncio.CancelledError | CallerGone):
+        return 499
+    return 500
+
+
 @dataclass(slots=True)
 class _Started:
     """An attempt whose first bytes arrived: its permits live on `stack`."""
 
     stack: AsyncExitStack
-    grant: Grant
+    attempt: Attempt
     answer: Answer
+
+    async def discard(self) -> None:
+        """Nobody will read this answer (a hedge that lost): end it as abandoned."""
+        self.attempt.end(asyncio.CancelledError())
+        await self.stack.aclose()
 
 
 class _Failed(Exception):
@@ -342,27 +418,43 @@ class Answer:
     """An upstream answer whose first bytes are in hand: from here on its provider is
     fixed, and no retry can happen without the client seeing it."""
 
-    __slots__ = ("_body", "_call", "_first", "_rest", "_upstream")
+    __slots__ = ("_body", "_clock", "_first", "_on_first", "_rest", "_upstream", "attempt")
 
-    def __init__(self, upstream: UpstreamResponse, call: Call) -> None:
+    def __init__(
+        self,
+        upstream: UpstreamResponse,
+        attempt: Attempt,
+        clock: Clock,
+        on_first: Callable[[Attempt], None],
+    ) -> None:
         self._upstream = upstream
-        self._call = call
+        self.attempt = attempt
+        self._clock = clock
+        self._on_first = on_first
         self._body = b""
         self._first = b""
         self._rest: AsyncIterator[bytes] | None = None
 
+    @property
+    def call(self) -> Call:
+        return self.attempt.call
+
     async def prime(self) -> None:
-        if self._call.stream:
+        if self.attempt.call.stream:
             self._rest = self._upstream.chunks()
             self._first = await anext(self._rest)
         else:
             self._body = await self._upstream.read()
+            self.attempt.first_byte_s = self._clock.now()
 
     async def read(self) -> bytes:
         return self._body
 
     async def chunks(self) -> AsyncIterator[bytes]:
+        """The stream as it arrives; its first byte is timed as it is handed over."""
         assert self._rest is not None, "chunks() of a non-streamed answer"
+        self.attempt.first_byte_s = self._clock.now()
+        self._on_first(self.attempt)
         yield self._first
         async for chunk in self._rest:
             yield chunk

@@ -20,9 +20,8 @@ import random
 import socket
 import uuid
 from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -33,7 +32,7 @@ from sluicegate.core.types import Settings, Tenant
 from sluicegate.jobs.model import Job, JobState
 from sluicegate.jobs.store import JobStore
 from sluicegate.observability.metrics import GatewayMetrics
-from sluicegate.pipeline import Pipeline
+from sluicegate.pipeline import Inbound, Pipeline
 
 log = logging.getLogger("sluicegate.jobs")
 
@@ -278,15 +277,18 @@ class Workers:
         return replace(tenant or Tenant(name, None), allowed_models=None)
 
     async def _call(self, tenant: Tenant, job: Job, left_s: float | None) -> bytes:
-        """One pipeline call, as an HTTP request makes it: quotas, then the lane's turn and
-        every pool permit of the attempt, released when the attempt has ended."""
-        pipeline = self._pipeline
-        payload = orjson.loads(job.body)
-        call = pipeline.resolve(tenant, job.kind, payload, self._clock.now(), left_s, job.lane)
-        async with AsyncExitStack() as permits:
-            await pipeline.charge(call, permits)
-            async with pipeline.attempt(call) as answer:
-                return await answer.read()
+        """One pipeline run, as an HTTP request makes it: the tenant's concurrency slot
+        and quotas, then the lane's turn and every pool permit of the attempt, released
+        when the attempt has ended."""
+
+        async def payload() -> dict[str, Any]:
+            return cast(dict[str, Any], orjson.loads(job.body))
+
+        inbound = Inbound(
+            job.kind, tenant, self._clock.now(), payload, left_s, job.lane, interactive=False
+        )
+        async with self._pipeline.run(inbound) as answer:
+            return await answer.read()
 
     async def _after(self, job: Job, err: GatewayError) -> None:
         """A refusal or an upstream failure sends the job back after a backoff, until it

@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.types import Endpoint
+from sluicegate.pipeline import Inbound
 from tests.e2e.conftest import SIM_KEY, sim_stats
 from tests.support.inprocess import InProcessGateway, inprocess_gateway
 
@@ -60,12 +61,14 @@ async def post(http, gw: InProcessGateway, tenant: str, body: dict | None = None
 
 async def in_process(gw: InProcessGateway, max_tokens: int) -> None:
     """An in-process caller of the pool API, as job workers and hedges will be."""
-    pipeline = gw.runtime.pipeline
     tenant = gw.settings.tenants[0]
-    payload = {"model": "chat", "messages": MESSAGES, "max_tokens": max_tokens}
-    call = pipeline.resolve(tenant, Endpoint.CHAT, payload, gw.runtime.clock.now(), None)
-    async with pipeline.attempt(call) as upstream:
-        await upstream.read()
+
+    async def payload() -> dict:
+        return {"model": "chat", "messages": MESSAGES, "max_tokens": max_tokens}
+
+    inbound = Inbound(Endpoint.CHAT, tenant, gw.runtime.clock.now(), payload)
+    async with gw.runtime.pipeline.run(inbound) as answer:
+        await answer.read()
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
-from sluicegate.core.call import Call
+from sluicegate.core.call import Call, Tally
 from sluicegate.core.limits import LimitStore, Rate
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Endpoint, Quota, RoutePolicy, Tenant
@@ -37,16 +37,22 @@ class Boundary:
         self._routes = routes
         self._aggregate = aggregate
 
-    async def enter(self, endpoint: Endpoint, tenant: Tenant, permits: AsyncExitStack) -> None:
-        """Concurrency gates: the route, the tenant, then all tenants together."""
-        route_limit = self._routes[endpoint].max_concurrency
-        await self._slot(permits, f"route:{endpoint.value}", route_limit, Refusal.CAPACITY)
+    async def enter(
+        self, endpoint: Endpoint, tenant: Tenant, permits: AsyncExitStack, interactive: bool
+    ) -> None:
+        """Concurrency gates: the route, the tenant, then all tenants together. Work that
+        is not interactive HTTP traffic (jobs) takes only the tenant's slot: the route's
+        and the aggregate's protect the HTTP edge, and jobs have their own bounds."""
+        if interactive:
+            route_limit = self._routes[endpoint].max_concurrency
+            await self._slot(permits, f"route:{endpoint.value}", route_limit, Refusal.CAPACITY)
         tenant_limit = tenant.quota.max_concurrency
         await self._slot(permits, f"tenant:{tenant.name}", tenant_limit, Refusal.TENANT_CONCURRENCY)
-        aggregate_limit = self._aggregate.max_concurrency
-        await self._slot(permits, AGGREGATE, aggregate_limit, Refusal.CAPACITY)
+        if interactive:
+            aggregate_limit = self._aggregate.max_concurrency
+            await self._slot(permits, AGGREGATE, aggregate_limit, Refusal.CAPACITY)
 
-    async def charge(self, call: Call, permits: AsyncExitStack) -> None:
+    async def charge(self, call: Call, permits: AsyncExitStack, tally: Tally) -> None:
         """Prompt budgets, then request and token rates of the tenant and the aggregate."""
         self._check_prompt_budget(call)
         taken: list[_Charge] = []
@@ -62,7 +68,7 @@ class Boundary:
             raise
         for charge in taken:
             if charge.is_tokens:
-                permits.push_async_callback(self._settle, charge, call)
+                permits.push_async_callback(self._settle, charge, tally)
 
     async def _slot(
         self, permits: AsyncExitStack, key: str, limit: int | None, reason: Refusal
@@ -98,10 +104,11 @@ class Boundary:
                 cost = call.reserved_tokens
                 yield _Charge(f"{key}:tokens", quota.tokens, cost, token_reason, who, True)
 
-    async def _settle(self, charge: _Charge, call: Call) -> None:
+    async def _settle(self, charge: _Charge, tally: Tally) -> None:
         """Reconcile a token reservation with the usage reported; unknown usage keeps it."""
-        if call.used_tokens is not None and call.used_tokens != charge.cost:
-            await self._store.refund(charge.key, charge.rate, charge.cost - call.used_tokens)
+        used = tally.used_tokens
+        if used is not None and used != charge.cost:
+            await self._store.refund(charge.key, charge.rate, charge.cost - used)
 
 
 def _rate_message(charge: _Charge) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from sluicegate.core.errors import ErrorType, GatewayError
+from sluicegate.core.errors import CallerGone, ErrorType, GatewayError
 from sluicegate.core.refusals import Refusal
 
 Scope = MutableMapping[str, Any]
@@ -32,8 +32,8 @@ SSE_HEADERS: Headers = [
 ]
 
 
-class ClientDisconnected(Exception):
-    """The caller went away; whatever it was waiting for has been cancelled."""
+class ClientDisconnected(CallerGone):
+    """The HTTP client disconnected."""
 
 
 def error_body(err: GatewayError) -> bytes:

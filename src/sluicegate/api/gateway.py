@@ -1,10 +1,10 @@
-"""The gateway's HTTP face: authentication, body limits, relaying, and the outcome record."""
+"""The gateway's HTTP face: authentication, body limits and relaying; the pipeline does
+the rest and records each request's outcome."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,32 +28,25 @@ from sluicegate.api.asgi import (
 )
 from sluicegate.api.auth import Authenticator, key_digest, unauthorised
 from sluicegate.api.payloads import parse
-from sluicegate.core.call import Call
 from sluicegate.core.clock import Clock
 from sluicegate.core.errors import ErrorType, GatewayError, bad_request
-from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Endpoint, Settings, Tenant
 from sluicegate.observability.metrics import UNKNOWN_MODEL, GatewayMetrics
-from sluicegate.pipeline import Pipeline
-from sluicegate.providers.base import UpstreamResponse
+from sluicegate.pipeline import Answer, Inbound, Pipeline
 
 log = logging.getLogger("sluicegate")
-
-REFUSALS = frozenset(Refusal)
 
 
 @dataclass(slots=True)
 class Exchange:
-    """What the edge learns about one request while answering it, for the outcome record."""
+    """What the edge learns about one request while answering it."""
 
     send: Send
     arrived_s: float
-    call: Call | None = None
-    status: int = 499
     started: bool = False
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        self.status, self.started = status, True
+        self.started = True
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
 
@@ -99,91 +92,73 @@ class Gateway:
         in_flight = self._metrics.in_flight(endpoint.value)
         in_flight.inc()
         try:
-            await self._serve(endpoint, scope, receive, exchange)
+            inbound = self._inbound(endpoint, scope, receive, exchange.arrived_s)
         except GatewayError as err:
-            await self._fail(endpoint, exchange, err)
+            self._metrics.answered(endpoint.value, UNKNOWN_MODEL, err.status)
+            await self._fail(exchange, err)
+            in_flight.dec()
+            return
+        try:
+            await self._serve(inbound, exchange)
+        except GatewayError as err:
+            await self._fail(exchange, err)
         except ClientDisconnected:
-            exchange.status = 499
+            pass
         except Exception:
             log.exception("unexpected failure on %s", endpoint.path)
-            await self._fail(endpoint, exchange, _internal())
+            await self._fail(exchange, _internal())
         finally:
             in_flight.dec()
-            self._record(endpoint, exchange)
 
-    async def _serve(
-        self, endpoint: Endpoint, scope: Scope, receive: Receive, exchange: Exchange
-    ) -> None:
-        """The request's whole life; every permit taken is released when this returns."""
-        pipeline = self._pipeline
-        async with AsyncExitStack() as permits:
-            tenant = self._authenticate(scope)
-            await pipeline.enter(endpoint, tenant, permits)
-            payload = parse(endpoint, await read_body(receive, self._settings.max_body_bytes))
-            call = pipeline.resolve(
-                tenant,
-                endpoint,
-                payload,
-                exchange.arrived_s,
-                _timeout_s(scope),
-                _lane(scope),
-                _client_retries(scope),
-            )
-            exchange.call = call
-            await pipeline.charge(call, permits)
-            async with DisconnectWatcher(receive), pipeline.attempt(call) as upstream:
-                if call.stream:
-                    await self._relay_stream(exchange, call, upstream)
-                else:
-                    body = await upstream.read()
-                    call.first_byte_s = self._clock.now()
-            if call.stream:
-                await exchange.send({"type": "http.response.body", "body": b""})
+    def _inbound(
+        self, endpoint: Endpoint, scope: Scope, receive: Receive, arrived_s: float
+    ) -> Inbound:
+        """What the headers say; the body is read by the pipeline, after the gates."""
+        limit = self._settings.max_body_bytes
+
+        async def payload() -> dict[str, Any]:
+            return parse(endpoint, await read_body(receive, limit))
+
+        return Inbound(
+            endpoint,
+            self._authenticate(scope),
+            arrived_s,
+            payload,
+            _timeout_s(scope),
+            _lane(scope),
+            _client_retries(scope),
+            watch=lambda: DisconnectWatcher(receive),
+        )
+
+    async def _serve(self, inbound: Inbound, exchange: Exchange) -> None:
+        """The request's whole life; every permit taken is released when `run` ends.
+        The response's final message goes out after that, outside the disconnect
+        watcher."""
+        async with self._pipeline.run(inbound) as answer:
+            if answer.call.stream:
+                await self._relay_stream(exchange, answer)
             else:
-                await exchange.start(200, JSON_HEADERS)
-                await exchange.send({"type": "http.response.body", "body": body})
+                body = await answer.read()
+        if exchange.started:
+            await exchange.send({"type": "http.response.body", "body": b""})
+        else:
+            await exchange.start(200, JSON_HEADERS)
+            await exchange.send({"type": "http.response.body", "body": body})
 
-    async def _relay_stream(
-        self, exchange: Exchange, call: Call, upstream: UpstreamResponse
-    ) -> None:
-        """Pass upstream bytes through as they arrive: no buffering, no re-serialisation.
-        The caller ends the response, outside the disconnect watcher."""
+    async def _relay_stream(self, exchange: Exchange, answer: Answer) -> None:
+        """Pass upstream bytes through as they arrive: no buffering, no re-serialisation."""
         send = exchange.send
         await exchange.start(200, SSE_HEADERS)
-        async for chunk in upstream.chunks():
-            if call.first_byte_s is None:
-                call.first_byte_s = self._clock.now()
-                self._pipeline.first_token(call, call.first_byte_s - exchange.arrived_s)
+        async for chunk in answer.chunks():
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
-    async def _fail(self, endpoint: Endpoint, exchange: Exchange, err: GatewayError) -> None:
+    async def _fail(self, exchange: Exchange, err: GatewayError) -> None:
         """Answer an error; once a stream has started, end it with an explicit error event."""
-        if err.code in REFUSALS:
-            self._metrics.refused(endpoint.value, err.code, err.status)
         if exchange.started:
             event = b"data: " + error_body(err) + b"\n\n"
             await exchange.send({"type": "http.response.body", "body": event})
         else:
             await send_error(exchange.send, err)
-        exchange.status = err.status
-
-    def _record(self, endpoint: Endpoint, exchange: Exchange) -> None:
-        call = exchange.call
-        model = UNKNOWN_MODEL if call is None else call.model.name
-        self._metrics.answered(endpoint.value, model, exchange.status)
-        if call is None or exchange.status != 200:
-            return
-        dispatched, first_byte = call.dispatched_s, call.first_byte_s
-        if dispatched is None or first_byte is None:
-            return
-        now = self._clock.now()
-        bound = self._metrics.route(endpoint.value, model)
-        bound.latency.observe(now - exchange.arrived_s)
-        bound.admission.observe(dispatched - exchange.arrived_s)
-        bound.upstream.observe(first_byte - dispatched)
-        if call.stream:
-            bound.ttft.observe(first_byte - exchange.arrived_s)
-            bound.stream.observe(now - first_byte)
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:

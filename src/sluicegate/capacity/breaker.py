@@ -94,6 +94,13 @@ class Breaker:
         if self.state is BreakerState.HALF_OPEN:
             self._probes += 1
 
+    def abandoned(self) -> None:
+        """An attempt ended without evidence either way (cancelled, its caller gone, a
+        lost hedge): a probe gives its slot back and the state stays as it is."""
+        self.in_flight -= 1
+        if self.state is BreakerState.HALF_OPEN:
+            self._probes = max(0, self._probes - 1)
+
     def record(self, ok: bool) -> None:
         self.in_flight -= 1
         if self.state is BreakerState.HALF_OPEN:

@@ -41,8 +41,13 @@ class BackendGate(Protocol):
         """A request was dispatched to the backend."""
         ...
 
+    def withdraw(self) -> None:
+        """A `sent()` request did not go out after all (a pool refused it)."""
+        ...
+
     def done(self, first_byte_s: float | None) -> None:
-        """A dispatched request ended; `first_byte_s` is its time to first byte, if any."""
+        """A dispatched request ended; `first_byte_s` is its time to first byte, when it
+        is evidence of the backend's speed."""
         ...
 
     def state(self) -> GateState: ...
@@ -71,6 +76,9 @@ class OpenGate(_Listeners):
         return True
 
     def sent(self) -> None:
+        return None
+
+    def withdraw(self) -> None:
         return None
 
     def done(self, first_byte_s: float | None) -> None:
@@ -142,6 +150,9 @@ class MetricsGate(_Listeners):
     def sent(self) -> None:
         self._sent += 1
 
+    def withdraw(self) -> None:
+        self._sent -= 1
+
     def done(self, first_byte_s: float | None) -> None:
         self._done += 1
 
@@ -171,6 +182,10 @@ class AimdGate(_Listeners):
 
     def sent(self) -> None:
         self.in_flight += 1
+
+    def withdraw(self) -> None:
+        self.in_flight -= 1
+        self._changed()
 
     def done(self, first_byte_s: float | None) -> None:
         self.in_flight -= 1

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sluicegate.core.types import Endpoint, Lane, Model, RoutePolicy, Tenant
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Call:
-    """Who asks for what, the caller's deadline, and the token accounting of its attempt.
+    """Who asks for what, the caller's deadline and the request's estimates; fixed once
+    resolved. What happens to each upstream attempt belongs to that attempt.
 
     `arrived_s` is when the caller's clock started (the request arrived), so every wait
-    counts against `deadline_s`. `used_tokens` stays None until a provider reports usage.
+    counts against `deadline_s`. `payload` is the caller's body as admitted (rewritten
+    only by the lane's caps and the degradation ladder, before this was built); each
+    attempt sends its own copy, built for its deployment.
     """
 
     endpoint: Endpoint
@@ -27,10 +30,15 @@ class Call:
     deadline_s: float
     prompt_tokens: int
     reserved_tokens: int
-    used_tokens: int | None = None
-    dispatched_s: float | None = None
-    first_byte_s: float | None = None
-    excluded: set[str] = field(default_factory=set)
-    """Deployments that already failed this request: tried last, if at all."""
     client_retries: int = 0
     """How many times the caller says it already sent this request (its SDK's header)."""
+
+
+class Tally:
+    """The tokens a request's answer really used, as its provider reported them: what the
+    request's own quotas are settled against once it has ended. None while unknown."""
+
+    __slots__ = ("used_tokens",)
+
+    def __init__(self) -> None:
+        self.used_tokens: int | None = None

@@ -22,6 +22,10 @@ class ErrorType(enum.StrEnum):
 CONTEXT_LENGTH = "context_length_exceeded"
 
 
+class CallerGone(Exception):
+    """The caller went away; whatever it was waiting for has been cancelled."""
+
+
 class GatewayError(Exception):
     """A refusal or failure with everything needed to answer it.
 

@@ -4,9 +4,14 @@ A request that finds nobody queued ahead of it in its lane or above is dispatche
 once if a deployment can take it. Otherwise it joins its lane's queue and waits,
 within its deadline and the lane's age limit, while the dispatcher serves lanes in
 priority order and tenants within a lane in the fairness policy's order. Dispatching
-takes every pool permit and token reservation the attempt needs; the grant owns them
-until `release`. The dispatcher wakes on events (arrival, release, a backend sample,
-a rate limit's next slot), never on a polling tick.
+takes every pool permit and token reservation the attempt needs; the attempt owns them
+until `release`, which undoes exactly what dispatching recorded. The dispatcher wakes
+on events (arrival, release, a backend sample, a rate limit's next slot, a timer on
+its clock), never on a polling tick.
+
+Every check and the bookkeeping it guards happen in one synchronous step, before the
+first await (the pool permits): a limit store that yields cannot let two attempts pass
+a check that only one of them fits.
 """
 
 from __future__ import annotations
@@ -15,45 +20,18 @@ import asyncio
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from sluicegate.capacity.breaker import Breaker
-from sluicegate.capacity.gates import BackendGate
-from sluicegate.capacity.pools import Pool, PoolPermit
+from sluicegate.capacity.pools import PoolPermit
 from sluicegate.core.call import Call
 from sluicegate.core.clock import Clock, Timer
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.refusals import Refusal
-from sluicegate.core.types import Deployment, Lane
+from sluicegate.core.types import Lane
+from sluicegate.scheduling.attempt import Attempt, Outcome, Target
 from sluicegate.scheduling.fairness import FairnessPolicy
 from sluicegate.scheduling.queues import LaneQueue, Waiter
 from sluicegate.scheduling.yielding import Yielding
-
-
-@dataclass(slots=True)
-class Target:
-    """A deployment as the dispatcher sees it: its pools, backend gate and breaker."""
-
-    deployment: Deployment
-    pools: tuple[Pool, ...]
-    gate: BackendGate
-    breaker: Breaker
-
-    @property
-    def full(self) -> int:
-        return min(pool.limits.max_concurrency for pool in self.pools)
-
-
-@dataclass(slots=True)
-class Grant:
-    """The right to run one attempt on `target`; it owns the attempt's pool permits."""
-
-    target: Target
-    lane: Lane
-    permits: list[PoolPermit] = field(default_factory=list)
-    charged_output: int = 0
-    failed: bool = False
-    """Set when the attempt failed in a way that counts against the deployment."""
 
 
 @dataclass(slots=True)
@@ -87,7 +65,7 @@ class Dispatcher:
         """Streamed top-lane requests dispatched and still waiting for their first token,
         while lower lanes yield: a background prefill sent now would share their engine
         steps and delay exactly the first tokens the target protects."""
-        self.queues: dict[str, LaneQueue[Grant | GatewayError]] = {
+        self.queues: dict[str, LaneQueue[Attempt]] = {
             lane.name: LaneQueue(lane, fairness(lane)) for lane in self.lanes
         }
         self.stats = {lane.name: LaneStats() for lane in self.lanes}
@@ -114,17 +92,18 @@ class Dispatcher:
     def kick(self) -> None:
         self._kicked.set()
 
-    def first_token(self, call: Call, ttft_s: float) -> None:
+    def first_token(self, attempt: Attempt, ttft_s: float) -> None:
         """A streamed request got its first token `ttft_s` after arrival."""
-        if self.yielding is not None and call.lane is self.protected:
+        if self.yielding is not None and attempt.lane is self.protected:
             self.yielding.observe(ttft_s)
-            self._prefilled(call)
+            self._prefilled(attempt)
 
-    def _prefilled(self, call: Call) -> None:
-        """`call` no longer waits for its first token: lower lanes may go once none does."""
+    def _prefilled(self, attempt: Attempt) -> None:
+        """`attempt` no longer waits for its first token: lower lanes may go once none
+        does."""
         prefilling = self._prefilling
-        if id(call) in prefilling:
-            prefilling.discard(id(call))
+        if id(attempt) in prefilling:
+            prefilling.discard(id(attempt))
             if not prefilling:
                 self.kick()
 
@@ -134,16 +113,17 @@ class Dispatcher:
             self._kicked.clear()
             await self._pump()
 
-    async def acquire(self, call: Call) -> Grant:
-        """A grant for `call`'s attempt, at once or after a wait in its lane's queue."""
-        lane = call.lane
+    async def acquire(self, attempt: Attempt) -> None:
+        """Grant `attempt` a deployment and its permits, at once or after a wait in its
+        lane's queue; raise the refusal otherwise. Once this returns, the attempt is
+        the caller's to `release`."""
+        call, lane = attempt.call, attempt.lane
         ahead = self._queued_ahead(lane)
         if not ahead and not self._paused(lane):
-            outcome = await self._try(call, lane)
-            if isinstance(outcome, Grant):
-                self._dispatched(outcome, call, 0.0)
-                return outcome
-            refusal = outcome
+            refusal = await self._try(attempt)
+            if refusal is None:
+                self._dispatched(attempt, 0.0)
+                return
         else:
             refusal = Refusal.CAPACITY.error(f"lane {lane.name} has requests waiting ahead")
         if lane.queue_size == 0 or self._outlasts(refusal, call, self.clock.now()):
@@ -152,32 +132,44 @@ class Dispatcher:
         queue = self.queues[lane.name]
         if queue.full:
             raise Refusal.QUEUE_FULL.error(f"the {lane.name} queue of {self.model} is full")
-        waiter: Waiter[Grant | GatewayError] = Waiter(call, lane, self.clock.now())
+        waiter = Waiter(attempt, call, lane, self.clock.now())
         queue.push(waiter)
         self.kick()
-        return await self._wait(waiter, queue)
+        await self._wait(waiter, queue)
 
-    async def release(self, grant: Grant, call: Call) -> None:
-        """End an attempt: free its permits (settling tokens), tell the gate, and correct
-        the fairness charge with the output really produced."""
+    async def release(self, attempt: Attempt) -> None:
+        """End an attempt: undo what dispatching it recorded, learn from its outcome only
+        when it is evidence, and free its permits (settling tokens against its usage)."""
+        target = attempt.target
+        if target is None:
+            return
+        if attempt.dispatched_s is None:
+            self._unreserve(attempt)
+        else:
+            self._ended(attempt, target)
+        attempt.target = None
         try:
-            for permit in grant.permits:
-                await permit.release(call.used_tokens)
+            await _free(attempt.permits, attempt.used_tokens)
         finally:
-            first_byte = None
-            if call.first_byte_s is not None and call.dispatched_s is not None:
-                first_byte = call.first_byte_s - call.dispatched_s
-            grant.target.gate.done(first_byte)
-            self._prefilled(call)
-            grant.target.breaker.record(not grant.failed)
-            for pool in grant.target.pools:
-                self._lane_use[(pool.name, grant.lane.name)] -= 1
-            self.stats[grant.lane.name].in_flight -= 1
-            if call.used_tokens is not None:
-                produced = max(0, call.used_tokens - call.prompt_tokens)
-                fairness = self.queues[grant.lane.name].fairness
-                fairness.charge(call.tenant.name, 0, produced - grant.charged_output)
             self.kick()
+
+    def _ended(self, attempt: Attempt, target: Target) -> None:
+        """The mirror of `_reserve` and `_dispatched` for an attempt that went out."""
+        outcome = attempt.outcome or Outcome.ABANDONED
+        evidence = outcome.is_evidence
+        target.gate.done(attempt.first_byte_after_s if evidence else None)
+        if evidence:
+            target.breaker.record(outcome is Outcome.OK)
+        else:
+            target.breaker.abandoned()
+        self._count_lane(target, attempt.lane, -1)
+        self._prefilled(attempt)
+        self.stats[attempt.lane.name].in_flight -= 1
+        if attempt.used_tokens is not None:
+            call = attempt.call
+            produced = max(0, attempt.used_tokens - call.prompt_tokens)
+            fairness = self.queues[attempt.lane.name].fairness
+            fairness.charge(call.tenant.name, 0, produced - attempt.charged_output)
 
     def _queued_ahead(self, lane: Lane) -> int:
         return sum(
@@ -220,9 +212,7 @@ class Dispatcher:
                 f"{bound:g}s limit; retry later"
             )
 
-    async def _wait(
-        self, waiter: Waiter[Grant | GatewayError], queue: LaneQueue[Grant | GatewayError]
-    ) -> Grant:
+    async def _wait(self, waiter: Waiter[Attempt], queue: LaneQueue[Attempt]) -> None:
         """The intentional wait point: bounded by the lane's age limit and the deadline,
         both timed on the dispatcher's clock."""
         call, lane = waiter.call, waiter.lane
@@ -232,24 +222,19 @@ class Dispatcher:
             min(age_limit, deadline), lambda: self._expire(waiter, queue, deadline <= age_limit)
         )
         try:
-            outcome = await waiter.future
+            refusal = await waiter.future
         except asyncio.CancelledError:
             queue.remove(waiter)
-            grant = _granted(waiter)
-            if grant is not None:
-                await self.release(grant, call)
+            if _granted(waiter):
+                await self.release(waiter.item)
             raise
         finally:
             timer.cancel()
-        if isinstance(outcome, GatewayError):
-            raise outcome.renewed()
-        return outcome
+        if refusal is not None:
+            raise refusal.renewed()
 
     def _expire(
-        self,
-        waiter: Waiter[Grant | GatewayError],
-        queue: LaneQueue[Grant | GatewayError],
-        by_deadline: bool,
+        self, waiter: Waiter[Attempt], queue: LaneQueue[Attempt], by_deadline: bool
     ) -> None:
         """Answer a request still queued when its deadline or its lane's age limit came."""
         if not queue.remove(waiter) or waiter.future.done():
@@ -277,19 +262,19 @@ class Dispatcher:
                 waiter = queue.head()
                 if waiter is None:
                     continue
-                outcome = await self._try(waiter.call, lane)
-                if isinstance(outcome, GatewayError):
-                    if not self._outlasts(outcome, waiter.call, waiter.enqueued_s):
+                attempt = waiter.item
+                refusal = await self._try(attempt)
+                if refusal is not None:
+                    if not self._outlasts(refusal, waiter.call, waiter.enqueued_s):
                         continue
                     if queue.remove(waiter) and not waiter.future.done():
-                        waiter.future.set_result(outcome)
+                        waiter.future.set_result(refusal)
                     break
                 if not queue.remove(waiter) or waiter.future.done():
-                    await self.release(outcome, waiter.call)
+                    await self.release(attempt)
                 else:
-                    wait_s = self.clock.now() - waiter.enqueued_s
-                    self._dispatched(outcome, waiter.call, wait_s)
-                    waiter.future.set_result(outcome)
+                    self._dispatched(attempt, self.clock.now() - waiter.enqueued_s)
+                    waiter.future.set_result(None)
                 break
             else:
                 return
@@ -309,19 +294,22 @@ class Dispatcher:
 
         return sorted(self.lanes, key=lambda lane: not starving(lane))
 
-    def _candidates(self, call: Call) -> list[Target]:
+    def _candidates(self, attempt: Attempt) -> list[Target]:
         """The chain in order, or rotated; deployments that failed this request go last."""
         targets = self.targets
         if not self._chain:
             start = next(self._turn) % len(targets)
             targets = targets[start:] + targets[:start]
-        if not call.excluded:
+        avoid = attempt.avoid
+        if not avoid:
             return targets
-        fresh = [t for t in targets if t.deployment.name not in call.excluded]
+        fresh = [t for t in targets if t.deployment.name not in avoid]
         return fresh or targets
 
-    async def _try(self, call: Call, lane: Lane) -> Grant | GatewayError:
-        """Take every permit on the first candidate deployment that admits the lane."""
+    async def _try(self, attempt: Attempt) -> GatewayError | None:
+        """Reserve the first candidate deployment that admits the lane and take every
+        permit there; None once `attempt` holds them, else the refusal to answer."""
+        lane = attempt.lane
         if self._prefilling and self._yielding_for(lane) is not None:
             return Refusal.CAPACITY.error(f"lane {lane.name} yields to first tokens due")
         pace = self._pace_wait_s(lane)
@@ -332,47 +320,66 @@ class Dispatcher:
         # When a refusal may end: callers are told a later, spread time, but the
         # dispatcher itself looks again at the earliest one.
         wakes: list[float] = []
-        for target in self._candidates(call):
-            breaker = target.breaker
-            if not breaker.allows():
-                reopens = breaker.reopens_in()
-                wakes += [] if reopens is None else [reopens]
-                refusals.append(
-                    Refusal.CIRCUIT_OPEN.error(
-                        f"deployment {target.deployment.name} is failing; its circuit is open",
-                        breaker.spread(reopens),
-                    )
-                )
+        for target in self._candidates(attempt):
+            refusal, wake = self._check(target, lane)
+            if refusal is not None:
+                refusals.append(refusal)
+                wakes += [] if wake is None else [wake]
                 continue
-            if breaker.in_flight >= breaker.limit(target.full):
-                cooling = breaker.ramp_starts_in()
-                wakes += [] if cooling is None else [cooling]
-                refusals.append(_ramp_refusal(target, breaker.spread(cooling)))
-                continue
-            if not target.gate.admits(lane):
-                refusals.append(
-                    Refusal.BACKEND_BUSY.error(f"deployment {target.deployment.name} is busy")
-                )
-                continue
-            if not self._within_share(target, lane):
-                refusals.append(
-                    Refusal.CAPACITY.error(f"lane {lane.name} is at its share of the pools")
-                )
-                continue
-            grant = Grant(target, lane)
+            self._reserve(attempt, target)
             try:
-                for pool in target.pools:
-                    grant.permits.append(await pool.acquire(call.reserved_tokens))
+                attempt.permits = await _take(target, attempt.call.reserved_tokens)
             except GatewayError as err:
-                for permit in grant.permits:
-                    await permit.release(0)
+                self._unreserve(attempt)
                 refusals.append(err)
                 wakes += [] if err.retry_after_s is None else [err.retry_after_s]
                 continue
-            return grant
+            except BaseException:
+                self._unreserve(attempt)
+                raise
+            return None
         if wakes:
             self._retry_after(min(wakes))
         return _most_telling(refusals)
+
+    def _check(self, target: Target, lane: Lane) -> tuple[GatewayError | None, float | None]:
+        """May `lane` go to `target` now? If not, why, and when that may change."""
+        breaker = target.breaker
+        name = target.deployment.name
+        if not breaker.allows():
+            reopens = breaker.reopens_in()
+            message = f"deployment {name} is failing; its circuit is open"
+            return Refusal.CIRCUIT_OPEN.error(message, breaker.spread(reopens)), reopens
+        if breaker.in_flight >= breaker.limit(target.full):
+            cooling = breaker.ramp_starts_in()
+            return _ramp_refusal(target, breaker.spread(cooling)), cooling
+        if not target.gate.admits(lane):
+            return Refusal.BACKEND_BUSY.error(f"deployment {name} is busy"), None
+        if not self._within_share(target, lane):
+            message = f"lane {lane.name} is at its share of the pools"
+            return Refusal.CAPACITY.error(message), None
+        return None, None
+
+    def _reserve(self, attempt: Attempt, target: Target) -> None:
+        """Record the attempt against what `_check` counts, before any await."""
+        attempt.target = target
+        target.gate.sent()
+        target.breaker.started()
+        self._count_lane(target, attempt.lane, 1)
+
+    def _unreserve(self, attempt: Attempt) -> None:
+        """Undo `_reserve` for an attempt that did not go out."""
+        target = attempt.target
+        assert target is not None
+        target.gate.withdraw()
+        target.breaker.abandoned()
+        self._count_lane(target, attempt.lane, -1)
+        attempt.target = None
+
+    def _count_lane(self, target: Target, lane: Lane, delta: int) -> None:
+        for pool in target.pools:
+            key = (pool.name, lane.name)
+            self._lane_use[key] = self._lane_use.get(key, 0) + delta
 
     def _pace_wait_s(self, lane: Lane) -> float:
         paced = 0.0
@@ -398,31 +405,28 @@ class Dispatcher:
                 return False
         return True
 
-    def _dispatched(self, grant: Grant, call: Call, wait_s: float) -> None:
-        grant.target.gate.sent()
-        grant.target.breaker.started()
-        for pool in grant.target.pools:
-            key = (pool.name, grant.lane.name)
-            self._lane_use[key] = self._lane_use.get(key, 0) + 1
+    def _dispatched(self, attempt: Attempt, wait_s: float) -> None:
+        """The attempt is the caller's now: charge its tenant and note the dispatch."""
+        call, lane = attempt.call, attempt.lane
         output = call.reserved_tokens - call.prompt_tokens
-        grant.charged_output = output
-        self.queues[grant.lane.name].fairness.charge(call.tenant.name, call.prompt_tokens, output)
-        stats = self.stats[grant.lane.name]
+        attempt.charged_output = output
+        self.queues[lane.name].fairness.charge(call.tenant.name, call.prompt_tokens, output)
+        stats = self.stats[lane.name]
         stats.dispatched += 1
         stats.in_flight += 1
         stats.wait_s_total += wait_s
         if self._on_wait is not None:
-            self._on_wait(self.model, grant.lane.name, wait_s)
-        now = call.dispatched_s = self.clock.now()
-        yielding = self._yielding_for(grant.lane)
+            self._on_wait(self.model, lane.name, wait_s)
+        now = attempt.dispatched_s = self.clock.now()
+        yielding = self._yielding_for(lane)
         if yielding is not None:
             yielding.dispatched()
-        elif self.yielding is not None and grant.lane is self.protected and call.stream:
-            self._prefilling.add(id(call))
-        rate = grant.lane.max_dispatch_rate
+        elif self.yielding is not None and lane is self.protected and call.stream:
+            self._prefilling.add(id(attempt))
+        rate = lane.max_dispatch_rate
         if rate is not None:
-            earliest = max(self._next_dispatch_s.get(grant.lane.name, now), now)
-            self._next_dispatch_s[grant.lane.name] = earliest + 1.0 / rate
+            earliest = max(self._next_dispatch_s.get(lane.name, now), now)
+            self._next_dispatch_s[lane.name] = earliest + 1.0 / rate
         if self._last_dispatch_s is not None:
             gap = now - self._last_dispatch_s
             previous = self.dispatch_interval_s
@@ -453,12 +457,34 @@ def _ramp_refusal(target: Target, cooling: float | None) -> GatewayError:
     return Refusal.CAPACITY.error(f"deployment {name} is ramping up after a recovery")
 
 
-def _granted(waiter: Waiter[Grant | GatewayError]) -> Grant | None:
+def _granted(waiter: Waiter[Attempt]) -> bool:
     future = waiter.future
-    if not future.done() or future.cancelled():
-        return None
-    outcome = future.result()
-    return outcome if isinstance(outcome, Grant) else None
+    return future.done() and not future.cancelled() and future.result() is None
+
+
+async def _take(target: Target, tokens: int) -> list[PoolPermit]:
+    """A permit from every pool of `target`, or none: whatever was taken before a
+    refusal or a cancellation is given back."""
+    permits: list[PoolPermit] = []
+    try:
+        for pool in target.pools:
+            permits.append(await pool.acquire(tokens))
+    except BaseException:
+        await _free(permits, 0)
+        raise
+    return permits
+
+
+async def _free(permits: list[PoolPermit], used_tokens: int | None) -> None:
+    """Release every permit, even when one release fails."""
+    errors: list[BaseException] = []
+    for permit in permits:
+        try:
+            await permit.release(used_tokens)
+        except BaseException as err:
+            errors.append(err)
+    if errors:
+        raise errors[0]
 
 
 def _most_telling(refusals: list[GatewayError]) -> GatewayError:

@@ -15,6 +15,7 @@ from collections import deque
 from typing import Generic, TypeVar
 
 from sluicegate.core.call import Call
+from sluicegate.core.errors import GatewayError
 from sluicegate.core.types import Lane
 from sluicegate.scheduling.fairness import FairnessPolicy
 
@@ -22,15 +23,21 @@ G = TypeVar("G")
 
 
 class Waiter(Generic[G]):
-    """A queued request; its future receives the grant that lets it run."""
+    """A queued `item` (an attempt of `call`). Its future is set to None once the item
+    was granted what it waited for, or to a refusal that was never raised: raising it
+    from the waiting frame, which can reach this future, would leave a reference cycle
+    (raise `renewed()` instead)."""
 
-    __slots__ = ("call", "enqueued_s", "future", "lane")
+    __slots__ = ("call", "enqueued_s", "future", "item", "lane")
 
-    def __init__(self, call: Call, lane: Lane, enqueued_s: float) -> None:
+    def __init__(self, item: G, call: Call, lane: Lane, enqueued_s: float) -> None:
+        self.item = item
         self.call = call
         self.lane = lane
         self.enqueued_s = enqueued_s
-        self.future: asyncio.Future[G] = asyncio.get_running_loop().create_future()
+        self.future: asyncio.Future[GatewayError | None] = (
+            asyncio.get_running_loop().create_future()
+        )
 
     @property
     def flow(self) -> str:

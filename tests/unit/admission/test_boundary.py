@@ -5,7 +5,7 @@ from contextlib import AsyncExitStack
 import pytest
 
 from sluicegate.admission.boundary import Boundary
-from sluicegate.core.call import Call
+from sluicegate.core.call import Call, Tally
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.limits import Rate
 from sluicegate.core.types import Endpoint, Lane, Model, Quota, RoutePolicy, Tenant
@@ -37,8 +37,8 @@ async def test_tenant_concurrency_is_429_without_retry_after_and_released_on_exi
     gate, store = boundary()
     tenant = Tenant("a", None, Quota(max_concurrency=1))
     async with AsyncExitStack() as permits:
-        await gate.enter(Endpoint.CHAT, tenant, permits)
-        err = await refusal(gate.enter(Endpoint.CHAT, tenant, AsyncExitStack()))
+        await gate.enter(Endpoint.CHAT, tenant, permits, True)
+        err = await refusal(gate.enter(Endpoint.CHAT, tenant, AsyncExitStack(), True))
         assert (err.status, err.code, err.retry_after_s) == (
             429,
             "tenant_concurrency_limited",
@@ -50,23 +50,23 @@ async def test_tenant_concurrency_is_429_without_retry_after_and_released_on_exi
 async def test_route_and_aggregate_concurrency_are_503():
     gate, store = boundary(RoutePolicy(max_concurrency=1), Quota(max_concurrency=5))
     async with AsyncExitStack() as permits:
-        await gate.enter(Endpoint.CHAT, Tenant("a", None), permits)
-        err = await refusal(gate.enter(Endpoint.CHAT, Tenant("b", None), AsyncExitStack()))
+        await gate.enter(Endpoint.CHAT, Tenant("a", None), permits, True)
+        err = await refusal(gate.enter(Endpoint.CHAT, Tenant("b", None), AsyncExitStack(), True))
         assert (err.status, err.code) == (503, "capacity_exhausted")
-        await gate.enter(Endpoint.EMBEDDINGS, Tenant("b", None), permits)
+        await gate.enter(Endpoint.EMBEDDINGS, Tenant("b", None), permits, True)
     assert await store.in_use("aggregate") == 0
 
 
 async def test_a_refused_later_gate_leaves_no_earlier_slot_taken():
     gate, store = boundary(aggregate=Quota(max_concurrency=1))
     async with AsyncExitStack() as permits:
-        await gate.enter(Endpoint.CHAT, Tenant("a", None, Quota(max_concurrency=3)), permits)
+        await gate.enter(Endpoint.CHAT, Tenant("a", None, Quota(max_concurrency=3)), permits, True)
     async with AsyncExitStack() as held:
-        await gate.enter(Endpoint.CHAT, Tenant("x", None), held)
+        await gate.enter(Endpoint.CHAT, Tenant("x", None), held, True)
         with pytest.raises(GatewayError):
             async with AsyncExitStack() as permits:
                 await gate.enter(
-                    Endpoint.CHAT, Tenant("a", None, Quota(max_concurrency=3)), permits
+                    Endpoint.CHAT, Tenant("a", None, Quota(max_concurrency=3)), permits, True
                 )
         assert await store.in_use("tenant:a") == 0
 
@@ -75,8 +75,8 @@ async def test_tenant_rate_is_429_with_the_windows_retry_after():
     gate, _ = boundary()
     tenant = Tenant("a", None, Quota(requests=Rate(2, 60, 2)))
     for _ in range(2):
-        await gate.charge(call(tenant), AsyncExitStack())
-    err = await refusal(gate.charge(call(tenant), AsyncExitStack()))
+        await gate.charge(call(tenant), AsyncExitStack(), Tally())
+    err = await refusal(gate.charge(call(tenant), AsyncExitStack(), Tally()))
     assert (err.status, err.code, err.retry_after_s) == (
         429,
         "tenant_rate_limited",
@@ -87,8 +87,8 @@ async def test_tenant_rate_is_429_with_the_windows_retry_after():
 async def test_token_quota_limits_by_tokens_not_by_requests_and_refunds_the_request():
     gate, store = boundary()
     tenant = Tenant("a", None, Quota(requests=Rate(100, 60, 100), tokens=Rate(1000, 60, 1000)))
-    await gate.charge(call(tenant, reserved=900), AsyncExitStack())
-    err = await refusal(gate.charge(call(tenant, reserved=200), AsyncExitStack()))
+    await gate.charge(call(tenant, reserved=900), AsyncExitStack(), Tally())
+    err = await refusal(gate.charge(call(tenant, reserved=200), AsyncExitStack(), Tally()))
     assert err.code == "tenant_token_limited"
     assert err.retry_after_s == pytest.approx(6.0)
     assert await store.available("tenant:a:requests", Rate(100, 60, 100)) == pytest.approx(99)
@@ -100,9 +100,10 @@ async def test_token_reservation_is_settled_with_the_reported_usage():
     tenant = Tenant("a", None, Quota(tokens=rate))
     admitted = call(tenant, reserved=800)
     async with AsyncExitStack() as permits:
-        await gate.charge(admitted, permits)
+        tally = Tally()
+        await gate.charge(admitted, permits, tally)
         assert await store.available("tenant:a:tokens", rate) == pytest.approx(200)
-        admitted.used_tokens = 50
+        tally.used_tokens = 50
     assert await store.available("tenant:a:tokens", rate) == pytest.approx(950)
 
 
@@ -110,9 +111,9 @@ async def test_aggregate_rate_is_503_even_when_each_tenant_is_within_its_own():
     gate, _ = boundary(aggregate=Quota(requests=Rate(3, 60, 3)))
     for name in "abc":
         await gate.charge(
-            call(Tenant(name, None, Quota(requests=Rate(10, 60, 10)))), AsyncExitStack()
+            call(Tenant(name, None, Quota(requests=Rate(10, 60, 10)))), AsyncExitStack(), Tally()
         )
-    err = await refusal(gate.charge(call(Tenant("d", None)), AsyncExitStack()))
+    err = await refusal(gate.charge(call(Tenant("d", None)), AsyncExitStack(), Tally()))
     assert (err.status, err.code) == (503, "capacity_exhausted")
     assert err.retry_after_s == pytest.approx(20)
 
@@ -120,7 +121,9 @@ async def test_aggregate_rate_is_503_even_when_each_tenant_is_within_its_own():
 async def test_prompt_over_budget_is_400_naming_the_budget():
     gate, _ = boundary()
     err = await refusal(
-        gate.charge(call(Tenant("a", None, max_prompt_tokens=50), prompt=51), AsyncExitStack())
+        gate.charge(
+            call(Tenant("a", None, max_prompt_tokens=50), prompt=51), AsyncExitStack(), Tally()
+        )
     )
     assert (err.status, err.code, err.should_retry) == (400, "prompt_too_long", False)
     assert "at most 50" in err.message
@@ -128,6 +131,7 @@ async def test_prompt_over_budget_is_400_naming_the_budget():
         gate.charge(
             call(Tenant("a", None), prompt=51, route=RoutePolicy(max_prompt_tokens=40)),
             AsyncExitStack(),
+            Tally(),
         )
     )
     assert "route chat allows at most 40" in err.message
@@ -136,7 +140,23 @@ async def test_prompt_over_budget_is_400_naming_the_budget():
 async def test_a_request_larger_than_the_whole_quota_is_not_worth_retrying():
     gate, _ = boundary()
     tenant = Tenant("a", None, Quota(tokens=Rate(1000, 60, 1000)))
-    err = await refusal(gate.charge(call(tenant, reserved=5000), AsyncExitStack()))
+    err = await refusal(gate.charge(call(tenant, reserved=5000), AsyncExitStack(), Tally()))
     assert err.should_retry is False
     assert err.retry_after_s is None
     assert "needs 5000 tokens" in err.message
+
+
+async def test_work_that_is_not_interactive_takes_only_the_tenants_slot():
+    """Jobs are bound by their tenant's concurrency, not by the HTTP route's or the
+    aggregate's, which guard interactive traffic."""
+    gate, store = boundary(route=RoutePolicy(max_concurrency=1), aggregate=Quota(max_concurrency=1))
+    tenant = Tenant("a", None, Quota(max_concurrency=2))
+    async with AsyncExitStack() as permits:
+        await gate.enter(Endpoint.CHAT, tenant, permits, False)
+        await gate.enter(Endpoint.CHAT, tenant, permits, False)
+        assert await store.in_use("tenant:a") == 2
+        assert await store.in_use("route:chat") == 0
+        assert await store.in_use("aggregate") == 0
+        err = await refusal(gate.enter(Endpoint.CHAT, tenant, AsyncExitStack(), False))
+        assert err.code == "tenant_concurrency_limited"
+    assert await store.in_use("tenant:a") == 0

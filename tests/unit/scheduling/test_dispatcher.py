@@ -26,7 +26,8 @@ from sluicegate.core.types import (
     Tenant,
     Timeouts,
 )
-from sluicegate.scheduling.dispatcher import Dispatcher, Target
+from sluicegate.scheduling.attempt import Attempt, Target
+from sluicegate.scheduling.dispatcher import Dispatcher
 from sluicegate.scheduling.fairness import VirtualTokenCounter
 from sluicegate.stores.memory import MemoryLimitStore
 from tests.support.clock import FakeClock
@@ -105,6 +106,15 @@ def call(clock: FakeClock, tenant="a", lane=INTERACTIVE, deadline_in_s=10.0) -> 
     )
 
 
+def attempt(clock: FakeClock, *args, **kwargs) -> Attempt:
+    return Attempt(call(clock, *args, **kwargs))
+
+
+async def granted(dispatcher: Dispatcher, a: Attempt) -> Attempt:
+    await dispatcher.acquire(a)
+    return a
+
+
 async def settle() -> None:
     for _ in range(5):
         await asyncio.sleep(0)
@@ -115,53 +125,49 @@ async def serve_in_turn(
 ) -> list[str]:
     """With the only permit held, queue `waiting` in order, then release one grant at a
     time and return the labels in the order they were dispatched."""
-    holder = call(clock)
-    grant, current = await dispatcher.acquire(holder), holder
+    grant = await granted(dispatcher, attempt(clock))
     tasks = {}
     for label, c in waiting:
-        tasks[asyncio.create_task(dispatcher.acquire(c))] = (label, c)
+        tasks[asyncio.create_task(granted(dispatcher, Attempt(c)))] = (label, c)
         await settle()
     order: list[str] = []
     while tasks:
-        await dispatcher.release(grant, current)
+        await dispatcher.release(grant)
         done, _ = await asyncio.wait(tasks, timeout=1, return_when=asyncio.FIRST_COMPLETED)
         assert len(done) == 1
         task = done.pop()
-        label, current = tasks.pop(task)
+        label, _ = tasks.pop(task)
         order.append(label)
         grant = task.result()
-    await dispatcher.release(grant, current)
+    await dispatcher.release(grant)
     return order
 
 
 async def test_an_idle_system_dispatches_at_once_and_release_frees_the_pool(setup, clock):
     dispatcher, pool, _ = setup
-    c = call(clock)
-    grant = await dispatcher.acquire(c)
+    grant = await granted(dispatcher, attempt(clock))
     assert pool.counters.active == 1
-    assert c.dispatched_s is not None
-    await dispatcher.release(grant, c)
+    assert grant.dispatched_s is not None
+    await dispatcher.release(grant)
     assert pool.counters.active == 0
 
 
 async def test_a_lane_without_a_queue_refuses_at_once(setup, clock):
     dispatcher, _, _ = setup
-    held = call(clock)
-    grant = await dispatcher.acquire(held)
+    grant = await granted(dispatcher, attempt(clock))
     with pytest.raises(GatewayError) as info:
-        await dispatcher.acquire(call(clock, lane=Lane("now", priority=100)))
+        await granted(dispatcher, attempt(clock, lane=Lane("now", priority=100)))
     assert info.value.code == "capacity_exhausted"
-    await dispatcher.release(grant, held)
+    await dispatcher.release(grant)
 
 
 async def test_a_release_wakes_the_next_waiter(setup, clock):
     dispatcher, pool, _ = setup
-    first = call(clock)
-    grant = await dispatcher.acquire(first)
-    waiter = asyncio.create_task(dispatcher.acquire(call(clock)))
+    grant = await granted(dispatcher, attempt(clock))
+    waiter = asyncio.create_task(granted(dispatcher, attempt(clock)))
     await settle()
     assert not waiter.done()
-    await dispatcher.release(grant, first)
+    await dispatcher.release(grant)
     second = await asyncio.wait_for(waiter, 1)
     assert pool.counters.active == 1
     assert second.lane is INTERACTIVE
@@ -182,10 +188,9 @@ async def test_a_late_tenant_is_served_before_an_earlier_backlog_drains(setup, c
 
 async def test_queued_work_expires_without_being_dispatched(setup, clock):
     dispatcher, pool, _ = setup
-    holder = call(clock)
-    grant = await dispatcher.acquire(holder)
-    aged = asyncio.create_task(dispatcher.acquire(call(clock, lane=SHORT)))
-    late = asyncio.create_task(dispatcher.acquire(call(clock, deadline_in_s=0.1)))
+    grant = await granted(dispatcher, attempt(clock))
+    aged = asyncio.create_task(granted(dispatcher, attempt(clock, lane=SHORT)))
+    late = asyncio.create_task(granted(dispatcher, attempt(clock, deadline_in_s=0.1)))
     await settle()
     assert not aged.done()
     clock.advance(0.05)
@@ -197,20 +202,19 @@ async def test_queued_work_expires_without_being_dispatched(setup, clock):
             await task
         assert (info.value.status, info.value.code) == expected
     assert all(q.size == 0 for q in dispatcher.queues.values())
-    await dispatcher.release(grant, holder)
+    await dispatcher.release(grant)
     assert pool.counters.active == 0
 
 
 async def test_a_caller_that_leaves_is_never_dispatched(setup, clock):
     dispatcher, pool, _ = setup
-    holder = call(clock)
-    grant = await dispatcher.acquire(holder)
-    waiter = asyncio.create_task(dispatcher.acquire(call(clock)))
+    grant = await granted(dispatcher, attempt(clock))
+    waiter = asyncio.create_task(granted(dispatcher, attempt(clock)))
     await settle()
     waiter.cancel()
     await settle()
     assert dispatcher.queues["interactive"].size == 0
-    await dispatcher.release(grant, holder)
+    await dispatcher.release(grant)
     await settle()
     assert pool.counters.active == 0
     assert dispatcher.stats["interactive"].dispatched == 1
@@ -219,7 +223,7 @@ async def test_a_caller_that_leaves_is_never_dispatched(setup, clock):
 async def test_the_backend_gate_holds_a_lane_until_it_opens(setup, clock):
     dispatcher, _, gate = setup
     gate.set({"interactive"})
-    waiter = asyncio.create_task(dispatcher.acquire(call(clock, lane=BACKGROUND)))
+    waiter = asyncio.create_task(granted(dispatcher, attempt(clock, lane=BACKGROUND)))
     await settle()
     assert not waiter.done()
     gate.set(None)
@@ -232,11 +236,11 @@ async def test_a_lane_share_reserves_the_rest_of_the_pool(clock):
     dispatcher = dispatcher_for([INTERACTIVE, BACKGROUND], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
-        grants = [await dispatcher.acquire(call(clock, lane=BACKGROUND)) for _ in range(2)]
-        third = asyncio.create_task(dispatcher.acquire(call(clock, lane=BACKGROUND)))
+        grants = [await granted(dispatcher, attempt(clock, lane=BACKGROUND)) for _ in range(2)]
+        third = asyncio.create_task(granted(dispatcher, attempt(clock, lane=BACKGROUND)))
         await settle()
         assert not third.done()
-        grants += [await dispatcher.acquire(call(clock)) for _ in range(2)]
+        grants += [await granted(dispatcher, attempt(clock)) for _ in range(2)]
         assert pool.counters.active == 4
         third.cancel()
     finally:
@@ -245,14 +249,13 @@ async def test_a_lane_share_reserves_the_rest_of_the_pool(clock):
 
 async def test_a_starving_lane_goes_before_higher_ones(setup, clock):
     dispatcher, _, _ = setup
-    holder = call(clock)
-    grant = await dispatcher.acquire(holder)
-    heavy = asyncio.create_task(dispatcher.acquire(call(clock, lane=HEAVY)))
+    grant = await granted(dispatcher, attempt(clock))
+    heavy = asyncio.create_task(granted(dispatcher, attempt(clock, lane=HEAVY)))
     await settle()
     clock.advance(0.08)
-    interactive = asyncio.create_task(dispatcher.acquire(call(clock)))
+    interactive = asyncio.create_task(granted(dispatcher, attempt(clock)))
     await settle()
-    await dispatcher.release(grant, holder)
+    await dispatcher.release(grant)
     await asyncio.wait_for(heavy, 1)
     await settle()
     assert not interactive.done()
@@ -269,17 +272,16 @@ async def test_a_lane_whose_expected_wait_breaks_its_promise_refuses(
         "promised", priority=100, queue_size=100, max_queue_age_s=age_s, ttft_slo_s=ttft_slo_s
     )
     dispatcher.queues["promised"] = dispatcher.queues["interactive"]
-    holder = call(clock)
-    grant = await dispatcher.acquire(holder)
-    waiters = [asyncio.create_task(dispatcher.acquire(call(clock))) for _ in range(3)]
+    grant = await granted(dispatcher, attempt(clock))
+    waiters = [asyncio.create_task(granted(dispatcher, attempt(clock))) for _ in range(3)]
     await settle()
     dispatcher.dispatch_interval_s = 0.5
     with pytest.raises(GatewayError) as info:
-        await dispatcher.acquire(call(clock, lane=promised))
+        await granted(dispatcher, attempt(clock, lane=promised))
     assert (info.value.status, info.value.code) == (503, "overloaded")
     for waiter in waiters:
         waiter.cancel()
-    await dispatcher.release(grant, holder)
+    await dispatcher.release(grant)
 
 
 async def test_a_paused_lane_waits_until_unpaused(clock):
@@ -290,8 +292,8 @@ async def test_a_paused_lane_waits_until_unpaused(clock):
     )
     runner = asyncio.create_task(dispatcher.run())
     try:
-        waiter = asyncio.create_task(dispatcher.acquire(call(clock, lane=BACKGROUND)))
-        await dispatcher.acquire(call(clock))
+        waiter = asyncio.create_task(granted(dispatcher, attempt(clock, lane=BACKGROUND)))
+        await granted(dispatcher, attempt(clock))
         await settle()
         assert not waiter.done()
         paused.clear()
@@ -310,7 +312,7 @@ async def test_a_paced_lane_spreads_its_dispatches(clock, rate, count):
     runner = asyncio.create_task(dispatcher.run())
     try:
         started = clock.now()
-        calls = [call(clock, lane=paced) for _ in range(count)]
+        calls = [attempt(clock, lane=paced) for _ in range(count)]
         acquired = asyncio.gather(*(dispatcher.acquire(c) for c in calls))
         step = 0.1 / rate
         for _ in range(20 * count):
@@ -335,10 +337,12 @@ async def test_lower_lanes_yield_when_the_top_lanes_first_tokens_are_late(clock,
     dispatcher = dispatcher_for([top, low], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
-        dispatcher.first_token(call(clock, lane=top), 10 * 0.05)
+        dispatcher.first_token(attempt(clock, lane=top), 10 * 0.05)
         clock.advance(1.5)
-        await dispatcher.acquire(call(clock, lane=low))
-        second = asyncio.create_task(dispatcher.acquire(call(clock, lane=low, deadline_in_s=60)))
+        await granted(dispatcher, attempt(clock, lane=low))
+        second = asyncio.create_task(
+            granted(dispatcher, attempt(clock, lane=low, deadline_in_s=60))
+        )
         await settle()
         assert second.done() == (target_s is None)
         if target_s is None:
@@ -359,16 +363,16 @@ async def test_a_known_wait_longer_than_the_queue_allows_is_answered_at_once(clo
     for _ in range(breaker.policy.consecutive_failures):
         breaker.started()
         breaker.record(False)
-    attempt = asyncio.create_task(dispatcher.acquire(call(clock, lane=lane, deadline_in_s=60)))
+    task = asyncio.create_task(granted(dispatcher, attempt(clock, lane=lane, deadline_in_s=60)))
     await settle()
-    assert attempt.done() != queued
+    assert task.done() != queued
     if not queued:
-        err = attempt.exception()
+        err = task.exception()
         assert isinstance(err, GatewayError)
         assert err.code == "circuit_open"
         policy = breaker.policy
         assert policy.open_s <= (err.retry_after_s or 0) <= policy.open_s + policy.ramp_s
-    attempt.cancel()
+    task.cancel()
 
 
 async def test_a_queued_request_is_answered_when_a_circuit_opens_for_longer_than_it_may_wait(
@@ -379,8 +383,8 @@ async def test_a_queued_request_is_answered_when_a_circuit_opens_for_longer_than
     dispatcher = dispatcher_for([lane], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
-        await dispatcher.acquire(call(clock, lane=lane))
-        waiting = asyncio.create_task(dispatcher.acquire(call(clock, lane=lane)))
+        await granted(dispatcher, attempt(clock, lane=lane))
+        waiting = asyncio.create_task(granted(dispatcher, attempt(clock, lane=lane)))
         await settle()
         assert not waiting.done()
         breaker = dispatcher.targets[0].breaker
@@ -404,9 +408,9 @@ async def test_lower_lanes_hold_while_a_top_lane_stream_awaits_its_first_token(c
     dispatcher = dispatcher_for([top, low], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
-        streamed = dataclasses.replace(call(clock, lane=top), stream=True)
+        streamed = Attempt(dataclasses.replace(call(clock, lane=top), stream=True))
         await dispatcher.acquire(streamed)
-        background = asyncio.create_task(dispatcher.acquire(call(clock, lane=low)))
+        background = asyncio.create_task(granted(dispatcher, attempt(clock, lane=low)))
         await settle()
         assert not background.done()
         dispatcher.first_token(streamed, 0.01)
@@ -424,18 +428,21 @@ async def test_announced_retries_do_not_count_against_a_first_attempts_promise(
     pool = Pool(PoolSpec("p", 1), MemoryLimitStore(clock))
     lane = Lane("promised", queue_size=10, max_queue_age_s=5, ttft_slo_s=1.0)
     dispatcher = dispatcher_for([lane], pool, clock)
-    holder = call(clock, lane=lane)
-    grant = await dispatcher.acquire(holder)
+    grant = await granted(dispatcher, attempt(clock, lane=lane))
     queued = [
         asyncio.create_task(
-            dispatcher.acquire(dataclasses.replace(call(clock, lane=lane), client_retries=1))
+            dispatcher.acquire(
+                Attempt(dataclasses.replace(call(clock, lane=lane), client_retries=1))
+            )
         )
         for _ in range(3)
     ]
     await settle()
     dispatcher.dispatch_interval_s = 0.5
     newcomer = asyncio.create_task(
-        dispatcher.acquire(dataclasses.replace(call(clock, lane=lane), client_retries=retries))
+        dispatcher.acquire(
+            Attempt(dataclasses.replace(call(clock, lane=lane), client_retries=retries))
+        )
     )
     await settle()
     assert newcomer.done() == refused
@@ -443,4 +450,4 @@ async def test_announced_retries_do_not_count_against_a_first_attempts_promise(
         assert isinstance(newcomer.exception(), GatewayError)
     for task in [*queued, newcomer]:
         task.cancel()
-    await dispatcher.release(grant, holder)
+    await dispatcher.release(grant)

@@ -1,0 +1,101 @@
+"""One upstream attempt of a request: what it was granted, what it sent, how it ended.
+
+A request may make several attempts (retries, fallback, a hedge), each on its own
+deployment. Each attempt owns its own grant (deployment, lane, pool permits), body,
+timings and usage, so two attempts of one request can never write over each other,
+and its outcome is decided once, from how it ended.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from sluicegate.capacity.breaker import Breaker
+from sluicegate.capacity.gates import BackendGate
+from sluicegate.capacity.pools import Pool, PoolPermit
+from sluicegate.core.call import Call
+from sluicegate.core.errors import GatewayError
+from sluicegate.core.types import Deployment, Lane
+
+
+@dataclass(slots=True)
+class Target:
+    """A deployment as the dispatcher sees it: its pools, backend gate and breaker."""
+
+    deployment: Deployment
+    pools: tuple[Pool, ...]
+    gate: BackendGate
+    breaker: Breaker
+
+    @property
+    def full(self) -> int:
+        return min(pool.limits.max_concurrency for pool in self.pools)
+
+
+class Outcome(enum.StrEnum):
+    """How an attempt ended; also the `outcome` metric label."""
+
+    OK = "ok"
+    FAILED = "failed"
+    """The deployment's fault: connection, timeout, 5xx, throttling, a broken stream."""
+    REJECTED = "rejected"
+    """The caller's own mistake (a 4xx the deployment answered)."""
+    ABANDONED = "abandoned"
+    """Nobody waits for it any more: cancelled, a lost hedge, the client gone."""
+
+    @property
+    def is_evidence(self) -> bool:
+        """Does it say anything about the deployment's health and speed?"""
+        return self is Outcome.OK or self is Outcome.FAILED
+
+
+def outcome_of(error: BaseException | None) -> Outcome:
+    """Errors from upstream reach the pipeline classified (`GatewayError`); anything else
+    (cancellation, the caller gone, a failure of the gateway's own) is no evidence
+    against the deployment."""
+    if error is None:
+        return Outcome.OK
+    if isinstance(error, GatewayError):
+        return Outcome.FAILED if error.failover else Outcome.REJECTED
+    return Outcome.ABANDONED
+
+
+@dataclass(slots=True, eq=False)
+class Attempt:
+    """`avoid` names the deployments that already failed this request (tried last)."""
+
+    call: Call
+    number: int = 1
+    avoid: frozenset[str] = frozenset()
+    target: Target | None = None
+    permits: list[PoolPermit] = field(default_factory=list)
+    charged_output: int = 0
+    body: dict[str, Any] | None = None
+    dispatched_s: float | None = None
+    first_byte_s: float | None = None
+    used_tokens: int | None = None
+    outcome: Outcome | None = None
+
+    @property
+    def lane(self) -> Lane:
+        return self.call.lane
+
+    @property
+    def deployment(self) -> Deployment:
+        assert self.target is not None, "an attempt has a deployment once granted"
+        return self.target.deployment
+
+    @property
+    def first_byte_after_s(self) -> float | None:
+        """Dispatch to first byte: the deployment's own latency for this attempt."""
+        if self.first_byte_s is None or self.dispatched_s is None:
+            return None
+        return self.first_byte_s - self.dispatched_s
+
+    def end(self, error: BaseException | None) -> Outcome:
+        """Decide the outcome from how the attempt ended; the first decision stands."""
+        if self.outcome is None:
+            self.outcome = outcome_of(error)
+        return self.outcome
