@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
@@ -34,6 +34,7 @@ from sluicegate.capacity.pools import Pool
 from sluicegate.children import spawn, stop
 from sluicegate.config import ConfigError, load_settings
 from sluicegate.core.clock import Clock, MonotonicClock
+from sluicegate.core.limits import LimitStore
 from sluicegate.core.types import Deployment, JobPolicy, Lane, OverloadState, Settings
 from sluicegate.jobs.clock import UnixClock
 from sluicegate.jobs.postgres import open_postgres
@@ -74,15 +75,22 @@ class Runtime:
     pools: dict[str, Pool]
     dispatchers: dict[str, Dispatcher]
     workers: Workers
+    metrics: GatewayMetrics
 
 
-def build(settings: Settings, clock: Clock | None = None) -> Runtime:
+def build(
+    settings: Settings,
+    clock: Clock | None = None,
+    providers: Mapping[str, Provider] | None = None,
+    store: LimitStore | None = None,
+) -> Runtime:
+    """Wire `settings`; tests may hand in their own clock, providers and limit store."""
     clock = clock or MonotonicClock()
-    store = MemoryLimitStore(clock)
+    store = store or MemoryLimitStore(clock)
     metrics = GatewayMetrics()
     pools = {name: Pool(spec, store) for name, spec in settings.pools.items()}
     deployments = [d for model in settings.models.values() for d in model.deployments]
-    providers = {d.name: make_provider(d) for d in deployments}
+    providers = providers or {d.name: make_provider(d) for d in deployments}
     gates = {d.name: make_gate(d, clock) for d in deployments}
     monitor = OverloadMonitor(settings.scheduling.overload, clock)
     dispatchers = {
@@ -167,7 +175,7 @@ def build(settings: Settings, clock: Clock | None = None) -> Runtime:
     app = gateway.routes(Router(on_startup=[startup], on_shutdown=[shutdown]))
     JobRoutes(intake).routes(app)
     BatchRoutes(intake, ledger).routes(app)
-    return Runtime(app, pipeline, clock, pools, dispatchers, workers)
+    return Runtime(app, pipeline, clock, pools, dispatchers, workers, metrics)
 
 
 def _report_crash(task: asyncio.Task[None]) -> None:

@@ -31,6 +31,7 @@ from sluicegate.scheduling.dispatcher import Dispatcher
 from sluicegate.scheduling.fairness import VirtualTokenCounter
 from sluicegate.stores.memory import MemoryLimitStore
 from tests.support.clock import FakeClock
+from tests.support.fakes import YieldingStore
 
 INTERACTIVE = Lane("interactive", priority=100, queue_size=100, max_queue_age_s=5)
 HEAVY = Lane("heavy", priority=50, queue_size=100, max_queue_age_s=5, starvation_s=0.05)
@@ -50,6 +51,8 @@ class Gate:
         return self.open_for is None or lane.name in self.open_for
 
     def sent(self) -> None: ...
+
+    def withdraw(self) -> None: ...
 
     def done(self, first_byte_s: float | None) -> None: ...
 
@@ -451,3 +454,75 @@ async def test_announced_retries_do_not_count_against_a_first_attempts_promise(
     for task in [*queued, newcomer]:
         task.cancel()
     await dispatcher.release(grant)
+
+
+async def test_a_waiter_cancelled_as_it_is_granted_leaves_every_count_at_zero(clock):
+    """The pump grants a waiter whose caller was cancelled in the same loop turn: it must
+    undo only what it did (the permits), never the dispatch it did not record."""
+    pool = Pool(PoolSpec("p", 1), MemoryLimitStore(clock))
+    dispatcher = dispatcher_for([INTERACTIVE, BACKGROUND], pool, clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        holder = await granted(dispatcher, attempt(clock))
+        waiter = asyncio.create_task(granted(dispatcher, attempt(clock, lane=BACKGROUND)))
+        await settle()
+        await dispatcher.release(holder)
+        waiter.cancel()
+        await settle()
+        assert waiter.cancelled()
+        target = dispatcher.targets[0]
+        assert target.breaker.in_flight == 0
+        assert pool.counters.active == 0
+        assert all(stats.in_flight == 0 for stats in dispatcher.stats.values())
+        assert set(dispatcher._lane_use.values()) <= {0}
+        assert not runner.done()
+        again = await granted(dispatcher, attempt(clock, lane=BACKGROUND))
+        await dispatcher.release(again)
+    finally:
+        runner.cancel()
+
+
+def two_pools(clock: FakeClock, limit: int = 4) -> tuple[Dispatcher, list[Pool], MemoryLimitStore]:
+    """One deployment behind two pools, on a store that yields on every call."""
+    memory = MemoryLimitStore(clock)
+    store = YieldingStore(memory)
+    pools = [Pool(PoolSpec(name, limit), store) for name in ("p", "q")]
+    deployment = dataclasses.replace(DEPLOYMENT, pools=("p", "q"))
+    target = Target(deployment, tuple(pools), Gate(), Breaker(BreakerPolicy(), clock))
+    lanes = [Lane("half", queue_size=0, max_share=0.5)]
+    dispatcher = Dispatcher("m", lanes, [target], lambda lane: VirtualTokenCounter(), clock)
+    return dispatcher, pools, memory
+
+
+@pytest.mark.parametrize("turns", range(1, 8))
+async def test_a_cancel_anywhere_inside_pool_acquisition_leaks_no_permit(clock, turns):
+    dispatcher, pools, memory = two_pools(clock)
+    a = attempt(clock, lane=dispatcher.lanes[0])
+    task = asyncio.create_task(dispatcher.acquire(a))
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    task.cancel()
+    await settle()
+    await settle()
+    if not task.cancelled():
+        await dispatcher.release(a)
+    assert [pool.counters.active for pool in pools] == [0, 0]
+    assert [await memory.in_use(f"pool:{p}:slots") for p in "pq"] == [0, 0]
+    assert dispatcher.targets[0].breaker.in_flight == 0
+
+
+async def test_a_lane_share_holds_when_the_store_yields(clock):
+    """Four attempts at once against a share of two: the check and the count it guards
+    are one step, so no more than two pass while the store is being asked."""
+    dispatcher, pools, _ = two_pools(clock)
+    lane = dispatcher.lanes[0]
+    attempts = [attempt(clock, lane=lane) for _ in range(4)]
+    outcomes = await asyncio.gather(
+        *(dispatcher.acquire(a) for a in attempts), return_exceptions=True
+    )
+    admitted = [a for a, outcome in zip(attempts, outcomes, strict=True) if outcome is None]
+    assert len(admitted) == 2
+    assert [pool.counters.active for pool in pools] == [2, 2]
+    for a in admitted:
+        await dispatcher.release(a)
+    assert [pool.counters.active for pool in pools] == [0, 0]

@@ -1,0 +1,106 @@
+"""Scripted fakes of the project's own protocols (never of a third-party driver)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from sluicegate.core.limits import LimitStore, Rate, RateDecision
+from sluicegate.core.types import Deployment, Endpoint
+from sluicegate.providers.base import timed_out
+
+OK_BODY = b'{"choices": [{"message": {"content": "hi"}}]}'
+
+
+class FakeResponse:
+    def __init__(self, used_tokens: int | None, chunks: list[bytes]) -> None:
+        self._reported = used_tokens
+        self._chunks = chunks
+        self.used_tokens: int | None = None
+
+    async def read(self) -> bytes:
+        self.used_tokens = self._reported
+        return OK_BODY
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        for chunk in self._chunks:
+            yield chunk
+        self.used_tokens = self._reported
+
+
+class ScriptedProvider:
+    """A `Provider` that answers as told: `answer` (with `used_tokens`), `fail` (a
+    failover error), or `hang` (until cancelled). Records every body it was sent and
+    how many calls are still open."""
+
+    def __init__(self, deployment: Deployment, mode: str = "answer", used_tokens: int = 7):
+        self.deployment = deployment
+        self.mode = mode
+        self.used_tokens = used_tokens
+        self.bodies: list[dict[str, Any]] = []
+        self.open_calls = 0
+        self.cancelled = 0
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    @asynccontextmanager
+    async def open(
+        self, endpoint: Endpoint, payload: dict[str, Any], budget_s: float
+    ) -> AsyncIterator[FakeResponse]:
+        self.bodies.append(payload)
+        self.open_calls += 1
+        try:
+            if self.mode == "fail":
+                raise timed_out(self.deployment.name)
+            if self.mode == "hang":
+                await asyncio.Event().wait()
+            yield FakeResponse(self.used_tokens, [b"data: {}\n\n", b"data: [DONE]\n\n"])
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.open_calls -= 1
+
+
+class YieldingStore:
+    """A `LimitStore` that gives the loop a turn before every call, as any networked store
+    does: check-then-act code that a store answering at once hides breaks on it."""
+
+    def __init__(self, inner: LimitStore) -> None:
+        self.inner = inner
+
+    async def acquire(self, key: str, limit: int) -> bool:
+        await asyncio.sleep(0)
+        return await self.inner.acquire(key, limit)
+
+    async def release(self, key: str) -> None:
+        await asyncio.sleep(0)
+        await self.inner.release(key)
+
+    async def in_use(self, key: str) -> int:
+        await asyncio.sleep(0)
+        return await self.inner.in_use(key)
+
+    async def consume(self, key: str, rate: Rate, cost: float) -> RateDecision:
+        await asyncio.sleep(0)
+        return await self.inner.consume(key, rate, cost)
+
+    async def refund(self, key: str, rate: Rate, amount: float) -> None:
+        await asyncio.sleep(0)
+        await self.inner.refund(key, rate, amount)
+
+    async def available(self, key: str, rate: Rate) -> float:
+        await asyncio.sleep(0)
+        return await self.inner.available(key, rate)
+
+    async def cool(self, key: str, duration_s: float) -> None:
+        await asyncio.sleep(0)
+        await self.inner.cool(key, duration_s)
+
+    async def cooldown_left(self, key: str) -> float:
+        await asyncio.sleep(0)
+        return await self.inner.cooldown_left(key)

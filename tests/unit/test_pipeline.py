@@ -1,0 +1,221 @@
+"""The pipeline's request lifecycle, with scripted providers and a fake clock.
+
+Each test here once failed: attempts shared one mutable request, so a fallback sent the
+previous deployment's fields, a hedge orphaned its first attempt or settled the
+loser's reservation with the winner's usage, and a cancelled probe closed a circuit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from sluicegate.app import Runtime, build
+from sluicegate.capacity.breaker import BreakerState
+from sluicegate.config.loader import parse_settings
+from sluicegate.core.errors import GatewayError
+from sluicegate.core.types import Endpoint
+from sluicegate.pipeline import Inbound
+from tests.support.clock import FakeClock
+from tests.support.fakes import ScriptedProvider
+
+ENV = {"A_KEY": "sk-a"}
+
+
+def config(*deployments: dict, route: dict | None = None, **top: Any) -> dict:
+    return {
+        "routes": {"chat": {"max_output_tokens": 100, **(route or {})}},
+        "pools": [{"name": d["name"], "max_concurrency": 4} for d in deployments],
+        "models": [
+            {
+                "name": "chat",
+                "strategy": "fallback",
+                "deployments": [
+                    {
+                        "base_url": "http://127.0.0.1:9/v1",
+                        "model": "m",
+                        "pools": [d["name"]],
+                        **d,
+                    }
+                    for d in deployments
+                ],
+            }
+        ],
+        "tenants": [{"name": "a", "keys": [{"env": "A_KEY"}]}],
+        **top,
+    }
+
+
+@dataclass
+class Harness:
+    runtime: Runtime
+    clock: FakeClock
+    providers: dict[str, ScriptedProvider]
+
+    def inbound(self, lane: str | None = None, interactive: bool = True, **body: Any) -> Inbound:
+        payload = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], **body}
+
+        async def read() -> dict[str, Any]:
+            return payload
+
+        tenant = self.runtime.pipeline._settings.tenants[0]
+        return Inbound(
+            Endpoint.CHAT, tenant, self.clock.now(), read, lane=lane, interactive=interactive
+        )
+
+    async def ask(self, inbound: Inbound) -> bytes:
+        async with self.runtime.pipeline.run(inbound) as answer:
+            return await answer.read()
+
+    def active(self, pool: str) -> int:
+        return self.runtime.pools[pool].counters.active
+
+
+@asynccontextmanager
+async def running(raw: dict, modes: dict[str, str]) -> AsyncIterator[Harness]:
+    clock = FakeClock()
+    settings = parse_settings(raw, "test", ENV)
+    providers = {
+        d.name: ScriptedProvider(d, modes.get(d.name, "answer"))
+        for model in settings.models.values()
+        for d in model.deployments
+    }
+    runtime = build(settings, clock, providers)
+    tasks = [asyncio.create_task(d.run()) for d in runtime.dispatchers.values()]
+    try:
+        yield Harness(runtime, clock, providers)
+    finally:
+        for task in tasks:
+            assert not task.done(), task
+            task.cancel()
+
+
+async def settle(rounds: int = 10) -> None:
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+async def driven(clock: FakeClock, task: asyncio.Future[Any], step_s: float = 0.05) -> Any:
+    """Await `task`, moving the fake clock on while it waits (backoffs, hedge delays)."""
+    for _ in range(2000):
+        await settle()
+        if task.done():
+            return task.result()
+        clock.advance(step_s)
+    raise AssertionError("the task did not finish")
+
+
+async def test_a_fallback_attempt_sends_a_body_built_for_its_own_deployment():
+    """`a` takes vLLM priorities and fails; `b` would refuse a `priority` field."""
+    raw = config(
+        {"name": "a", "pass_priority": True},
+        {"name": "b"},
+        route={"retry": {"max_attempts": 2}},
+        scheduling={
+            "lanes": [
+                {"name": "interactive", "priority": 100},
+                {"name": "batch", "priority": 0},
+            ]
+        },
+    )
+    async with running(raw, {"a": "fail"}) as h:
+        task = asyncio.ensure_future(h.ask(h.inbound(lane="batch")))
+        await driven(h.clock, task)
+        (sent_a,) = h.providers["a"].bodies
+        (sent_b,) = h.providers["b"].bodies
+        assert sent_a["priority"] == 100
+        assert "priority" not in sent_b
+        assert h.active("a") == h.active("b") == 0
+
+
+async def test_a_caller_gone_during_the_hedge_delay_leaves_no_attempt_behind():
+    raw = config({"name": "a"}, {"name": "b"}, route={"hedge_after_s": 1})
+    async with running(raw, {"a": "hang"}) as h:
+        task = asyncio.ensure_future(h.ask(h.inbound()))
+        await settle()
+        assert h.providers["a"].open_calls == 1
+        task.cancel()
+        await settle()
+        assert task.cancelled()
+        h.clock.advance(5)
+        await settle()
+        assert h.providers["a"].open_calls == 0
+        assert h.providers["a"].cancelled == 1
+        assert h.providers["b"].bodies == []
+        assert h.active("a") == 0
+
+
+async def test_each_hedged_attempt_settles_its_own_reservation():
+    """`a` never answers, so `b` wins with 7 tokens used: `a`'s pool learns nothing of
+    those 7; its reservation stays unsettled, as for any attempt of unknown usage."""
+    raw = config({"name": "a"}, {"name": "b"}, route={"hedge_after_s": 1})
+    async with running(raw, {"a": "hang"}) as h:
+        task = asyncio.ensure_future(h.ask(h.inbound(max_tokens=50)))
+        await driven(h.clock, task)
+        await settle()
+        a, b = h.runtime.pools["a"].counters, h.runtime.pools["b"].counters
+        assert (b.tokens_used, b.tokens_unsettled) == (7, 0)
+        assert a.tokens_used == 0
+        assert a.tokens_unsettled == a.tokens_reserved > 0
+        assert h.active("a") == h.active("b") == 0
+
+
+@pytest.mark.parametrize("mode", ["hang", "answer"])
+async def test_an_abandoned_half_open_probe_is_no_evidence(mode):
+    """The probe's caller leaves (`hang`) or its hedge loses after answering (`answer`
+    with `b` first): the circuit stays half-open and the probe slot is free again."""
+    raw = config(
+        {"name": "a", "breaker": {"consecutive_failures": 1, "open_s": 1}},
+        {"name": "b"},
+        route={"hedge_after_s": 1} if mode == "answer" else {},
+    )
+    async with running(raw, {"a": "hang"}) as h:
+        target = h.runtime.dispatchers["chat"].targets[0]
+        breaker = target.breaker
+        breaker.started()
+        breaker.record(False)
+        h.clock.advance(1)
+        assert breaker.allows()
+        assert breaker.state is BreakerState.HALF_OPEN
+        task = asyncio.ensure_future(h.ask(h.inbound()))
+        if mode == "hang":
+            await settle()
+            task.cancel()
+            await settle()
+        else:
+            await driven(h.clock, task)
+            await settle()
+        assert breaker.state is BreakerState.HALF_OPEN
+        assert breaker.in_flight == 0
+        assert breaker.allows()
+
+
+async def test_a_job_takes_its_tenants_slot_and_is_recorded_like_any_request():
+    raw = config({"name": "a"})
+    raw["tenants"][0]["limits"] = {"max_concurrency": 1}
+    async with running(raw, {"a": "hang"}) as h:
+        held = asyncio.ensure_future(h.ask(h.inbound()))
+        await settle()
+        with pytest.raises(GatewayError) as info:
+            await asyncio.wait_for(h.ask(h.inbound(interactive=False)), 5)
+        assert info.value.code == "tenant_concurrency_limited"
+        registry = h.runtime.metrics.registry
+        refused = registry.get_sample_value(
+            "sluicegate_refusals_total",
+            {"route": "chat", "reason": "tenant_concurrency_limited", "status": "429"},
+        )
+        assert refused == 1
+        held.cancel()
+        await settle()
+        h.providers["a"].mode = "answer"
+        assert await h.ask(h.inbound(interactive=False))
+        upstream = registry.get_sample_value(
+            "sluicegate_stage_seconds_count",
+            {"route": "chat", "model": "chat", "stage": "upstream"},
+        )
+        assert upstream == 1
