@@ -76,6 +76,8 @@ class Runtime:
     dispatchers: dict[str, Dispatcher]
     workers: Workers
     metrics: GatewayMetrics
+    background: list[asyncio.Task[None]]
+    """The loops that run for the server's lifetime (dispatchers, watchers), once started."""
 
 
 def build(
@@ -175,7 +177,7 @@ def build(
     app = gateway.routes(Router(on_startup=[startup], on_shutdown=[shutdown]))
     JobRoutes(intake).routes(app)
     BatchRoutes(intake, ledger).routes(app)
-    return Runtime(app, pipeline, clock, pools, dispatchers, workers, metrics)
+    return Runtime(app, pipeline, clock, pools, dispatchers, workers, metrics, background)
 
 
 def _report_crash(task: asyncio.Task[None]) -> None:

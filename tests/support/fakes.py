@@ -68,39 +68,48 @@ class ScriptedProvider:
 
 class YieldingStore:
     """A `LimitStore` that gives the loop a turn before every call, as any networked store
-    does: check-then-act code that a store answering at once hides breaks on it."""
+    does: check-then-act code that a store answering at once hides breaks on it.
+    `cancelled[key]` counts cancellations that arrived during a call on `key`."""
 
     def __init__(self, inner: LimitStore) -> None:
         self.inner = inner
+        self.cancelled: dict[str, int] = {}
+
+    async def _turn(self, key: str) -> None:
+        try:
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            self.cancelled[key] = self.cancelled.get(key, 0) + 1
+            raise
 
     async def acquire(self, key: str, limit: int) -> bool:
-        await asyncio.sleep(0)
+        await self._turn(key)
         return await self.inner.acquire(key, limit)
 
     async def release(self, key: str) -> None:
-        await asyncio.sleep(0)
+        await self._turn(key)
         await self.inner.release(key)
 
     async def in_use(self, key: str) -> int:
-        await asyncio.sleep(0)
+        await self._turn(key)
         return await self.inner.in_use(key)
 
     async def consume(self, key: str, rate: Rate, cost: float) -> RateDecision:
-        await asyncio.sleep(0)
+        await self._turn(key)
         return await self.inner.consume(key, rate, cost)
 
     async def refund(self, key: str, rate: Rate, amount: float) -> None:
-        await asyncio.sleep(0)
+        await self._turn(key)
         await self.inner.refund(key, rate, amount)
 
     async def available(self, key: str, rate: Rate) -> float:
-        await asyncio.sleep(0)
+        await self._turn(key)
         return await self.inner.available(key, rate)
 
     async def cool(self, key: str, duration_s: float) -> None:
-        await asyncio.sleep(0)
+        await self._turn(key)
         await self.inner.cool(key, duration_s)
 
     async def cooldown_left(self, key: str) -> float:
-        await asyncio.sleep(0)
+        await self._turn(key)
         return await self.inner.cooldown_left(key)

@@ -11,6 +11,7 @@ import uvicorn
 
 from sluicegate.app import Runtime, build
 from sluicegate.config.loader import parse_settings
+from sluicegate.core.limits import LimitStore
 from sluicegate.core.types import Settings
 from tests.support.processes import free_port
 
@@ -23,9 +24,11 @@ class InProcessGateway:
 
 
 @asynccontextmanager
-async def inprocess_gateway(raw: dict, env: dict[str, str]) -> AsyncIterator[InProcessGateway]:
+async def inprocess_gateway(
+    raw: dict, env: dict[str, str], store: LimitStore | None = None
+) -> AsyncIterator[InProcessGateway]:
     settings = parse_settings(raw, "test-config", env)
-    runtime = build(settings)
+    runtime = build(settings, store=store)
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(
