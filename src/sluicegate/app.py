@@ -34,6 +34,7 @@ from sluicegate.capacity.pools import Pool
 from sluicegate.children import spawn, stop
 from sluicegate.config import ConfigError, load_settings
 from sluicegate.core.clock import Clock, MonotonicClock
+from sluicegate.core.leases import Leases
 from sluicegate.core.limits import LimitStore
 from sluicegate.core.types import Deployment, JobPolicy, Lane, OverloadState, Settings
 from sluicegate.jobs.clock import UnixClock
@@ -88,9 +89,9 @@ def build(
 ) -> Runtime:
     """Wire `settings`; tests may hand in their own clock, providers and limit store."""
     clock = clock or MonotonicClock()
-    store = store or MemoryLimitStore(clock)
+    leases = Leases(store or MemoryLimitStore(clock), clock)
     metrics = GatewayMetrics()
-    pools = {name: Pool(spec, store) for name, spec in settings.pools.items()}
+    pools = {name: Pool(spec, leases) for name, spec in settings.pools.items()}
     deployments = [d for model in settings.models.values() for d in model.deployments]
     providers = providers or {d.name: make_provider(d) for d in deployments}
     gates = {d.name: make_gate(d, clock) for d in deployments}
@@ -120,7 +121,7 @@ def build(
         for d in deployments
         if d.metrics is not None and isinstance(gate := gates[d.name], MetricsGate)
     ]
-    boundary = Boundary(store, settings.routes, settings.aggregate)
+    boundary = Boundary(leases, settings.routes, settings.aggregate)
     pipeline = Pipeline(settings, providers, dispatchers, boundary, monitor, metrics, clock)
     watch = OverloadWatch(
         monitor,
@@ -147,6 +148,7 @@ def build(
         loop = asyncio.get_running_loop()
         background.extend(loop.create_task(d.run()) for d in dispatchers.values())
         background.append(loop.create_task(watch.run()))
+        background.append(loop.create_task(leases.run()))
         if pollers:
             scrapes.append(aiohttp.ClientSession())
             background.extend(loop.create_task(p.run(scrapes[0])) for p in pollers)

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from sluicegate.core.limits import LimitStore, Rate, RateDecision
+from sluicegate.core.limits import (
+    Ask,
+    Charge,
+    Lease,
+    LimitStore,
+    Rate,
+    Refused,
+    StoreUnavailable,
+)
 from sluicegate.core.types import Deployment, Endpoint
 from sluicegate.providers.base import timed_out
 
@@ -68,8 +76,9 @@ class ScriptedProvider:
 
 class YieldingStore:
     """A `LimitStore` that gives the loop a turn before every call, as any networked store
-    does: check-then-act code that a store answering at once hides breaks on it.
-    `cancelled[key]` counts cancellations that arrived during a call on `key`."""
+    does: check-then-act code that a store answering at once hides breaks on it. A
+    decision yields once per key it looks at; `cancelled[key]` counts cancellations that
+    arrived there."""
 
     def __init__(self, inner: LimitStore) -> None:
         self.inner = inner
@@ -82,34 +91,59 @@ class YieldingStore:
             self.cancelled[key] = self.cancelled.get(key, 0) + 1
             raise
 
-    async def acquire(self, key: str, limit: int) -> bool:
-        await self._turn(key)
-        return await self.inner.acquire(key, limit)
+    async def take(self, ask: Ask, lease: Lease, ttl_s: float) -> Refused | None:
+        for key in (*ask.cooldowns, *(slot.key for slot in ask.slots)):
+            await self._turn(key)
+        return await self.inner.take(ask, lease, ttl_s)
 
-    async def release(self, key: str) -> None:
-        await self._turn(key)
-        await self.inner.release(key)
+    async def renew(self, leases: Sequence[Lease], ttl_s: float) -> None:
+        await self._turn("renew")
+        await self.inner.renew(leases, ttl_s)
 
-    async def in_use(self, key: str) -> int:
-        await self._turn(key)
-        return await self.inner.in_use(key)
+    async def release(self, lease: Lease) -> None:
+        await self._turn("release")
+        await self.inner.release(lease)
 
-    async def consume(self, key: str, rate: Rate, cost: float) -> RateDecision:
-        await self._turn(key)
-        return await self.inner.consume(key, rate, cost)
-
-    async def refund(self, key: str, rate: Rate, amount: float) -> None:
-        await self._turn(key)
-        await self.inner.refund(key, rate, amount)
-
-    async def available(self, key: str, rate: Rate) -> float:
-        await self._turn(key)
-        return await self.inner.available(key, rate)
+    async def refund(self, charge: Charge, amount: float) -> None:
+        await self._turn(charge.key)
+        await self.inner.refund(charge, amount)
 
     async def cool(self, key: str, duration_s: float) -> None:
         await self._turn(key)
         await self.inner.cool(key, duration_s)
 
-    async def cooldown_left(self, key: str) -> float:
+    async def in_use(self, key: str) -> int:
         await self._turn(key)
-        return await self.inner.cooldown_left(key)
+        return await self.inner.in_use(key)
+
+    async def available(self, key: str, rate: Rate) -> float:
+        await self._turn(key)
+        return await self.inner.available(key, rate)
+
+
+class UnreachableStore:
+    """A `LimitStore` whose every call fails as an unreachable server's would."""
+
+    async def _fail(self) -> Any:
+        raise StoreUnavailable("connection refused")
+
+    async def take(self, ask: Ask, lease: Lease, ttl_s: float) -> Refused | None:
+        return await self._fail()
+
+    async def renew(self, leases: Sequence[Lease], ttl_s: float) -> None:
+        await self._fail()
+
+    async def release(self, lease: Lease) -> None:
+        await self._fail()
+
+    async def refund(self, charge: Charge, amount: float) -> None:
+        await self._fail()
+
+    async def cool(self, key: str, duration_s: float) -> None:
+        await self._fail()
+
+    async def in_use(self, key: str) -> int:
+        return await self._fail()
+
+    async def available(self, key: str, rate: Rate) -> float:
+        return await self._fail()

@@ -19,10 +19,12 @@ from sluicegate.app import Runtime, build
 from sluicegate.capacity.breaker import BreakerState
 from sluicegate.config.loader import parse_settings
 from sluicegate.core.errors import GatewayError
+from sluicegate.core.limits import LimitStore
 from sluicegate.core.types import Endpoint
 from sluicegate.pipeline import Inbound
+from sluicegate.stores.memory import MemoryLimitStore
 from tests.support.clock import FakeClock
-from tests.support.fakes import ScriptedProvider
+from tests.support.fakes import ScriptedProvider, UnreachableStore
 
 ENV = {"A_KEY": "sk-a"}
 
@@ -77,7 +79,9 @@ class Harness:
 
 
 @asynccontextmanager
-async def running(raw: dict, modes: dict[str, str]) -> AsyncIterator[Harness]:
+async def running(
+    raw: dict, modes: dict[str, str], store: LimitStore | None = None
+) -> AsyncIterator[Harness]:
     clock = FakeClock()
     settings = parse_settings(raw, "test", ENV)
     providers = {
@@ -85,7 +89,7 @@ async def running(raw: dict, modes: dict[str, str]) -> AsyncIterator[Harness]:
         for model in settings.models.values()
         for d in model.deployments
     }
-    runtime = build(settings, clock, providers)
+    runtime = build(settings, clock, providers, store)
     tasks = [asyncio.create_task(d.run()) for d in runtime.dispatchers.values()]
     try:
         yield Harness(runtime, clock, providers)
@@ -219,3 +223,31 @@ async def test_a_job_takes_its_tenants_slot_and_is_recorded_like_any_request():
             {"route": "chat", "model": "chat", "stage": "upstream"},
         )
         assert upstream == 1
+
+
+async def test_an_unreachable_limit_store_is_a_clear_503_not_a_500():
+    raw = config({"name": "a"})
+    raw["tenants"][0]["limits"] = {"max_concurrency": 1}
+    async with running(raw, {}, UnreachableStore()) as h:
+        with pytest.raises(GatewayError) as info:
+            await h.ask(h.inbound())
+        assert (info.value.status, info.value.code) == (503, "limit_store_unavailable")
+        assert h.providers["a"].bodies == []
+
+
+class FailsAfterAdmission(UnreachableStore):
+    """Admits, then goes away: the request must still end cleanly."""
+
+    def __init__(self, inner: LimitStore) -> None:
+        self.inner = inner
+
+    async def take(self, ask, lease, ttl_s):
+        return await self.inner.take(ask, lease, ttl_s)
+
+
+async def test_a_limit_store_lost_mid_request_does_not_fail_the_answer():
+    raw = config({"name": "a"})
+    raw["tenants"][0]["limits"] = {"max_concurrency": 1, "tokens_per_minute": 100000}
+    store = FailsAfterAdmission(MemoryLimitStore(FakeClock()))
+    async with running(raw, {}, store) as h:
+        assert await h.ask(h.inbound(max_tokens=10))

@@ -1,8 +1,9 @@
 """Gates at the edge, cheapest first, each refusing at once (no hidden queue).
 
 Concurrency is checked before the body is read; rates and token quotas once the
-body gave an estimate. Every slot and reservation is handed to the caller's exit
-stack the moment it is taken, so it is released whatever happens to the request.
+body gave an estimate. Each is one all-or-nothing decision of the limit store, and
+what it took is handed to the caller's exit stack the moment it is taken, so it is
+released whatever happens to the request.
 """
 
 from __future__ import annotations
@@ -11,29 +12,28 @@ from collections.abc import Iterator, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
+from sluicegate.core import keys
 from sluicegate.core.call import Call, Tally
-from sluicegate.core.limits import LimitStore, Rate
+from sluicegate.core.leases import Leases
+from sluicegate.core.limits import Ask, Charge, Lease, Refused, Slot, StoreUnavailable
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Endpoint, Quota, RoutePolicy, Tenant
 
-AGGREGATE = "aggregate"
-
 
 @dataclass(frozen=True, slots=True)
-class _Charge:
-    key: str
-    rate: Rate
-    cost: float
+class _Gate:
+    """One slot or charge, with what to answer when it refuses."""
+
     reason: Refusal
     who: str
-    is_tokens: bool
+    is_tokens: bool = False
 
 
 class Boundary:
     def __init__(
-        self, store: LimitStore, routes: Mapping[Endpoint, RoutePolicy], aggregate: Quota
+        self, leases: Leases, routes: Mapping[Endpoint, RoutePolicy], aggregate: Quota
     ) -> None:
-        self._store = store
+        self._leases = leases
         self._routes = routes
         self._aggregate = aggregate
 
@@ -43,41 +43,45 @@ class Boundary:
         """Concurrency gates: the route, the tenant, then all tenants together. Work that
         is not interactive HTTP traffic (jobs) takes only the tenant's slot: the route's
         and the aggregate's protect the HTTP edge, and jobs have their own bounds."""
-        if interactive:
-            route_limit = self._routes[endpoint].max_concurrency
-            await self._slot(permits, f"route:{endpoint.value}", route_limit, Refusal.CAPACITY)
+        slots: list[tuple[Slot, _Gate]] = []
+        route_limit = self._routes[endpoint].max_concurrency
+        if interactive and route_limit is not None:
+            who = f"route {endpoint.value}"
+            slots.append((Slot(keys.route_slots(endpoint.value), route_limit), _capacity(who)))
         tenant_limit = tenant.quota.max_concurrency
-        await self._slot(permits, f"tenant:{tenant.name}", tenant_limit, Refusal.TENANT_CONCURRENCY)
-        if interactive:
-            aggregate_limit = self._aggregate.max_concurrency
-            await self._slot(permits, AGGREGATE, aggregate_limit, Refusal.CAPACITY)
+        if tenant_limit is not None:
+            gate = _Gate(Refusal.TENANT_CONCURRENCY, f"tenant {tenant.name}")
+            slots.append((Slot(keys.tenant_slots(tenant.name), tenant_limit), gate))
+        aggregate_limit = self._aggregate.max_concurrency
+        if interactive and aggregate_limit is not None:
+            slots.append((Slot(keys.AGGREGATE_SLOTS, aggregate_limit), _capacity("aggregate")))
+        if not slots:
+            return
+        decision = await self._take(Ask(slots=tuple(slot for slot, _ in slots)))
+        if isinstance(decision, Refused):
+            slot, gate = slots[decision.index]
+            raise gate.reason.error(f"{gate.who} is at its concurrency limit of {slot.limit}")
+        permits.push_async_callback(self._leases.give_back, decision)
 
     async def charge(self, call: Call, permits: AsyncExitStack, tally: Tally) -> None:
         """Prompt budgets, then request and token rates of the tenant and the aggregate."""
         self._check_prompt_budget(call)
-        taken: list[_Charge] = []
-        try:
-            for charge in self._charges(call):
-                decision = await self._store.consume(charge.key, charge.rate, charge.cost)
-                if not decision.allowed:
-                    raise charge.reason.error(_rate_message(charge), decision.retry_after_s)
-                taken.append(charge)
-        except BaseException:
-            for charge in taken:
-                await self._store.refund(charge.key, charge.rate, charge.cost)
-            raise
-        for charge in taken:
-            if charge.is_tokens:
+        charges = list(self._charges(call))
+        if not charges:
+            return
+        decision = await self._take(Ask(charges=tuple(charge for charge, _ in charges)))
+        if isinstance(decision, Refused):
+            charge, gate = charges[decision.index]
+            raise gate.reason.error(_rate_message(charge, gate), decision.retry_after_s)
+        for charge, gate in charges:
+            if gate.is_tokens:
                 permits.push_async_callback(self._settle, charge, tally)
 
-    async def _slot(
-        self, permits: AsyncExitStack, key: str, limit: int | None, reason: Refusal
-    ) -> None:
-        if limit is None:
-            return
-        if not await self._store.acquire(key, limit):
-            raise reason.error(f"{key.replace(':', ' ')} is at its concurrency limit of {limit}")
-        permits.push_async_callback(self._store.release, key)
+    async def _take(self, ask: Ask) -> Lease | Refused:
+        try:
+            return await self._leases.take(ask)
+        except StoreUnavailable:
+            raise Refusal.STORE_UNAVAILABLE.error("the limit store is unavailable") from None
 
     def _check_prompt_budget(self, call: Call) -> None:
         for who, budget in (
@@ -90,33 +94,45 @@ class Boundary:
                     f"{who} allows at most {budget}"
                 )
 
-    def _charges(self, call: Call) -> Iterator[_Charge]:
+    def _charges(self, call: Call) -> Iterator[tuple[Charge, _Gate]]:
         tenant = call.tenant
+        name = tenant.name
         quotas = (
-            (f"tenant:{tenant.name}", tenant.quota, Refusal.TENANT_RATE, Refusal.TENANT_TOKENS),
-            (AGGREGATE, self._aggregate, Refusal.CAPACITY, Refusal.CAPACITY),
+            (
+                f"tenant {name}",
+                tenant.quota,
+                (keys.tenant_requests(name), Refusal.TENANT_RATE),
+                (keys.tenant_tokens(name), Refusal.TENANT_TOKENS),
+            ),
+            (
+                "aggregate",
+                self._aggregate,
+                (keys.AGGREGATE_REQUESTS, Refusal.CAPACITY),
+                (keys.AGGREGATE_TOKENS, Refusal.CAPACITY),
+            ),
         )
-        for key, quota, rate_reason, token_reason in quotas:
-            who = key.replace(":", " ")
+        for who, quota, (requests_key, rate_reason), (tokens_key, token_reason) in quotas:
             if quota.requests is not None:
-                yield _Charge(f"{key}:requests", quota.requests, 1, rate_reason, who, False)
+                yield Charge(requests_key, quota.requests, 1), _Gate(rate_reason, who)
             if quota.tokens is not None:
-                cost = call.reserved_tokens
-                yield _Charge(f"{key}:tokens", quota.tokens, cost, token_reason, who, True)
+                charge = Charge(tokens_key, quota.tokens, call.reserved_tokens)
+                yield charge, _Gate(token_reason, who, is_tokens=True)
 
-    async def _settle(self, charge: _Charge, tally: Tally) -> None:
+    async def _settle(self, charge: Charge, tally: Tally) -> None:
         """Reconcile a token reservation with the usage reported; unknown usage keeps it."""
         used = tally.used_tokens
         if used is not None and used != charge.cost:
-            await self._store.refund(charge.key, charge.rate, charge.cost - used)
+            await self._leases.give_back(None, [(charge, charge.cost - used)])
 
 
-def _rate_message(charge: _Charge) -> str:
+def _capacity(who: str) -> _Gate:
+    return _Gate(Refusal.CAPACITY, who)
+
+
+def _rate_message(charge: Charge, gate: _Gate) -> str:
     rate = charge.rate
-    unit = "tokens" if charge.is_tokens else "requests"
+    unit = "tokens" if gate.is_tokens else "requests"
     limit = f"{rate.limit:g} {unit} per {rate.period_s:g}s"
     if charge.cost > rate.burst:
-        return (
-            f"the request needs {charge.cost:g} tokens, more than {charge.who}'s limit of {limit}"
-        )
-    return f"{charge.who} is over its limit of {limit}"
+        return f"the request needs {charge.cost:g} tokens, more than {gate.who}'s limit of {limit}"
+    return f"{gate.who} is over its limit of {limit}"

@@ -1,18 +1,22 @@
 """A pool is one shared capacity (a deployment, or a provider quota spanning several).
 
-Every upstream attempt takes a `PoolPermit` from each pool of the deployment it will
-hit: a concurrency slot, one unit of the request rate and a token reservation. The
-permit is released exactly once, when the attempt has really ended, and the token
-reservation is then settled against the usage the provider reported.
+Every upstream attempt takes, in one all-or-nothing decision, a concurrency slot, one
+unit of the request rate and a token reservation from each pool of the deployment it
+will hit: a refusal from any pool leaves every other untouched, and a cancellation
+cannot fall between two pools. The `PoolPermit` is released exactly once, when the
+attempt has really ended, and the token reservations are then settled against the
+usage the provider reported.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from sluicegate.core import keys
 from sluicegate.core.errors import GatewayError
-from sluicegate.core.limits import LimitStore
+from sluicegate.core.leases import Leases
+from sluicegate.core.limits import Ask, Charge, Lease, Part, Refused, Slot, StoreUnavailable
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import PoolSpec
 
@@ -28,102 +32,140 @@ class PoolCounters:
 
 
 class Pool:
-    def __init__(self, limits: PoolSpec, store: LimitStore) -> None:
+    def __init__(self, limits: PoolSpec, leases: Leases) -> None:
         self.limits = limits
         self.counters = PoolCounters()
-        self._store = store
-        prefix = f"pool:{limits.name}:"
-        self._slots_key = prefix + "slots"
-        self._requests_key = prefix + "requests"
-        self._tokens_key = prefix + "tokens"
-        self._cool_key = prefix + "cool"
+        self.leases = leases
+        name = limits.name
+        self.slot = Slot(keys.pool_slots(name), limits.max_concurrency)
+        self.cooldown_key = keys.pool_cooldown(name)
+        self._requests_key = keys.pool_requests(name)
+        self._tokens_key = keys.pool_tokens(name)
         self._listeners: list[Callable[[], None]] = []
 
     @property
     def name(self) -> str:
         return self.limits.name
 
-    async def acquire(self, tokens: int) -> PoolPermit:
-        """Take a permit for one attempt reserving `tokens`, or raise a refusal at once.
-
-        Waiting is the scheduler's job (its lane queues), never the pool's.
-        """
-        cooling = await self._store.cooldown_left(self._cool_key)
-        if cooling > 0:
-            raise Refusal.POOL_COOLING.error(f"pool {self.name} is cooling down", cooling)
-        if not await self._store.acquire(self._slots_key, self.limits.max_concurrency):
-            raise Refusal.CAPACITY.error(f"pool {self.name} is at its concurrency limit")
-        self.counters.active += 1
-        permit = PoolPermit(self, 0)
-        try:
-            await self._charge(permit, tokens)
-        except BaseException:
-            await permit.release(None)
-            raise
-        return permit
+    def charges(self, tokens: int) -> tuple[Charge, ...]:
+        """One request and `tokens` tokens, for the rates this pool has."""
+        found: list[Charge] = []
+        if self.limits.requests is not None:
+            found.append(Charge(self._requests_key, self.limits.requests, 1))
+        if self.limits.tokens is not None:
+            found.append(Charge(self._tokens_key, self.limits.tokens, tokens))
+        return tuple(found)
 
     async def cool(self, duration_s: float) -> None:
-        await self._store.cool(self._cool_key, duration_s)
+        try:
+            await self.leases.store.cool(self.cooldown_key, duration_s)
+        except StoreUnavailable:
+            raise _unavailable() from None
 
     async def available_tokens(self) -> float:
         rate = self.limits.tokens
-        return float("inf") if rate is None else await self._store.available(self._tokens_key, rate)
+        if rate is None:
+            return float("inf")
+        return await self.leases.store.available(self._tokens_key, rate)
 
     def on_release(self, listener: Callable[[], None]) -> None:
         """Called after every release: whoever waits for this pool may try again."""
         self._listeners.append(listener)
 
-    async def _charge(self, permit: PoolPermit, tokens: int) -> None:
-        requests, token_rate = self.limits.requests, self.limits.tokens
-        if requests is not None:
-            decision = await self._store.consume(self._requests_key, requests, 1)
-            if not decision.allowed:
-                raise _rate_refusal(Refusal.POOL_RATE, self.name, decision.retry_after_s)
-        if token_rate is not None:
-            decision = await self._store.consume(self._tokens_key, token_rate, tokens)
-            if not decision.allowed:
-                if requests is not None:
-                    await self._store.refund(self._requests_key, requests, 1)
-                raise _rate_refusal(Refusal.POOL_TOKENS, self.name, decision.retry_after_s)
-        permit.reserved = tokens
+    def _taken(self, tokens: int) -> None:
+        self.counters.active += 1
         self.counters.tokens_reserved += tokens
 
-    async def _release(self, permit: PoolPermit, used: int | None) -> None:
-        try:
-            await self._settle(permit.reserved, used)
-        finally:
-            await self._store.release(self._slots_key)
-            self.counters.active -= 1
-            for listener in self._listeners:
-                listener()
-
-    async def _settle(self, reserved: int, used: int | None) -> None:
-        """Give back what a finished attempt did not use; an unknown usage keeps it all."""
+    def _settled(self, reserved: int, used: int | None) -> None:
+        self.counters.active -= 1
         if used is None:
             self.counters.tokens_unsettled += reserved
-            return
-        self.counters.tokens_used += used
-        if self.limits.tokens is not None and used != reserved:
-            await self._store.refund(self._tokens_key, self.limits.tokens, reserved - used)
+        else:
+            self.counters.tokens_used += used
+        for listener in self._listeners:
+            listener()
+
+
+async def acquire(pools: Sequence[Pool], tokens: int) -> PoolPermit:
+    """A permit from every pool in `pools` reserving `tokens`, or a refusal at once.
+
+    Waiting is the scheduler's job (its lane queues), never the pools'.
+    """
+    leases = pools[0].leases
+    owners: list[tuple[Pool, Charge]] = [
+        (pool, charge) for pool in pools for charge in pool.charges(tokens)
+    ]
+    ask = Ask(
+        tuple(pool.cooldown_key for pool in pools),
+        tuple(pool.slot for pool in pools),
+        tuple(charge for _, charge in owners),
+    )
+    try:
+        decision = await leases.take(ask)
+    except StoreUnavailable:
+        raise _unavailable() from None
+    if isinstance(decision, Refused):
+        raise _refusal(decision, pools, owners)
+    for pool in pools:
+        pool._taken(tokens)
+    token_charges = tuple(
+        (pool, charge) for pool, charge in owners if charge.key == pool._tokens_key
+    )
+    return PoolPermit(pools, decision, tokens, token_charges)
 
 
 class PoolPermit:
     """Held for the whole attempt; `release` is idempotent so no path can free it twice."""
 
-    __slots__ = ("_pool", "_released", "reserved")
+    __slots__ = ("_lease", "_pools", "_released", "_token_charges", "reserved")
 
-    def __init__(self, pool: Pool, reserved: int) -> None:
-        self._pool = pool
+    def __init__(
+        self,
+        pools: Sequence[Pool],
+        lease: Lease,
+        reserved: int,
+        token_charges: tuple[tuple[Pool, Charge], ...],
+    ) -> None:
+        self._pools = pools
+        self._lease = lease
         self.reserved = reserved
+        self._token_charges = token_charges
         self._released = False
 
     async def release(self, used_tokens: int | None) -> None:
+        """Free the slots, then give back what a finished attempt did not use; an
+        unknown usage keeps the whole reservation."""
         if self._released:
             return
         self._released = True
-        await self._pool._release(self, used_tokens)
+        refunds: list[tuple[Charge, float]] = []
+        if used_tokens is not None and used_tokens != self.reserved:
+            refunds = [(charge, self.reserved - used_tokens) for _, charge in self._token_charges]
+        try:
+            await self._pools[0].leases.give_back(self._lease, refunds)
+        finally:
+            for pool in self._pools:
+                pool._settled(self.reserved, used_tokens)
 
 
-def _rate_refusal(reason: Refusal, pool: str, retry_after_s: float) -> GatewayError:
-    unit = "request" if reason is Refusal.POOL_RATE else "token"
-    return reason.error(f"pool {pool} is over its {unit} rate", retry_after_s)
+def _refusal(
+    refused: Refused, pools: Sequence[Pool], owners: list[tuple[Pool, Charge]]
+) -> GatewayError:
+    if refused.part is Part.COOLDOWN:
+        name = pools[refused.index].name
+        return Refusal.POOL_COOLING.error(f"pool {name} is cooling down", refused.retry_after_s)
+    if refused.part is Part.SLOT:
+        name = pools[refused.index].name
+        return Refusal.POOL_CONCURRENCY.error(f"pool {name} is at its concurrency limit")
+    pool, charge = owners[refused.index]
+    if charge.key == pool._tokens_key:
+        return Refusal.POOL_TOKENS.error(
+            f"pool {pool.name} is over its token rate", refused.retry_after_s
+        )
+    return Refusal.POOL_RATE.error(
+        f"pool {pool.name} is over its request rate", refused.retry_after_s
+    )
+
+
+def _unavailable() -> GatewayError:
+    return Refusal.STORE_UNAVAILABLE.error("the limit store is unavailable")

@@ -7,6 +7,8 @@ only decides where the state lives and where "now" comes from.
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -39,6 +41,97 @@ class RateDecision:
     """When refused: the wait until the same cost would be allowed (inf: never)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """One concurrency slot under `key`, of at most `limit` held at once."""
+
+    key: str
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """`cost` units of `rate` under `key`."""
+
+    key: str
+    rate: Rate
+    cost: float
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """One decision, all or nothing: none of `cooldowns` running, a slot under every
+    limit, every charge within its rate. A refusal writes nothing."""
+
+    cooldowns: tuple[str, ...] = ()
+    slots: tuple[Slot, ...] = ()
+    charges: tuple[Charge, ...] = ()
+
+
+class Part(enum.StrEnum):
+    COOLDOWN = "cooldown"
+    SLOT = "slot"
+    CHARGE = "charge"
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Which part of an `Ask` refused (`index` into that part's tuple), and when it
+    may pass: a cooldown's end or a rate's next slot; None for a full slot."""
+
+    part: Part
+    index: int
+    retry_after_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """The slots one decision took, held under one id until released or, if its holder
+    stops renewing it, until its time-to-live runs out."""
+
+    id: str
+    keys: tuple[str, ...]
+
+
+class StoreUnavailable(Exception):
+    """The limit store could not be reached or did not answer in time."""
+
+
+class LimitStore(Protocol):
+    """Slots, rate state and cooldowns under string keys, shared by whoever shares the
+    store. Every method may raise `StoreUnavailable`."""
+
+    async def take(self, ask: Ask, lease: Lease, ttl_s: float) -> Refused | None:
+        """Decide `ask` at once, all or nothing: None when granted, the slots then held
+        under `lease` (its id chosen by the caller, its keys those of `ask.slots`) until
+        released or `ttl_s` without renewal."""
+        ...
+
+    async def renew(self, leases: Sequence[Lease], ttl_s: float) -> None:
+        """Extend leases still held by `ttl_s` from now; a lapsed one stays lapsed."""
+        ...
+
+    async def release(self, lease: Lease) -> None:
+        """Free a lease's slots; releasing twice, or after it lapsed, does nothing."""
+        ...
+
+    async def refund(self, charge: Charge, amount: float) -> None:
+        """Give back `amount` of a charge (negative: charge more)."""
+        ...
+
+    async def cool(self, key: str, duration_s: float) -> None:
+        """Refuse `key` for `duration_s` from now (extends, never shortens, a cooldown)."""
+        ...
+
+    async def in_use(self, key: str) -> int:
+        """Slots held under `key` now."""
+        ...
+
+    async def available(self, key: str, rate: Rate) -> float:
+        """Units of `rate` that could be charged under `key` now."""
+        ...
+
+
 def gcra(tat_s: float, now_s: float, rate: Rate, cost: float) -> tuple[RateDecision, float]:
     """Decide one request of `cost` units; returns the decision and the new theoretical
     arrival time (unchanged when refused)."""
@@ -60,29 +153,3 @@ def gcra_refund(tat_s: float, now_s: float, rate: Rate, amount: float) -> float:
 def gcra_available(tat_s: float, now_s: float, rate: Rate) -> float:
     """How many units could be admitted right now."""
     return min(rate.burst, (rate.tolerance_s - max(tat_s - now_s, 0.0)) / rate.interval_s)
-
-
-class LimitStore(Protocol):
-    """Counters, rate state and cooldowns under string keys."""
-
-    async def acquire(self, key: str, limit: int) -> bool:
-        """Take one of `limit` concurrency slots, or refuse at once."""
-        ...
-
-    async def release(self, key: str) -> None: ...
-
-    async def in_use(self, key: str) -> int: ...
-
-    async def consume(self, key: str, rate: Rate, cost: float) -> RateDecision: ...
-
-    async def refund(self, key: str, rate: Rate, amount: float) -> None: ...
-
-    async def available(self, key: str, rate: Rate) -> float: ...
-
-    async def cool(self, key: str, duration_s: float) -> None:
-        """Refuse `key` for `duration_s` from now (extends, never shortens, a cooldown)."""
-        ...
-
-    async def cooldown_left(self, key: str) -> float:
-        """Seconds until the cooldown on `key` ends; 0 when not cooling."""
-        ...

@@ -16,6 +16,7 @@ class Refusal(enum.StrEnum):
     TENANT_RATE = "tenant_rate_limited"
     TENANT_TOKENS = "tenant_token_limited"
     CAPACITY = "capacity_exhausted"
+    POOL_CONCURRENCY = "pool_concurrency_limited"
     POOL_RATE = "pool_rate_limited"
     POOL_TOKENS = "pool_token_limited"
     POOL_COOLING = "pool_cooling_down"
@@ -28,6 +29,7 @@ class Refusal(enum.StrEnum):
     BACKEND_BUSY = "backend_busy"
     OVERLOADED = "overloaded"
     CIRCUIT_OPEN = "circuit_open"
+    STORE_UNAVAILABLE = "limit_store_unavailable"
 
     @property
     def status(self) -> int:
@@ -51,6 +53,7 @@ _STATUS = {
     Refusal.TENANT_RATE: 429,
     Refusal.TENANT_TOKENS: 429,
     Refusal.CAPACITY: 503,
+    Refusal.POOL_CONCURRENCY: 503,
     Refusal.POOL_RATE: 503,
     Refusal.POOL_TOKENS: 503,
     Refusal.POOL_COOLING: 503,
@@ -63,6 +66,7 @@ _STATUS = {
     Refusal.BACKEND_BUSY: 503,
     Refusal.OVERLOADED: 503,
     Refusal.CIRCUIT_OPEN: 503,
+    Refusal.STORE_UNAVAILABLE: 503,
 }
 _TYPE = {
     429: ErrorType.RATE_LIMIT,

@@ -9,7 +9,7 @@ and its outcome is decided once, from how it ended.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sluicegate.capacity.breaker import Breaker
@@ -70,7 +70,7 @@ class Attempt:
     number: int = 1
     avoid: frozenset[str] = frozenset()
     target: Target | None = None
-    permits: list[PoolPermit] = field(default_factory=list)
+    permit: PoolPermit | None = None
     charged_output: int = 0
     body: dict[str, Any] | None = None
     dispatched_s: float | None = None

@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sluicegate.capacity.pools import PoolPermit
+from sluicegate.capacity.pools import acquire
 from sluicegate.core.call import Call
 from sluicegate.core.clock import Clock, Timer
 from sluicegate.core.errors import GatewayError
@@ -148,8 +148,10 @@ class Dispatcher:
         else:
             self._ended(attempt, target)
         attempt.target = None
+        permit, attempt.permit = attempt.permit, None
         try:
-            await _free(attempt.permits, attempt.used_tokens)
+            if permit is not None:
+                await permit.release(attempt.used_tokens)
         finally:
             self.kick()
 
@@ -328,7 +330,7 @@ class Dispatcher:
                 continue
             self._reserve(attempt, target)
             try:
-                attempt.permits = await _take(target, attempt.call.reserved_tokens)
+                attempt.permit = await acquire(target.pools, attempt.call.reserved_tokens)
             except GatewayError as err:
                 self._unreserve(attempt)
                 refusals.append(err)
@@ -460,31 +462,6 @@ def _ramp_refusal(target: Target, cooling: float | None) -> GatewayError:
 def _granted(waiter: Waiter[Attempt]) -> bool:
     future = waiter.future
     return future.done() and not future.cancelled() and future.result() is None
-
-
-async def _take(target: Target, tokens: int) -> list[PoolPermit]:
-    """A permit from every pool of `target`, or none: whatever was taken before a
-    refusal or a cancellation is given back."""
-    permits: list[PoolPermit] = []
-    try:
-        for pool in target.pools:
-            permits.append(await pool.acquire(tokens))
-    except BaseException:
-        await _free(permits, 0)
-        raise
-    return permits
-
-
-async def _free(permits: list[PoolPermit], used_tokens: int | None) -> None:
-    """Release every permit, even when one release fails."""
-    errors: list[BaseException] = []
-    for permit in permits:
-        try:
-            await permit.release(used_tokens)
-        except BaseException as err:
-            errors.append(err)
-    if errors:
-        raise errors[0]
 
 
 def _most_telling(refusals: list[GatewayError]) -> GatewayError:

@@ -2,50 +2,86 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sluicegate.core.clock import Clock
-from sluicegate.core.limits import Rate, RateDecision, gcra, gcra_available, gcra_refund
+from sluicegate.core.limits import (
+    Ask,
+    Charge,
+    Lease,
+    Part,
+    Rate,
+    Refused,
+    gcra,
+    gcra_available,
+    gcra_refund,
+)
 
 
 class MemoryLimitStore:
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
-        self._slots: dict[str, int] = {}
+        self._slots: dict[str, dict[str, float]] = {}
+        """Per key: lease id -> when it lapses."""
         self._tats: dict[str, float] = {}
         self._cool_until: dict[str, float] = {}
 
-    async def acquire(self, key: str, limit: int) -> bool:
-        used = self._slots.get(key, 0)
-        if used >= limit:
-            return False
-        self._slots[key] = used + 1
-        return True
-
-    async def release(self, key: str) -> None:
-        used = self._slots.get(key, 0)
-        if used <= 0:
-            raise RuntimeError(f"slot {key!r} released more often than acquired")
-        self._slots[key] = used - 1
-
-    async def in_use(self, key: str) -> int:
-        return self._slots.get(key, 0)
-
-    async def consume(self, key: str, rate: Rate, cost: float) -> RateDecision:
+    async def take(self, ask: Ask, lease: Lease, ttl_s: float) -> Refused | None:
         now = self._clock.now()
-        decision, self._tats[key] = gcra(self._tats.get(key, now), now, rate, cost)
-        return decision
+        for index, key in enumerate(ask.cooldowns):
+            left = self._cool_until.get(key, now) - now
+            if left > 0:
+                return Refused(Part.COOLDOWN, index, left)
+        for index, slot in enumerate(ask.slots):
+            if self._held(slot.key, now) >= slot.limit:
+                return Refused(Part.SLOT, index, None)
+        tats: dict[str, float] = {}
+        for index, charge in enumerate(ask.charges):
+            tat = tats.get(charge.key, self._tats.get(charge.key, now))
+            decision, tats[charge.key] = gcra(tat, now, charge.rate, charge.cost)
+            if not decision.allowed:
+                return Refused(Part.CHARGE, index, decision.retry_after_s)
+        self._tats.update(tats)
+        for key in lease.keys:
+            self._slots.setdefault(key, {})[lease.id] = now + ttl_s
+        return None
 
-    async def refund(self, key: str, rate: Rate, amount: float) -> None:
+    async def renew(self, leases: Sequence[Lease], ttl_s: float) -> None:
         now = self._clock.now()
-        self._tats[key] = gcra_refund(self._tats.get(key, now), now, rate, amount)
+        for lease in leases:
+            for key in lease.keys:
+                held = self._slots.get(key)
+                if held is not None and held.get(lease.id, now) > now:
+                    held[lease.id] = now + ttl_s
 
-    async def available(self, key: str, rate: Rate) -> float:
+    async def release(self, lease: Lease) -> None:
+        for key in lease.keys:
+            held = self._slots.get(key)
+            if held is not None:
+                held.pop(lease.id, None)
+
+    async def refund(self, charge: Charge, amount: float) -> None:
         now = self._clock.now()
-        return gcra_available(self._tats.get(key, now), now, rate)
+        tat = self._tats.get(charge.key, now)
+        self._tats[charge.key] = gcra_refund(tat, now, charge.rate, amount)
 
     async def cool(self, key: str, duration_s: float) -> None:
         until = self._clock.now() + duration_s
         self._cool_until[key] = max(until, self._cool_until.get(key, until))
 
-    async def cooldown_left(self, key: str) -> float:
-        until = self._cool_until.get(key)
-        return 0.0 if until is None else max(0.0, until - self._clock.now())
+    async def in_use(self, key: str) -> int:
+        return self._held(key, self._clock.now())
+
+    async def available(self, key: str, rate: Rate) -> float:
+        now = self._clock.now()
+        return gcra_available(self._tats.get(key, now), now, rate)
+
+    def _held(self, key: str, now: float) -> int:
+        """Slots held under `key`, sweeping lapsed leases first."""
+        held = self._slots.get(key)
+        if not held:
+            return 0
+        lapsed = [lease for lease, until in held.items() if until <= now]
+        for lease in lapsed:
+            del held[lease]
+        return len(held)

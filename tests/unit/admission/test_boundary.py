@@ -5,8 +5,10 @@ from contextlib import AsyncExitStack
 import pytest
 
 from sluicegate.admission.boundary import Boundary
+from sluicegate.core import keys
 from sluicegate.core.call import Call, Tally
 from sluicegate.core.errors import GatewayError
+from sluicegate.core.leases import Leases
 from sluicegate.core.limits import Rate
 from sluicegate.core.types import Endpoint, Lane, Model, Quota, RoutePolicy, Tenant
 from sluicegate.stores.memory import MemoryLimitStore
@@ -19,8 +21,9 @@ NO_QUOTA = Quota()
 
 
 def boundary(route=DEFAULT_ROUTE, aggregate=NO_QUOTA):
-    store = MemoryLimitStore(FakeClock())
-    return Boundary(store, dict.fromkeys(Endpoint, route), aggregate), store
+    clock = FakeClock()
+    store = MemoryLimitStore(clock)
+    return Boundary(Leases(store, clock), dict.fromkeys(Endpoint, route), aggregate), store
 
 
 def call(tenant: Tenant, prompt: int = 10, reserved: int = 100, route=DEFAULT_ROUTE) -> Call:
@@ -44,7 +47,7 @@ async def test_tenant_concurrency_is_429_without_retry_after_and_released_on_exi
             "tenant_concurrency_limited",
             None,
         )
-    assert await store.in_use("tenant:a") == 0
+    assert await store.in_use(keys.tenant_slots("a")) == 0
 
 
 async def test_route_and_aggregate_concurrency_are_503():
@@ -54,7 +57,7 @@ async def test_route_and_aggregate_concurrency_are_503():
         err = await refusal(gate.enter(Endpoint.CHAT, Tenant("b", None), AsyncExitStack(), True))
         assert (err.status, err.code) == (503, "capacity_exhausted")
         await gate.enter(Endpoint.EMBEDDINGS, Tenant("b", None), permits, True)
-    assert await store.in_use("aggregate") == 0
+    assert await store.in_use(keys.AGGREGATE_SLOTS) == 0
 
 
 async def test_a_refused_later_gate_leaves_no_earlier_slot_taken():
@@ -68,7 +71,7 @@ async def test_a_refused_later_gate_leaves_no_earlier_slot_taken():
                 await gate.enter(
                     Endpoint.CHAT, Tenant("a", None, Quota(max_concurrency=3)), permits, True
                 )
-        assert await store.in_use("tenant:a") == 0
+        assert await store.in_use(keys.tenant_slots("a")) == 0
 
 
 async def test_tenant_rate_is_429_with_the_windows_retry_after():
@@ -91,7 +94,7 @@ async def test_token_quota_limits_by_tokens_not_by_requests_and_refunds_the_requ
     err = await refusal(gate.charge(call(tenant, reserved=200), AsyncExitStack(), Tally()))
     assert err.code == "tenant_token_limited"
     assert err.retry_after_s == pytest.approx(6.0)
-    assert await store.available("tenant:a:requests", Rate(100, 60, 100)) == pytest.approx(99)
+    assert await store.available(keys.tenant_requests("a"), Rate(100, 60, 100)) == pytest.approx(99)
 
 
 async def test_token_reservation_is_settled_with_the_reported_usage():
@@ -102,9 +105,9 @@ async def test_token_reservation_is_settled_with_the_reported_usage():
     async with AsyncExitStack() as permits:
         tally = Tally()
         await gate.charge(admitted, permits, tally)
-        assert await store.available("tenant:a:tokens", rate) == pytest.approx(200)
+        assert await store.available(keys.tenant_tokens("a"), rate) == pytest.approx(200)
         tally.used_tokens = 50
-    assert await store.available("tenant:a:tokens", rate) == pytest.approx(950)
+    assert await store.available(keys.tenant_tokens("a"), rate) == pytest.approx(950)
 
 
 async def test_aggregate_rate_is_503_even_when_each_tenant_is_within_its_own():
@@ -154,9 +157,9 @@ async def test_work_that_is_not_interactive_takes_only_the_tenants_slot():
     async with AsyncExitStack() as permits:
         await gate.enter(Endpoint.CHAT, tenant, permits, False)
         await gate.enter(Endpoint.CHAT, tenant, permits, False)
-        assert await store.in_use("tenant:a") == 2
-        assert await store.in_use("route:chat") == 0
-        assert await store.in_use("aggregate") == 0
+        assert await store.in_use(keys.tenant_slots("a")) == 2
+        assert await store.in_use(keys.route_slots("chat")) == 0
+        assert await store.in_use(keys.AGGREGATE_SLOTS) == 0
         err = await refusal(gate.enter(Endpoint.CHAT, tenant, AsyncExitStack(), False))
         assert err.code == "tenant_concurrency_limited"
-    assert await store.in_use("tenant:a") == 0
+    assert await store.in_use(keys.tenant_slots("a")) == 0

@@ -15,6 +15,7 @@ from sluicegate.capacity.gates import GateState
 from sluicegate.capacity.pools import Pool
 from sluicegate.core.call import Call
 from sluicegate.core.errors import GatewayError
+from sluicegate.core.leases import Leases
 from sluicegate.core.types import (
     BreakerPolicy,
     Deployment,
@@ -68,6 +69,10 @@ class Gate:
             listener()
 
 
+def leases(clock: FakeClock) -> Leases:
+    return Leases(MemoryLimitStore(clock), clock)
+
+
 def dispatcher_for(
     lanes: list[Lane], pool: Pool, clock: FakeClock, gate: Gate | None = None, **options
 ):
@@ -83,7 +88,7 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 async def setup(clock):
-    pool = Pool(PoolSpec("p", 1), MemoryLimitStore(clock))
+    pool = Pool(PoolSpec("p", 1), leases(clock))
     gate = Gate()
     dispatcher = dispatcher_for([INTERACTIVE, HEAVY, BACKGROUND, SHORT], pool, clock, gate)
     runner = asyncio.create_task(dispatcher.run())
@@ -235,7 +240,7 @@ async def test_the_backend_gate_holds_a_lane_until_it_opens(setup, clock):
 
 
 async def test_a_lane_share_reserves_the_rest_of_the_pool(clock):
-    pool = Pool(PoolSpec("p", 4), MemoryLimitStore(clock))
+    pool = Pool(PoolSpec("p", 4), leases(clock))
     dispatcher = dispatcher_for([INTERACTIVE, BACKGROUND], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
@@ -288,7 +293,7 @@ async def test_a_lane_whose_expected_wait_breaks_its_promise_refuses(
 
 
 async def test_a_paused_lane_waits_until_unpaused(clock):
-    pool = Pool(PoolSpec("p", 4), MemoryLimitStore(clock))
+    pool = Pool(PoolSpec("p", 4), leases(clock))
     paused = {"background"}
     dispatcher = dispatcher_for(
         [INTERACTIVE, BACKGROUND], pool, clock, paused=lambda lane: lane.name in paused
@@ -309,7 +314,7 @@ async def test_a_paused_lane_waits_until_unpaused(clock):
 @pytest.mark.parametrize(("rate", "count"), [(20, 4), (2000, 40)])
 async def test_a_paced_lane_spreads_its_dispatches(clock, rate, count):
     """Sub-millisecond spacing too: a fast-paced lane once stopped the dispatcher for good."""
-    pool = Pool(PoolSpec("p", 50), MemoryLimitStore(clock))
+    pool = Pool(PoolSpec("p", 50), leases(clock))
     paced = Lane("paced", queue_size=50, max_queue_age_s=5, max_dispatch_rate=rate)
     dispatcher = dispatcher_for([paced], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
@@ -336,7 +341,7 @@ async def test_a_paced_lane_spreads_its_dispatches(clock, rate, count):
 async def test_lower_lanes_yield_when_the_top_lanes_first_tokens_are_late(clock, target_s):
     top = Lane("interactive", priority=100, queue_size=10, ttft_target_s=target_s)
     low = Lane("background", queue_size=10, max_queue_age_s=60)
-    pool = Pool(PoolSpec("p", 10), MemoryLimitStore(clock))
+    pool = Pool(PoolSpec("p", 10), leases(clock))
     dispatcher = dispatcher_for([top, low], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
@@ -360,7 +365,7 @@ async def test_a_known_wait_longer_than_the_queue_allows_is_answered_at_once(clo
     """An open circuit names its reopening time: a request that could not wait that long
     gets 503 circuit_open with Retry-After now, rather than waiting to expire."""
     lane = Lane("default", queue_size=10, max_queue_age_s=age_s)
-    pool = Pool(PoolSpec("p", 4), MemoryLimitStore(clock))
+    pool = Pool(PoolSpec("p", 4), leases(clock))
     dispatcher = dispatcher_for([lane], pool, clock)
     breaker = dispatcher.targets[0].breaker
     for _ in range(breaker.policy.consecutive_failures):
@@ -382,7 +387,7 @@ async def test_a_queued_request_is_answered_when_a_circuit_opens_for_longer_than
     clock,
 ):
     lane = Lane("default", queue_size=10, max_queue_age_s=1)
-    pool = Pool(PoolSpec("p", 1), MemoryLimitStore(clock))
+    pool = Pool(PoolSpec("p", 1), leases(clock))
     dispatcher = dispatcher_for([lane], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
@@ -407,7 +412,7 @@ async def test_a_queued_request_is_answered_when_a_circuit_opens_for_longer_than
 async def test_lower_lanes_hold_while_a_top_lane_stream_awaits_its_first_token(clock):
     top = Lane("interactive", priority=100, queue_size=10, ttft_target_s=0.05)
     low = Lane("background", queue_size=10, max_queue_age_s=60)
-    pool = Pool(PoolSpec("p", 10), MemoryLimitStore(clock))
+    pool = Pool(PoolSpec("p", 10), leases(clock))
     dispatcher = dispatcher_for([top, low], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
@@ -428,7 +433,7 @@ async def test_announced_retries_do_not_count_against_a_first_attempts_promise(
 ):
     """Three retries queued at 0.5 s per dispatch: 1.5 s, beyond a 1 s promise, for a
     newcomer that queues behind them (a retry), not for one that goes before them."""
-    pool = Pool(PoolSpec("p", 1), MemoryLimitStore(clock))
+    pool = Pool(PoolSpec("p", 1), leases(clock))
     lane = Lane("promised", queue_size=10, max_queue_age_s=5, ttft_slo_s=1.0)
     dispatcher = dispatcher_for([lane], pool, clock)
     grant = await granted(dispatcher, attempt(clock, lane=lane))
@@ -459,7 +464,7 @@ async def test_announced_retries_do_not_count_against_a_first_attempts_promise(
 async def test_a_waiter_cancelled_as_it_is_granted_leaves_every_count_at_zero(clock):
     """The pump grants a waiter whose caller was cancelled in the same loop turn: it must
     undo only what it did (the permits), never the dispatch it did not record."""
-    pool = Pool(PoolSpec("p", 1), MemoryLimitStore(clock))
+    pool = Pool(PoolSpec("p", 1), leases(clock))
     dispatcher = dispatcher_for([INTERACTIVE, BACKGROUND], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
@@ -485,8 +490,8 @@ async def test_a_waiter_cancelled_as_it_is_granted_leaves_every_count_at_zero(cl
 def two_pools(clock: FakeClock, limit: int = 4) -> tuple[Dispatcher, list[Pool], MemoryLimitStore]:
     """One deployment behind two pools, on a store that yields on every call."""
     memory = MemoryLimitStore(clock)
-    store = YieldingStore(memory)
-    pools = [Pool(PoolSpec(name, limit), store) for name in ("p", "q")]
+    shared = Leases(YieldingStore(memory), clock)
+    pools = [Pool(PoolSpec(name, limit), shared) for name in ("p", "q")]
     deployment = dataclasses.replace(DEPLOYMENT, pools=("p", "q"))
     target = Target(deployment, tuple(pools), Gate(), Breaker(BreakerPolicy(), clock))
     lanes = [Lane("half", queue_size=0, max_share=0.5)]
@@ -507,7 +512,7 @@ async def test_a_cancel_anywhere_inside_pool_acquisition_leaks_no_permit(clock, 
     if not task.cancelled():
         await dispatcher.release(a)
     assert [pool.counters.active for pool in pools] == [0, 0]
-    assert [await memory.in_use(f"pool:{p}:slots") for p in "pq"] == [0, 0]
+    assert [await memory.in_use(pool.slot.key) for pool in pools] == [0, 0]
     assert dispatcher.targets[0].breaker.in_flight == 0
 
 

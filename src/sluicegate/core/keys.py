@@ -1,0 +1,49 @@
+"""Every limit-store key the gateway uses, named in one place.
+
+Keys of one decision share a `{...}` hash tag, so that a Redis Cluster can keep them on
+one shard: every pool key carries `{pools}` (one attempt's decision spans all the pools
+of its deployment, and pools are shared between deployments), every key of the HTTP
+edge's gates carries `{edge}`.
+"""
+
+from __future__ import annotations
+
+EDGE = "{edge}"
+POOLS = "{pools}"
+
+
+def pool_slots(pool: str) -> str:
+    return f"{POOLS}pool:{pool}:slots"
+
+
+def pool_requests(pool: str) -> str:
+    return f"{POOLS}pool:{pool}:requests"
+
+
+def pool_tokens(pool: str) -> str:
+    return f"{POOLS}pool:{pool}:tokens"
+
+
+def pool_cooldown(pool: str) -> str:
+    return f"{POOLS}pool:{pool}:cool"
+
+
+def route_slots(route: str) -> str:
+    return f"{EDGE}route:{route}"
+
+
+def tenant_slots(tenant: str) -> str:
+    return f"{EDGE}tenant:{tenant}"
+
+
+def tenant_requests(tenant: str) -> str:
+    return f"{EDGE}tenant:{tenant}:requests"
+
+
+def tenant_tokens(tenant: str) -> str:
+    return f"{EDGE}tenant:{tenant}:tokens"
+
+
+AGGREGATE_SLOTS = f"{EDGE}aggregate"
+AGGREGATE_REQUESTS = f"{EDGE}aggregate:requests"
+AGGREGATE_TOKENS = f"{EDGE}aggregate:tokens"

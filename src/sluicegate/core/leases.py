@@ -1,0 +1,106 @@
+"""Every lease this process holds, kept alive by one heartbeat.
+
+Lease ids are chosen here (this process's owner id and a counter), so that a lease
+granted while its taker was cancelled can still be released. A lease lapses `ttl_s`
+after it was last renewed, so the slots of a process that died
+(even by SIGKILL) come free by themselves; a live process renews all of its leases
+every `ttl_s / 3`, so a stream that lasts ten TTLs keeps its slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+
+from sluicegate.core.clock import Clock, sleep_until
+from sluicegate.core.limits import Ask, Charge, Lease, LimitStore, Refused, StoreUnavailable
+
+log = logging.getLogger("sluicegate")
+
+LEASE_TTL_S = 30.0
+
+
+class Leases:
+    """The only way policy code takes and frees slots: it remembers what to renew."""
+
+    def __init__(
+        self, store: LimitStore, clock: Clock, ttl_s: float = LEASE_TTL_S, owner: str = ""
+    ) -> None:
+        self.store = store
+        self._owner = owner or uuid.uuid4().hex[:12]
+        self._ids = itertools.count(1)
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._held: set[Lease] = set()
+        self._finishing: set[asyncio.Future[None]] = set()
+
+    async def take(self, ask: Ask) -> Lease | Refused:
+        """Decide `ask`. Cancelled while the store decides, the lease it may have granted
+        (under the id chosen here) is released by a task owned here."""
+        lease = Lease(f"{self._owner}:{next(self._ids)}", tuple(s.key for s in ask.slots))
+        try:
+            decision = await self.store.take(ask, lease, self.ttl_s)
+        except asyncio.CancelledError:
+            if lease.keys:
+                self._finish([functools.partial(self.store.release, lease)])
+            raise
+        if decision is None:
+            if lease.keys:
+                self._held.add(lease)
+            return lease
+        return decision
+
+    async def give_back(
+        self, lease: Lease | None, refunds: Sequence[tuple[Charge, float]] = ()
+    ) -> None:
+        """Free a lease and refund charges, whatever happens to the caller meanwhile: a
+        cancellation mid-way hands the remaining steps to a task owned here (the step
+        cut short is done again; a release is idempotent). With the store away, a lease
+        lapses by its TTL and a refund is lost (the reservation stands): neither fails
+        the request that ends."""
+        steps: list[Callable[[], Awaitable[None]]] = []
+        if lease is not None:
+            self._held.discard(lease)
+            if lease.keys:
+                steps.append(functools.partial(self.store.release, lease))
+        steps += [functools.partial(self.store.refund, c, amount) for c, amount in refunds]
+        while steps:
+            try:
+                await _step(steps[0])
+            except asyncio.CancelledError:
+                self._finish(steps)
+                raise
+            steps.pop(0)
+
+    def _finish(self, steps: list[Callable[[], Awaitable[None]]]) -> None:
+        async def rest() -> None:
+            for step in steps:
+                await _step(step)
+
+        task = asyncio.ensure_future(rest())
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
+    async def run(self) -> None:
+        """Renew every held lease each third of the TTL, for the process's lifetime."""
+        while True:
+            await sleep_until(self._clock, self._clock.now() + self.ttl_s / 3)
+            try:
+                await self.store.renew(list(self._held), self.ttl_s)
+            except StoreUnavailable:
+                log.warning("the limit store is unavailable; leases not renewed this time")
+
+
+async def _step(step: Callable[[], Awaitable[None]]) -> None:
+    try:
+        await step()
+    except StoreUnavailable:
+        log.warning("the limit store is unavailable; a lease lapses by its TTL, a refund is lost")
