@@ -94,7 +94,7 @@ async def test_pool_limit_holds_for_http_and_in_process_callers_together(sim, ht
     assert stats["started"] == 80 - len(http_refusals) - len(local_refusals)
     assert http_refusals
     for status, head, body in http_refusals:
-        assert (status, body["error"]["code"]) == (503, "capacity_exhausted")
+        assert (status, body["error"]["code"]) == (503, "pool_concurrency_limited")
         assert "retry-after" not in {k.lower() for k in head}
 
 

@@ -16,6 +16,7 @@ import enum
 import random
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from sluicegate.core.clock import Clock
 from sluicegate.core.types import BreakerPolicy
@@ -25,6 +26,14 @@ class BreakerState(enum.StrEnum):
     CLOSED = "closed"
     OPEN = "open"
     HALF_OPEN = "half_open"
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerView:
+    state: BreakerState
+    opened: int
+    """Times the circuit opened."""
+    in_flight: int
 
 
 class Breaker:
@@ -43,6 +52,9 @@ class Breaker:
         self._open_for = policy.open_s
         self._probes = 0
         self._ramp: tuple[float, float] | None = None
+
+    def view(self) -> BreakerView:
+        return BreakerView(self.state, self.opened, self.in_flight)
 
     def allows(self) -> bool:
         """May an attempt start now (ignoring the ramp, see `limit`)?"""

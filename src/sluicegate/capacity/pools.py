@@ -23,12 +23,22 @@ from sluicegate.core.types import PoolSpec
 
 @dataclass(slots=True)
 class PoolCounters:
-    """This process's view, read by the metrics collector at scrape time."""
+    """This process's counts; `Pool.view()` hands out a copy."""
 
     active: int = 0
     tokens_reserved: int = 0
     tokens_used: int = 0
     tokens_unsettled: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    name: str
+    active: int
+    limit: int
+    tokens_reserved: int
+    tokens_used: int
+    tokens_unsettled: int
 
 
 class Pool:
@@ -46,6 +56,17 @@ class Pool:
     @property
     def name(self) -> str:
         return self.limits.name
+
+    def view(self) -> PoolView:
+        c = self.counters
+        return PoolView(
+            self.name,
+            c.active,
+            self.limits.max_concurrency,
+            c.tokens_reserved,
+            c.tokens_used,
+            c.tokens_unsettled,
+        )
 
     def charges(self, tokens: int) -> tuple[Charge, ...]:
         """One request and `tokens` tokens, for the rates this pool has."""
@@ -86,8 +107,10 @@ class Pool:
             listener()
 
 
-async def acquire(pools: Sequence[Pool], tokens: int) -> PoolPermit:
-    """A permit from every pool in `pools` reserving `tokens`, or a refusal at once.
+async def acquire(pools: Sequence[Pool], tokens: int) -> PoolPermit | GatewayError:
+    """A permit from every pool in `pools` reserving `tokens`, or at once the refusal to
+    answer with (returned, never raised: the dispatcher weighs it against others, and a
+    raised one would carry frames it keeps alive).
 
     Waiting is the scheduler's job (its lane queues), never the pools'.
     """
@@ -103,9 +126,9 @@ async def acquire(pools: Sequence[Pool], tokens: int) -> PoolPermit:
     try:
         decision = await leases.take(ask)
     except StoreUnavailable:
-        raise _unavailable() from None
+        return _unavailable()
     if isinstance(decision, Refused):
-        raise _refusal(decision, pools, owners)
+        return _refusal(decision, pools, owners)
     for pool in pools:
         pool._taken(tokens)
     token_charges = tuple(

@@ -29,6 +29,11 @@ class Refusal(enum.StrEnum):
     BACKEND_BUSY = "backend_busy"
     OVERLOADED = "overloaded"
     CIRCUIT_OPEN = "circuit_open"
+    RAMPING = "deployment_ramping_up"
+    LANE_SHARE = "lane_share_exhausted"
+    LANE_PACED = "lane_paced"
+    LANE_YIELDING = "lane_yielding"
+    LANE_BACKLOGGED = "lane_backlogged"
     STORE_UNAVAILABLE = "limit_store_unavailable"
 
     @property
@@ -66,6 +71,11 @@ _STATUS = {
     Refusal.BACKEND_BUSY: 503,
     Refusal.OVERLOADED: 503,
     Refusal.CIRCUIT_OPEN: 503,
+    Refusal.RAMPING: 503,
+    Refusal.LANE_SHARE: 503,
+    Refusal.LANE_PACED: 503,
+    Refusal.LANE_YIELDING: 503,
+    Refusal.LANE_BACKLOGGED: 503,
     Refusal.STORE_UNAVAILABLE: 503,
 }
 _TYPE = {

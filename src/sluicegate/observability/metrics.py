@@ -103,13 +103,12 @@ class CapacityCollector(Collector):
             "Reserved tokens kept because no usage was reported (failed or cut attempts).",
             labels=pool,
         )
-        for p in self._pools:
-            c = p.counters
-            active.add_metric([p.name], c.active)
-            limit.add_metric([p.name], p.limits.max_concurrency)
-            reserved.add_metric([p.name], c.tokens_reserved)
-            used.add_metric([p.name], c.tokens_used)
-            unsettled.add_metric([p.name], c.tokens_unsettled)
+        for view in (p.view() for p in self._pools):
+            active.add_metric([view.name], view.active)
+            limit.add_metric([view.name], view.limit)
+            reserved.add_metric([view.name], view.tokens_reserved)
+            used.add_metric([view.name], view.tokens_used)
+            unsettled.add_metric([view.name], view.tokens_unsettled)
         yield from (active, limit, reserved, used, unsettled)
 
     def _queue_families(self) -> Iterator[Metric]:
@@ -146,19 +145,17 @@ class CapacityCollector(Collector):
             "Times the lower lanes' rate was cut because the top lane's TTFT broke its target.",
             labels=["model"],
         )
-        for d in self._dispatchers:
-            if d.yielding is not None:
-                yield_rate.add_metric([d.model], d.yielding.rate_per_s or 0.0)
-                yield_cuts.add_metric([d.model], d.yielding.cuts)
-            for name, queue in d.queues.items():
-                key = [d.model, name]
-                depth.add_metric(key, queue.size)
-                first = queue.oldest_enqueued_s()
-                oldest.add_metric(key, 0.0 if first is None else d.clock.now() - first)
-                stats = d.stats[name]
-                dispatched.add_metric(key, stats.dispatched)
-                expired.add_metric(key, stats.expired)
-                for tenant, counter in getattr(queue.fairness, "counters", {}).items():
+        for view in (d.view() for d in self._dispatchers):
+            if view.yields:
+                yield_rate.add_metric([view.model], view.yield_rate_per_s or 0.0)
+                yield_cuts.add_metric([view.model], view.yield_cuts)
+            for lane in view.lanes:
+                key = [view.model, lane.name]
+                depth.add_metric(key, lane.queued)
+                oldest.add_metric(key, lane.oldest_age_s)
+                dispatched.add_metric(key, lane.dispatched)
+                expired.add_metric(key, lane.expired)
+                for tenant, counter in lane.service.items():
                     service.add_metric([*key, tenant], counter)
         yield from (depth, oldest, dispatched, expired, service, yield_rate, yield_cuts)
 
@@ -182,9 +179,9 @@ class CapacityCollector(Collector):
             "Times the deployment's circuit opened.",
             labels=["deployment"],
         )
-        for d in self._dispatchers:
-            for target in d.targets:
-                name, breaker = target.deployment.name, target.breaker
+        for view in (d.view() for d in self._dispatchers):
+            for target in view.targets:
+                name, breaker = target.deployment, target.breaker
                 for each in BreakerState:
                     circuit.add_metric([name, each.value], 1.0 if each is breaker.state else 0.0)
                 opened.add_metric([name], breaker.opened)

@@ -16,19 +16,31 @@ def snapshot(
     gates: Mapping[str, BackendGate],
 ) -> dict[str, Any]:
     models: dict[str, Any] = {}
-    for d in dispatchers:
-        now = d.clock.now()
-        lanes = {}
-        for name, queue in d.queues.items():
-            oldest = queue.oldest_enqueued_s()
-            stats = d.stats[name]
-            lanes[name] = {
-                "queued": queue.size,
-                "oldest_age_s": 0.0 if oldest is None else round(now - oldest, 3),
-                "dispatched": stats.dispatched,
-                "expired": stats.expired,
+    for view in (d.view() for d in dispatchers):
+        lanes = {
+            lane.name: {
+                "queued": lane.queued,
+                "oldest_age_s": round(lane.oldest_age_s, 3),
+                "in_flight": lane.in_flight,
+                "dispatched": lane.dispatched,
+                "expired": lane.expired,
             }
-        models[d.model] = {"lanes": lanes, "dispatch_interval_s": d.dispatch_interval_s}
+            for lane in view.lanes
+        }
+        deployments = {
+            target.deployment: {
+                "circuit": target.breaker.state.value,
+                "in_flight": target.breaker.in_flight,
+                "gate": target.gate.value,
+            }
+            for target in view.targets
+        }
+        models[view.model] = {
+            "lanes": lanes,
+            "deployments": deployments,
+            "dispatch_interval_s": view.dispatch_interval_s,
+            "checks": view.checks,
+        }
     return {
         "overload": {"state": monitor.state.label, "pressure": round(monitor.pressure, 3)},
         "models": models,

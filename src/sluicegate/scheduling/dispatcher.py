@@ -19,16 +19,20 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from sluicegate.capacity.breaker import BreakerView
+from sluicegate.capacity.gates import GateState
 from sluicegate.capacity.pools import acquire
 from sluicegate.core.call import Call
 from sluicegate.core.clock import Clock, Timer
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Lane
-from sluicegate.scheduling.attempt import Attempt, Outcome, Target
+from sluicegate.scheduling.attempt import Attempt, Target
+from sluicegate.scheduling.checks import DispatchCheck, NotNow, default_checks
 from sluicegate.scheduling.fairness import FairnessPolicy
 from sluicegate.scheduling.queues import LaneQueue, Waiter
 from sluicegate.scheduling.yielding import Yielding
@@ -44,6 +48,41 @@ class LaneStats:
     in_flight: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class LaneView:
+    name: str
+    queued: int
+    oldest_age_s: float
+    in_flight: int
+    dispatched: int
+    expired: int
+    service: Mapping[str, float]
+    """Each tenant's service counter in the lane's fair order."""
+
+
+@dataclass(frozen=True, slots=True)
+class TargetView:
+    deployment: str
+    breaker: BreakerView
+    gate: GateState
+
+
+@dataclass(frozen=True, slots=True)
+class DispatcherView:
+    """A copy of what the dispatcher is doing now, for metrics and operators."""
+
+    model: str
+    lanes: tuple[LaneView, ...]
+    targets: tuple[TargetView, ...]
+    dispatch_interval_s: float | None
+    yields: bool
+    """Whether the lower lanes yield to the top lane's time-to-first-token target."""
+    yield_rate_per_s: float | None
+    """Their allowed dispatch rate while they yield; None while not limited."""
+    yield_cuts: int
+    checks: Mapping[str, Any]
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -55,6 +94,7 @@ class Dispatcher:
         on_wait: Callable[[str, str, float], None] | None = None,
         paused: Callable[[Lane], bool] = lambda lane: False,
         chain: bool = False,
+        checks: Sequence[DispatchCheck] | None = None,
     ) -> None:
         self.model = model
         self.lanes = sorted(lanes, key=lambda lane: -lane.priority)
@@ -70,6 +110,7 @@ class Dispatcher:
         }
         self.stats = {lane.name: LaneStats() for lane in self.lanes}
         self.targets = list(targets)
+        self.checks = tuple(default_checks() if checks is None else checks)
         self._chain = chain
         self._turn = itertools.count()
         self.clock = clock
@@ -79,7 +120,6 @@ class Dispatcher:
         self._next_dispatch_s: dict[str, float] = {}
         self.dispatch_interval_s: float | None = None
         """Smoothed time between dispatches, to estimate how long a newcomer would wait."""
-        self._lane_use: dict[tuple[str, str], int] = {}
         self._kicked = asyncio.Event()
         self._retry: tuple[float, Timer] | None = None
         """The pending wake-up for a rate limit's next slot: (clock time, timer), cleared
@@ -91,6 +131,38 @@ class Dispatcher:
 
     def kick(self) -> None:
         self._kicked.set()
+
+    def view(self) -> DispatcherView:
+        now = self.clock.now()
+        lanes = []
+        for lane in self.lanes:
+            queue, stats = self.queues[lane.name], self.stats[lane.name]
+            oldest = queue.oldest_enqueued_s()
+            lanes.append(
+                LaneView(
+                    lane.name,
+                    queue.size,
+                    0.0 if oldest is None else now - oldest,
+                    stats.in_flight,
+                    stats.dispatched,
+                    stats.expired,
+                    queue.fairness.service(),
+                )
+            )
+        targets = tuple(
+            TargetView(t.deployment.name, t.breaker.view(), t.gate.state()) for t in self.targets
+        )
+        yielding = self.yielding
+        return DispatcherView(
+            self.model,
+            tuple(lanes),
+            targets,
+            self.dispatch_interval_s,
+            yielding is not None,
+            None if yielding is None else yielding.rate_per_s,
+            0 if yielding is None else yielding.cuts,
+            {check.name: check.view() for check in self.checks},
+        )
 
     def first_token(self, attempt: Attempt, ttft_s: float) -> None:
         """A streamed request got its first token `ttft_s` after arrival."""
@@ -125,7 +197,9 @@ class Dispatcher:
                 self._dispatched(attempt, 0.0)
                 return
         else:
-            refusal = Refusal.CAPACITY.error(f"lane {lane.name} has requests waiting ahead")
+            refusal = Refusal.LANE_BACKLOGGED.error(
+                f"lane {lane.name} has requests waiting ahead of it"
+            )
         if lane.queue_size == 0 or self._outlasts(refusal, call, self.clock.now()):
             raise refusal
         self._check_promise(lane, self._served_before(call))
@@ -157,20 +231,15 @@ class Dispatcher:
 
     def _ended(self, attempt: Attempt, target: Target) -> None:
         """The mirror of `_reserve` and `_dispatched` for an attempt that went out."""
-        outcome = attempt.outcome or Outcome.ABANDONED
-        evidence = outcome.is_evidence
-        target.gate.done(attempt.first_byte_after_s if evidence else None)
-        if evidence:
-            target.breaker.record(outcome is Outcome.OK)
-        else:
-            target.breaker.abandoned()
-        self._count_lane(target, attempt.lane, -1)
+        lane = attempt.lane
+        for check in self.checks:
+            check.released(target, lane, attempt)
         self._prefilled(attempt)
-        self.stats[attempt.lane.name].in_flight -= 1
+        self.stats[lane.name].in_flight -= 1
         if attempt.used_tokens is not None:
             call = attempt.call
             produced = max(0, attempt.used_tokens - call.prompt_tokens)
-            fairness = self.queues[attempt.lane.name].fairness
+            fairness = self.queues[lane.name].fairness
             fairness.charge(call.tenant.name, 0, produced - attempt.charged_output)
 
     def _queued_ahead(self, lane: Lane) -> int:
@@ -313,75 +382,58 @@ class Dispatcher:
         permit there; None once `attempt` holds them, else the refusal to answer."""
         lane = attempt.lane
         if self._prefilling and self._yielding_for(lane) is not None:
-            return Refusal.CAPACITY.error(f"lane {lane.name} yields to first tokens due")
+            return Refusal.LANE_YIELDING.error(f"lane {lane.name} yields to first tokens due")
         pace = self._pace_wait_s(lane)
         if pace > 0:
             self._retry_after(pace)
-            return Refusal.CAPACITY.error(f"lane {lane.name} is paced", pace)
+            return Refusal.LANE_PACED.error(f"lane {lane.name} is paced", pace)
         refusals: list[GatewayError] = []
         # When a refusal may end: callers are told a later, spread time, but the
         # dispatcher itself looks again at the earliest one.
         wakes: list[float] = []
         for target in self._candidates(attempt):
-            refusal, wake = self._check(target, lane)
-            if refusal is not None:
-                refusals.append(refusal)
-                wakes += [] if wake is None else [wake]
+            verdict = self._check(target, lane)
+            if verdict is not None:
+                refusals.append(verdict.error())
+                wakes += [] if verdict.wake_in_s is None else [verdict.wake_in_s]
                 continue
             self._reserve(attempt, target)
             try:
-                attempt.permit = await acquire(target.pools, attempt.call.reserved_tokens)
-            except GatewayError as err:
-                self._unreserve(attempt)
-                refusals.append(err)
-                wakes += [] if err.retry_after_s is None else [err.retry_after_s]
-                continue
+                permit = await acquire(target.pools, attempt.call.reserved_tokens)
             except BaseException:
                 self._unreserve(attempt)
                 raise
+            if isinstance(permit, GatewayError):
+                self._unreserve(attempt)
+                refusals.append(permit)
+                wakes += [] if permit.retry_after_s is None else [permit.retry_after_s]
+                continue
+            attempt.permit = permit
             return None
         if wakes:
             self._retry_after(min(wakes))
         return _most_telling(refusals)
 
-    def _check(self, target: Target, lane: Lane) -> tuple[GatewayError | None, float | None]:
-        """May `lane` go to `target` now? If not, why, and when that may change."""
-        breaker = target.breaker
-        name = target.deployment.name
-        if not breaker.allows():
-            reopens = breaker.reopens_in()
-            message = f"deployment {name} is failing; its circuit is open"
-            return Refusal.CIRCUIT_OPEN.error(message, breaker.spread(reopens)), reopens
-        if breaker.in_flight >= breaker.limit(target.full):
-            cooling = breaker.ramp_starts_in()
-            return _ramp_refusal(target, breaker.spread(cooling)), cooling
-        if not target.gate.admits(lane):
-            return Refusal.BACKEND_BUSY.error(f"deployment {name} is busy"), None
-        if not self._within_share(target, lane):
-            message = f"lane {lane.name} is at its share of the pools"
-            return Refusal.CAPACITY.error(message), None
-        return None, None
+    def _check(self, target: Target, lane: Lane) -> NotNow | None:
+        for check in self.checks:
+            verdict = check.check(target, lane)
+            if verdict is not None:
+                return verdict
+        return None
 
     def _reserve(self, attempt: Attempt, target: Target) -> None:
-        """Record the attempt against what `_check` counts, before any await."""
+        """Record the attempt against what the checks count, before any await."""
         attempt.target = target
-        target.gate.sent()
-        target.breaker.started()
-        self._count_lane(target, attempt.lane, 1)
+        for check in self.checks:
+            check.dispatched(target, attempt.lane)
 
     def _unreserve(self, attempt: Attempt) -> None:
         """Undo `_reserve` for an attempt that did not go out."""
         target = attempt.target
         assert target is not None
-        target.gate.withdraw()
-        target.breaker.abandoned()
-        self._count_lane(target, attempt.lane, -1)
+        for check in self.checks:
+            check.withdrawn(target, attempt.lane)
         attempt.target = None
-
-    def _count_lane(self, target: Target, lane: Lane, delta: int) -> None:
-        for pool in target.pools:
-            key = (pool.name, lane.name)
-            self._lane_use[key] = self._lane_use.get(key, 0) + delta
 
     def _pace_wait_s(self, lane: Lane) -> float:
         paced = 0.0
@@ -397,15 +449,6 @@ class Dispatcher:
         if lane.priority < self.protected.priority:
             return self.yielding
         return None
-
-    def _within_share(self, target: Target, lane: Lane) -> bool:
-        if lane.max_share >= 1.0:
-            return True
-        for pool in target.pools:
-            cap = max(1, math.floor(lane.max_share * pool.limits.max_concurrency))
-            if self._lane_use.get((pool.name, lane.name), 0) >= cap:
-                return False
-        return True
 
     def _dispatched(self, attempt: Attempt, wait_s: float) -> None:
         """The attempt is the caller's now: charge its tenant and note the dispatch."""
@@ -450,13 +493,6 @@ class Dispatcher:
     def _retry_due(self) -> None:
         self._retry = None
         self.kick()
-
-
-def _ramp_refusal(target: Target, cooling: float | None) -> GatewayError:
-    name = target.deployment.name
-    if cooling is not None:
-        return Refusal.POOL_COOLING.error(f"deployment {name} is cooling down", cooling)
-    return Refusal.CAPACITY.error(f"deployment {name} is ramping up after a recovery")
 
 
 def _granted(waiter: Waiter[Attempt]) -> bool:

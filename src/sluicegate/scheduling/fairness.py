@@ -23,6 +23,10 @@ class FairnessPolicy(Protocol):
         """The backlogged flow to serve next (no side effect); None when none is."""
         ...
 
+    def service(self) -> Mapping[str, float]:
+        """Each flow's service counter, for operators; empty when the policy keeps none."""
+        ...
+
     def charge(self, flow: str, prompt_tokens: float, output_tokens: float) -> None:
         """Account one dispatch's service to `flow`; a later call with a negative amount
         corrects an estimate once the real usage is known."""
@@ -43,6 +47,9 @@ class RoundRobin:
 
     def pick(self) -> str | None:
         return next(iter(self._order), None)
+
+    def service(self) -> Mapping[str, float]:
+        return {}
 
     def charge(self, flow: str, prompt_tokens: float, output_tokens: float) -> None:
         """A dispatch sends its flow to the back of the round; corrections change nothing."""
@@ -83,6 +90,9 @@ class VirtualTokenCounter:
 
     def idle(self, flow: str) -> None:
         self._backlog.pop(flow, None)
+
+    def service(self) -> Mapping[str, float]:
+        return dict(self.counters)
 
     def pick(self) -> str | None:
         counters = self.counters

@@ -2,13 +2,25 @@ from __future__ import annotations
 
 import pytest
 
-from sluicegate.capacity.pools import Pool, acquire
+from sluicegate.capacity.pools import Pool, PoolPermit, acquire
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.leases import Leases
 from sluicegate.core.limits import Rate
 from sluicegate.core.types import PoolSpec
 from sluicegate.stores.memory import MemoryLimitStore
 from tests.support.clock import FakeClock
+
+
+async def take(pools: list[Pool], tokens: int) -> PoolPermit:
+    permit = await acquire(pools, tokens)
+    assert isinstance(permit, PoolPermit), permit
+    return permit
+
+
+async def refused(pools: list[Pool], tokens: int) -> GatewayError:
+    refusal = await acquire(pools, tokens)
+    assert isinstance(refusal, GatewayError), refusal
+    return refusal
 
 
 def pool(clock=None, **limits) -> Pool:
@@ -19,30 +31,28 @@ def pool(clock=None, **limits) -> Pool:
 
 async def test_concurrency_is_immediate_or_refuse_without_retry_after():
     p = pool()
-    held = [await acquire([p], 0), await acquire([p], 0)]
-    with pytest.raises(GatewayError) as info:
-        await acquire([p], 0)
-    assert (info.value.status, info.value.code) == (503, "pool_concurrency_limited")
-    assert info.value.retry_after_s is None
+    held = [await take([p], 0), await take([p], 0)]
+    info = await refused([p], 0)
+    assert (info.status, info.code) == (503, "pool_concurrency_limited")
+    assert info.retry_after_s is None
     await held[0].release(None)
     assert p.counters.active == 1
-    await acquire([p], 0)
+    await take([p], 0)
 
 
 async def test_release_is_idempotent():
     p = pool(max_concurrency=1)
-    permit = await acquire([p], 0)
+    permit = await take([p], 0)
     await permit.release(None)
     await permit.release(None)
     assert p.counters.active == 0
-    await acquire([p], 0)
-    with pytest.raises(GatewayError):
-        await acquire([p], 0)
+    await take([p], 0)
+    await refused([p], 0)
 
 
 async def test_a_1000_token_reservation_that_used_10_gives_990_back():
     p = pool(tokens=Rate(100_000, 60, 100_000))
-    permit = await acquire([p], 1000)
+    permit = await take([p], 1000)
     assert await p.available_tokens() == pytest.approx(99_000)
     await permit.release(10)
     assert await p.available_tokens() == pytest.approx(99_990)
@@ -51,7 +61,7 @@ async def test_a_1000_token_reservation_that_used_10_gives_990_back():
 
 async def test_unknown_usage_keeps_the_whole_reservation():
     p = pool(tokens=Rate(100_000, 60, 100_000))
-    permit = await acquire([p], 1000)
+    permit = await take([p], 1000)
     await permit.release(None)
     assert await p.available_tokens() == pytest.approx(99_000)
     assert p.counters.tokens_unsettled == 1000
@@ -59,23 +69,21 @@ async def test_unknown_usage_keeps_the_whole_reservation():
 
 async def test_token_refusal_frees_the_slot_and_the_request_unit():
     p = pool(max_concurrency=1, requests=Rate(1, 60, 1), tokens=Rate(100, 60, 100))
-    with pytest.raises(GatewayError) as info:
-        await acquire([p], 500)
-    assert info.value.code == "pool_token_limited"
-    assert info.value.should_retry is False
+    info = await refused([p], 500)
+    assert info.code == "pool_token_limited"
+    assert info.should_retry is False
     assert p.counters.active == 0
-    permit = await acquire([p], 50)
+    permit = await take([p], 50)
     await permit.release(50)
 
 
 async def test_request_rate_refusal_carries_the_window():
     p = pool(max_concurrency=5, requests=Rate(2, 60, 2))
-    await acquire([p], 0)
-    await acquire([p], 0)
-    with pytest.raises(GatewayError) as info:
-        await acquire([p], 0)
-    assert info.value.code == "pool_rate_limited"
-    assert info.value.retry_after_s == pytest.approx(30)
+    await take([p], 0)
+    await take([p], 0)
+    info = await refused([p], 0)
+    assert info.code == "pool_rate_limited"
+    assert info.retry_after_s == pytest.approx(30)
     assert p.counters.active == 2
 
 
@@ -84,18 +92,17 @@ async def test_cooldown_refuses_with_its_end():
     p = pool(clock)
     await p.cool(12)
     clock.advance(2)
-    with pytest.raises(GatewayError) as info:
-        await acquire([p], 0)
-    assert (info.value.code, info.value.retry_after_s) == ("pool_cooling_down", pytest.approx(10))
+    info = await refused([p], 0)
+    assert (info.code, info.retry_after_s) == ("pool_cooling_down", pytest.approx(10))
     clock.advance(10)
-    await acquire([p], 0)
+    await take([p], 0)
 
 
 async def test_release_listeners_are_told():
     p = pool()
     told: list[int] = []
     p.on_release(lambda: told.append(p.counters.active))
-    permit = await acquire([p], 0)
+    permit = await take([p], 0)
     await permit.release(None)
     assert told == [0]
 
@@ -105,10 +112,9 @@ async def test_a_deployment_behind_two_pools_takes_both_or_neither():
     leases = Leases(MemoryLimitStore(clock), clock)
     p = Pool(PoolSpec("p", 2), leases)
     q = Pool(PoolSpec("q", 1, tokens=Rate(100, 60, 100)), leases)
-    held = await acquire([p, q], 10)
-    with pytest.raises(GatewayError) as info:
-        await acquire([p, q], 10)
-    assert info.value.message == "pool q is at its concurrency limit"
+    held = await take([p, q], 10)
+    info = await refused([p, q], 10)
+    assert info.message == "pool q is at its concurrency limit"
     assert (p.counters.active, q.counters.active) == (1, 1)
     assert await leases.store.in_use(p.slot.key) == 1
     await held.release(4)

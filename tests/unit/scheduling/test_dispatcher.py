@@ -165,7 +165,7 @@ async def test_a_lane_without_a_queue_refuses_at_once(setup, clock):
     grant = await granted(dispatcher, attempt(clock))
     with pytest.raises(GatewayError) as info:
         await granted(dispatcher, attempt(clock, lane=Lane("now", priority=100)))
-    assert info.value.code == "capacity_exhausted"
+    assert info.value.code == "pool_concurrency_limited"
     await dispatcher.release(grant)
 
 
@@ -479,7 +479,7 @@ async def test_a_waiter_cancelled_as_it_is_granted_leaves_every_count_at_zero(cl
         assert target.breaker.in_flight == 0
         assert pool.counters.active == 0
         assert all(stats.in_flight == 0 for stats in dispatcher.stats.values())
-        assert set(dispatcher._lane_use.values()) <= {0}
+        assert dispatcher.view().checks["lane_share"]["in_use"] == {}
         assert not runner.done()
         again = await granted(dispatcher, attempt(clock, lane=BACKGROUND))
         await dispatcher.release(again)
