@@ -33,6 +33,7 @@ from sluicegate.core.errors import ErrorType, GatewayError, bad_request
 from sluicegate.core.types import Endpoint, Settings, Tenant
 from sluicegate.observability.metrics import UNKNOWN_MODEL, GatewayMetrics
 from sluicegate.pipeline import Answer, Inbound, Pipeline
+from sluicegate.providers.sse import frame
 
 log = logging.getLogger("sluicegate")
 
@@ -155,7 +156,7 @@ class Gateway:
     async def _fail(self, exchange: Exchange, err: GatewayError) -> None:
         """Answer an error; once a stream has started, end it with an explicit error event."""
         if exchange.started:
-            event = b"data: " + error_body(err) + b"\n\n"
+            event = frame(error_body(err))
             await exchange.send({"type": "http.response.body", "body": event})
         else:
             await send_error(exchange.send, err)

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from sluicegate.providers.anthropic_response import finish_reason, openai_usage, prompt_tokens
+from sluicegate.providers.sse import EventSplitter, EventTooLarge, events
 
 _ROLE = b'{"role":"assistant","content":""}'
 _DONE = b"data: [DONE]\n\n"
@@ -37,9 +38,9 @@ class StreamTranslator:
     __slots__ = (
         "_completion",
         "_created",
+        "_events",
         "_head",
         "_include_usage",
-        "_pending",
         "_prompt",
         "_role",
         "_stop_reason",
@@ -52,7 +53,7 @@ class StreamTranslator:
         self._include_usage = include_usage
         self._head = b""
         self._role = b""
-        self._pending = b""
+        self._events = EventSplitter()
         self._tools: dict[int, int] = {}
         self._prompt = 0
         self._completion = 0
@@ -61,9 +62,11 @@ class StreamTranslator:
         """Prompt + completion, set by `message_stop`: only a complete answer has it."""
 
     def feed(self, data: bytes) -> bytes:
-        lines = (self._pending + data).split(b"\n")
-        self._pending = lines.pop()
-        return b"".join([self._event(line[5:]) for line in lines if line.startswith(b"data:")])
+        try:
+            block = self._events.feed(data)
+        except EventTooLarge as exc:
+            raise StreamBroken(str(exc)) from None
+        return b"".join([self._event(payload) for _, payload in events(block) if payload])
 
     def finish(self) -> None:
         """Called at the end of the upstream body: an answer without `message_stop` was cut."""

@@ -11,11 +11,14 @@ import orjson
 
 from sluicegate.core.types import Deployment, Endpoint
 from sluicegate.providers.base import classify_status, interrupted
+from sluicegate.providers.sse import EventSplitter, EventTooLarge, events
 from sluicegate.providers.transport import AdapterResponse, HttpProvider, UpstreamBody
 
 _DONE = b"data: [DONE]"
 _USAGE = re.compile(rb'"usage":\s*\{[^}]*"total_tokens":\s*(\d+)')
-_USAGE_EVENT = re.compile(rb'data: \{[^\n]*"choices":\s*\[\][^\n]*"usage":\s*\{[^\n]*\n\n')
+_TAIL_BYTES = 4096
+"""Enough of a stream's end to hold its usage event and `[DONE]` however it was cut."""
+_NO_CHOICES = re.compile(rb'"choices":\s*\[\]')
 
 
 def _total_tokens(data: bytes) -> int | None:
@@ -45,38 +48,39 @@ class OpenAIResponse(AdapterResponse):
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """SSE bytes as they arrive; a stream that ends without `[DONE]` was cut short."""
-        previous = last = b""
+        tail = b""
         async for chunk in self._events() if self._hide_usage else self._body.chunks():
             yield chunk
-            previous, last = last, chunk
-        if not (previous + last).rstrip().endswith(_DONE):
+            tail = tail[-_TAIL_BYTES:] + chunk if len(chunk) < _TAIL_BYTES else chunk
+        if not tail.rstrip().endswith(_DONE):
             raise interrupted(self._deployment)
         if not self._hide_usage:
-            self.used_tokens = _total_tokens(previous + last)
+            self.used_tokens = _total_tokens(tail)
 
     async def _events(self) -> AsyncIterator[bytes]:
         """Whole SSE events only, so the usage event can be recognised and dropped."""
-        pending = b""
-        async for data in self._body.chunks():
-            data = pending + data if pending else data
-            cut = data.rfind(b"\n\n") + 2
-            if cut < 2:
-                pending = data
-                continue
-            chunk, pending = data[:cut], data[cut:]
-            if b'"usage"' in chunk:
-                chunk = self._take_usage(chunk)
-            if chunk:
-                yield chunk
-        if pending:
-            yield pending
+        splitter = EventSplitter()
+        try:
+            async for data in self._body.chunks():
+                block = splitter.feed(data)
+                if b'"usage"' in block:
+                    block = self._take_usage(block)
+                if block:
+                    yield block
+        except EventTooLarge as exc:
+            raise interrupted(self._deployment, exc) from None
+        rest = splitter.rest()
+        if rest:
+            yield rest
 
-    def _take_usage(self, chunk: bytes) -> bytes:
-        event = _USAGE_EVENT.search(chunk)
-        if event is None:
-            return chunk
-        self.used_tokens = _total_tokens(event.group(0))
-        return chunk[: event.start()] + chunk[event.end() :]
+    def _take_usage(self, block: bytes) -> bytes:
+        kept: list[bytes] = []
+        for raw, data in events(block):
+            if data is not None and b'"usage"' in data and _NO_CHOICES.search(data):
+                self.used_tokens = _total_tokens(data)
+            else:
+                kept.append(raw)
+        return b"".join(kept)
 
 
 class OpenAIProvider(HttpProvider):
