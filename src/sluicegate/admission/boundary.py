@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from sluicegate.core import keys
 from sluicegate.core.call import Call, Tally
+from sluicegate.core.errors import GatewayError
 from sluicegate.core.leases import Leases
-from sluicegate.core.limits import Ask, Charge, Lease, Refused, Slot, StoreUnavailable
+from sluicegate.core.limits import Ask, Charge, Refused, Slot, StoreUnavailable, ask
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Endpoint, Quota, RoutePolicy, Tenant
 
@@ -36,6 +37,9 @@ class Boundary:
         self._leases = leases
         self._routes = routes
         self._aggregate = aggregate
+        self._slot_gates: dict[tuple[Endpoint, str, bool], tuple[Ask | None, tuple[_Gate, ...]]]
+        self._slot_gates = {}
+        self._quota_plans: dict[str, list[tuple[Charge, _Gate]]] = {}
 
     async def enter(
         self, endpoint: Endpoint, tenant: Tenant, permits: AsyncExitStack, interactive: bool
@@ -43,6 +47,27 @@ class Boundary:
         """Concurrency gates: the route, the tenant, then all tenants together. Work that
         is not interactive HTTP traffic (jobs) takes only the tenant's slot: the route's
         and the aggregate's protect the HTTP edge, and jobs have their own bounds."""
+        key = (endpoint, tenant.name, interactive)
+        gates = self._slot_gates.get(key)
+        if gates is None:
+            gates = self._slot_gates[key] = self._slots(endpoint, tenant, interactive)
+        wanted, named = gates
+        if wanted is None:
+            return
+        try:
+            decision = await self._leases.take(wanted)
+        except StoreUnavailable:
+            raise _unavailable() from None
+        if isinstance(decision, Refused):
+            slot, gate = wanted.slots[decision.index], named[decision.index]
+            raise gate.reason.error(f"{gate.who} is at its concurrency limit of {slot.limit}")
+        permits.push_async_callback(self._leases.give_back, decision)
+
+    def _slots(
+        self, endpoint: Endpoint, tenant: Tenant, interactive: bool
+    ) -> tuple[Ask | None, tuple[_Gate, ...]]:
+        """The one decision `enter` asks for this route, tenant and kind of work: built
+        once, since the limits are fixed at start."""
         slots: list[tuple[Slot, _Gate]] = []
         route_limit = self._routes[endpoint].max_concurrency
         if interactive and route_limit is not None:
@@ -56,32 +81,25 @@ class Boundary:
         if interactive and aggregate_limit is not None:
             slots.append((Slot(keys.AGGREGATE_SLOTS, aggregate_limit), _capacity("aggregate")))
         if not slots:
-            return
-        decision = await self._take(Ask(slots=tuple(slot for slot, _ in slots)))
-        if isinstance(decision, Refused):
-            slot, gate = slots[decision.index]
-            raise gate.reason.error(f"{gate.who} is at its concurrency limit of {slot.limit}")
-        permits.push_async_callback(self._leases.give_back, decision)
+            return None, ()
+        return ask(slots=tuple(slot for slot, _ in slots)), tuple(gate for _, gate in slots)
 
     async def charge(self, call: Call, permits: AsyncExitStack, tally: Tally) -> None:
         """Prompt budgets, then request and token rates of the tenant and the aggregate."""
         self._check_prompt_budget(call)
-        charges = list(self._charges(call))
+        charges = self._charges(call)
         if not charges:
             return
-        decision = await self._take(Ask(charges=tuple(charge for charge, _ in charges)))
+        try:
+            decision = await self._leases.take(Ask(charges=tuple(c for c, _ in charges)))
+        except StoreUnavailable:
+            raise _unavailable() from None
         if isinstance(decision, Refused):
             charge, gate = charges[decision.index]
             raise gate.reason.error(_rate_message(charge, gate), decision.retry_after_s)
         for charge, gate in charges:
             if gate.is_tokens:
                 permits.push_async_callback(self._settle, charge, tally)
-
-    async def _take(self, ask: Ask) -> Lease | Refused:
-        try:
-            return await self._leases.take(ask)
-        except StoreUnavailable:
-            raise Refusal.STORE_UNAVAILABLE.error("the limit store is unavailable") from None
 
     def _check_prompt_budget(self, call: Call) -> None:
         for who, budget in (
@@ -94,8 +112,19 @@ class Boundary:
                     f"{who} allows at most {budget}"
                 )
 
-    def _charges(self, call: Call) -> Iterator[tuple[Charge, _Gate]]:
-        tenant = call.tenant
+    def _charges(self, call: Call) -> list[tuple[Charge, _Gate]]:
+        """The tenant's and the aggregate's rates this request is charged: the request
+        counts are fixed per tenant and built once; token charges cost its reservation."""
+        plan = self._quota_plans.get(call.tenant.name)
+        if plan is None:
+            plan = self._quota_plans[call.tenant.name] = list(self._plan(call.tenant))
+        cost = call.reserved_tokens
+        return [
+            (Charge(charge.key, charge.rate, cost) if gate.is_tokens else charge, gate)
+            for charge, gate in plan
+        ]
+
+    def _plan(self, tenant: Tenant) -> Iterator[tuple[Charge, _Gate]]:
         name = tenant.name
         quotas = (
             (
@@ -115,14 +144,17 @@ class Boundary:
             if quota.requests is not None:
                 yield Charge(requests_key, quota.requests, 1), _Gate(rate_reason, who)
             if quota.tokens is not None:
-                charge = Charge(tokens_key, quota.tokens, call.reserved_tokens)
-                yield charge, _Gate(token_reason, who, is_tokens=True)
+                yield Charge(tokens_key, quota.tokens, 0), _Gate(token_reason, who, True)
 
     async def _settle(self, charge: Charge, tally: Tally) -> None:
         """Reconcile a token reservation with the usage reported; unknown usage keeps it."""
         used = tally.used_tokens
         if used is not None and used != charge.cost:
             await self._leases.give_back(None, [(charge, charge.cost - used)])
+
+
+def _unavailable() -> GatewayError:
+    return Refusal.STORE_UNAVAILABLE.error("the limit store is unavailable")
 
 
 def _capacity(who: str) -> _Gate:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from sluicegate.core import keys
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.leases import Leases
-from sluicegate.core.limits import Ask, Charge, Lease, Part, Refused, Slot, StoreUnavailable
+from sluicegate.core.limits import Charge, Lease, Part, Refused, Slot, StoreUnavailable, ask
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import PoolSpec
 
@@ -107,49 +107,59 @@ class Pool:
             listener()
 
 
-async def acquire(pools: Sequence[Pool], tokens: int) -> PoolPermit | GatewayError:
-    """A permit from every pool in `pools` reserving `tokens`, or at once the refusal to
-    answer with (returned, never raised: the dispatcher weighs it against others, and a
-    raised one would carry frames it keeps alive).
+class PoolGroup:
+    """The pools of one deployment, asked as one decision; what does not depend on the
+    request (cooldowns, slots, request counts) is built once."""
 
-    Waiting is the scheduler's job (its lane queues), never the pools'.
-    """
-    leases = pools[0].leases
-    owners: list[tuple[Pool, Charge]] = [
-        (pool, charge) for pool in pools for charge in pool.charges(tokens)
-    ]
-    ask = Ask(
-        tuple(pool.cooldown_key for pool in pools),
-        tuple(pool.slot for pool in pools),
-        tuple(charge for _, charge in owners),
-    )
-    try:
-        decision = await leases.take(ask)
-    except StoreUnavailable:
-        return _unavailable()
-    if isinstance(decision, Refused):
-        return _refusal(decision, pools, owners)
-    for pool in pools:
-        pool._taken(tokens)
-    token_charges = tuple(
-        (pool, charge) for pool, charge in owners if charge.key == pool._tokens_key
-    )
-    return PoolPermit(pools, decision, tokens, token_charges)
+    def __init__(self, pools: Sequence[Pool]) -> None:
+        self.pools = tuple(pools)
+        self.leases = self.pools[0].leases
+        self._owners = [(pool, charge) for pool in self.pools for charge in pool.charges(0)]
+        self._tokens = tuple(
+            i for i, (pool, charge) in enumerate(self._owners) if charge.key == pool._tokens_key
+        )
+        """Which charges are token charges: their cost is each attempt's reservation."""
+        self._ask = ask(
+            tuple(pool.cooldown_key for pool in self.pools),
+            tuple(pool.slot for pool in self.pools),
+            tuple(charge for _, charge in self._owners),
+        )
+
+    async def acquire(self, tokens: int) -> PoolPermit | GatewayError:
+        """A permit from every pool reserving `tokens`, or at once the refusal to answer
+        with (returned, never raised: the dispatcher weighs it against others, and a
+        raised one would carry frames it keeps alive).
+
+        Waiting is the scheduler's job (its lane queues), never the pools'.
+        """
+        wanted = self._ask
+        token_charges: tuple[Charge, ...] = ()
+        if self._tokens:
+            charges = list(wanted.charges)
+            for i in self._tokens:
+                charges[i] = Charge(charges[i].key, charges[i].rate, tokens)
+            token_charges = tuple(charges[i] for i in self._tokens)
+            wanted = wanted._replace(charges=tuple(charges))
+        try:
+            decision = await self.leases.take(wanted)
+        except StoreUnavailable:
+            return _unavailable()
+        if isinstance(decision, Refused):
+            return _refusal(decision, self.pools, self._owners)
+        for pool in self.pools:
+            pool._taken(tokens)
+        return PoolPermit(self, decision, tokens, token_charges)
 
 
 class PoolPermit:
     """Held for the whole attempt; `release` is idempotent so no path can free it twice."""
 
-    __slots__ = ("_lease", "_pools", "_released", "_token_charges", "reserved")
+    __slots__ = ("_group", "_lease", "_released", "_token_charges", "reserved")
 
     def __init__(
-        self,
-        pools: Sequence[Pool],
-        lease: Lease,
-        reserved: int,
-        token_charges: tuple[tuple[Pool, Charge], ...],
+        self, group: PoolGroup, lease: Lease, reserved: int, token_charges: tuple[Charge, ...]
     ) -> None:
-        self._pools = pools
+        self._group = group
         self._lease = lease
         self.reserved = reserved
         self._token_charges = token_charges
@@ -163,11 +173,11 @@ class PoolPermit:
         self._released = True
         refunds: list[tuple[Charge, float]] = []
         if used_tokens is not None and used_tokens != self.reserved:
-            refunds = [(charge, self.reserved - used_tokens) for _, charge in self._token_charges]
+            refunds = [(charge, self.reserved - used_tokens) for charge in self._token_charges]
         try:
-            await self._pools[0].leases.give_back(self._lease, refunds)
+            await self._group.leases.give_back(self._lease, refunds)
         finally:
-            for pool in self._pools:
+            for pool in self._group.pools:
                 pool._settled(self.reserved, used_tokens)
 
 

@@ -41,7 +41,8 @@ class Leases:
     async def take(self, ask: Ask) -> Lease | Refused:
         """Decide `ask`. Cancelled while the store decides, the lease it may have granted
         (under the id chosen here) is released by a task owned here."""
-        lease = Lease(f"{self._owner}:{next(self._ids)}", tuple(s.key for s in ask.slots))
+        keys = ask.slot_keys or tuple(slot.key for slot in ask.slots)
+        lease = Lease(f"{self._owner}:{next(self._ids)}", keys)
         try:
             decision = await self.store.take(ask, lease, self.ttl_s)
         except asyncio.CancelledError:
@@ -62,24 +63,28 @@ class Leases:
         cut short is done again; a release is idempotent). With the store away, a lease
         lapses by its TTL and a refund is lost (the reservation stands): neither fails
         the request that ends."""
-        steps: list[Callable[[], Awaitable[None]]] = []
+        releasing = lease is not None and bool(lease.keys)
         if lease is not None:
             self._held.discard(lease)
-            if lease.keys:
-                steps.append(functools.partial(self.store.release, lease))
-        steps += [functools.partial(self.store.refund, c, amount) for c, amount in refunds]
-        while steps:
-            try:
-                await _step(steps[0])
-            except asyncio.CancelledError:
-                self._finish(steps)
-                raise
-            steps.pop(0)
+        done = 0
+        try:
+            if lease is not None and releasing:
+                await _quietly(self.store.release(lease))
+                releasing = False
+            for charge, amount in refunds:
+                await _quietly(self.store.refund(charge, amount))
+                done += 1
+        except asyncio.CancelledError:
+            steps = [functools.partial(self.store.release, lease)] if releasing else []
+            rest = refunds[done:]
+            steps += [functools.partial(self.store.refund, c, amount) for c, amount in rest]
+            self._finish(steps)
+            raise
 
     def _finish(self, steps: list[Callable[[], Awaitable[None]]]) -> None:
         async def rest() -> None:
             for step in steps:
-                await _step(step)
+                await _quietly(step())
 
         task = asyncio.ensure_future(rest())
         self._finishing.add(task)
@@ -99,8 +104,8 @@ class Leases:
                 log.warning("the limit store is unavailable; leases not renewed this time")
 
 
-async def _step(step: Callable[[], Awaitable[None]]) -> None:
+async def _quietly(call: Awaitable[None]) -> None:
     try:
-        await step()
+        await call
     except StoreUnavailable:
         log.warning("the limit store is unavailable; a lease lapses by its TTL, a refund is lost")

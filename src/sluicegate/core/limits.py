@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,16 +41,14 @@ class RateDecision:
     """When refused: the wait until the same cost would be allowed (inf: never)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Slot:
+class Slot(NamedTuple):
     """One concurrency slot under `key`, of at most `limit` held at once."""
 
     key: str
     limit: int
 
 
-@dataclass(frozen=True, slots=True)
-class Charge:
+class Charge(NamedTuple):
     """`cost` units of `rate` under `key`."""
 
     key: str
@@ -58,14 +56,21 @@ class Charge:
     cost: float
 
 
-@dataclass(frozen=True, slots=True)
-class Ask:
+class Ask(NamedTuple):
     """One decision, all or nothing: none of `cooldowns` running, a slot under every
     limit, every charge within its rate. A refusal writes nothing."""
 
     cooldowns: tuple[str, ...] = ()
     slots: tuple[Slot, ...] = ()
     charges: tuple[Charge, ...] = ()
+    slot_keys: tuple[str, ...] = ()
+    """The keys a lease granted for this ask holds: `slots`' keys (see `ask`)."""
+
+
+def ask(
+    cooldowns: tuple[str, ...] = (), slots: tuple[Slot, ...] = (), charges: tuple[Charge, ...] = ()
+) -> Ask:
+    return Ask(cooldowns, slots, charges, tuple(slot.key for slot in slots))
 
 
 class Part(enum.StrEnum):
@@ -84,8 +89,7 @@ class Refused:
     retry_after_s: float | None
 
 
-@dataclass(frozen=True, slots=True)
-class Lease:
+class Lease(NamedTuple):
     """The slots one decision took, held under one id until released or, if its holder
     stops renewing it, until its time-to-live runs out."""
 

@@ -9,12 +9,12 @@ and its outcome is decided once, from how it ended.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sluicegate.capacity.breaker import Breaker
 from sluicegate.capacity.gates import BackendGate
-from sluicegate.capacity.pools import Pool, PoolPermit
+from sluicegate.capacity.pools import Pool, PoolGroup, PoolPermit
 from sluicegate.core.call import Call
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.types import Deployment, Lane
@@ -28,10 +28,13 @@ class Target:
     pools: tuple[Pool, ...]
     gate: BackendGate
     breaker: Breaker
+    group: PoolGroup = field(init=False)
+    full: int = field(init=False)
+    """The most attempts its pools allow at once."""
 
-    @property
-    def full(self) -> int:
-        return min(pool.limits.max_concurrency for pool in self.pools)
+    def __post_init__(self) -> None:
+        self.group = PoolGroup(self.pools)
+        self.full = min(pool.limits.max_concurrency for pool in self.pools)
 
 
 class Outcome(enum.StrEnum):
@@ -68,6 +71,7 @@ class Attempt:
 
     call: Call
     number: int = 1
+    lane: Lane = field(init=False)
     avoid: frozenset[str] = frozenset()
     target: Target | None = None
     permit: PoolPermit | None = None
@@ -77,10 +81,6 @@ class Attempt:
     first_byte_s: float | None = None
     used_tokens: int | None = None
     outcome: Outcome | None = None
-
-    @property
-    def lane(self) -> Lane:
-        return self.call.lane
 
     @property
     def deployment(self) -> Deployment:
@@ -93,6 +93,9 @@ class Attempt:
         if self.first_byte_s is None or self.dispatched_s is None:
             return None
         return self.first_byte_s - self.dispatched_s
+
+    def __post_init__(self) -> None:
+        self.lane = self.call.lane
 
     def end(self, error: BaseException | None) -> Outcome:
         """Decide the outcome from how the attempt ended; the first decision stands."""

@@ -25,7 +25,6 @@ from typing import Any
 
 from sluicegate.capacity.breaker import BreakerView
 from sluicegate.capacity.gates import GateState
-from sluicegate.capacity.pools import acquire
 from sluicegate.core.call import Call
 from sluicegate.core.clock import Clock, Timer
 from sluicegate.core.errors import GatewayError
@@ -399,7 +398,7 @@ class Dispatcher:
                 continue
             self._reserve(attempt, target)
             try:
-                permit = await acquire(target.pools, attempt.call.reserved_tokens)
+                permit = await target.group.acquire(attempt.call.reserved_tokens)
             except BaseException:
                 self._unreserve(attempt)
                 raise

@@ -32,18 +32,25 @@ class MemoryLimitStore:
             left = self._cool_until.get(key, now) - now
             if left > 0:
                 return Refused(Part.COOLDOWN, index, left)
+        slots = self._slots
         for index, slot in enumerate(ask.slots):
-            if self._held(slot.key, now) >= slot.limit:
+            held = slots.get(slot.key)
+            if held and len(held) >= slot.limit and _sweep(held, now) >= slot.limit:
                 return Refused(Part.SLOT, index, None)
-        tats: dict[str, float] = {}
-        for index, charge in enumerate(ask.charges):
-            tat = tats.get(charge.key, self._tats.get(charge.key, now))
-            decision, tats[charge.key] = gcra(tat, now, charge.rate, charge.cost)
-            if not decision.allowed:
-                return Refused(Part.CHARGE, index, decision.retry_after_s)
-        self._tats.update(tats)
+        if ask.charges:
+            tats: dict[str, float] = {}
+            for index, charge in enumerate(ask.charges):
+                tat = tats.get(charge.key, self._tats.get(charge.key, now))
+                decision, tats[charge.key] = gcra(tat, now, charge.rate, charge.cost)
+                if not decision.allowed:
+                    return Refused(Part.CHARGE, index, decision.retry_after_s)
+            self._tats.update(tats)
+        until = now + ttl_s
         for key in lease.keys:
-            self._slots.setdefault(key, {})[lease.id] = now + ttl_s
+            held = slots.get(key)
+            if held is None:
+                held = slots[key] = {}
+            held[lease.id] = until
         return None
 
     async def renew(self, leases: Sequence[Lease], ttl_s: float) -> None:
@@ -70,18 +77,18 @@ class MemoryLimitStore:
         self._cool_until[key] = max(until, self._cool_until.get(key, until))
 
     async def in_use(self, key: str) -> int:
-        return self._held(key, self._clock.now())
+        held = self._slots.get(key)
+        return 0 if not held else _sweep(held, self._clock.now())
 
     async def available(self, key: str, rate: Rate) -> float:
         now = self._clock.now()
         return gcra_available(self._tats.get(key, now), now, rate)
 
-    def _held(self, key: str, now: float) -> int:
-        """Slots held under `key`, sweeping lapsed leases first."""
-        held = self._slots.get(key)
-        if not held:
-            return 0
-        lapsed = [lease for lease, until in held.items() if until <= now]
-        for lease in lapsed:
-            del held[lease]
-        return len(held)
+
+def _sweep(held: dict[str, float], now: float) -> int:
+    """Drop the lapsed leases of one key (done only when they could matter: at its limit
+    or when asked); the count left."""
+    lapsed = [lease for lease, until in held.items() if until <= now]
+    for lease in lapsed:
+        del held[lease]
+    return len(held)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from sluicegate.capacity.pools import Pool, PoolPermit, acquire
+from sluicegate.capacity.pools import Pool, PoolGroup, PoolPermit
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.leases import Leases
 from sluicegate.core.limits import Rate
@@ -12,13 +12,13 @@ from tests.support.clock import FakeClock
 
 
 async def take(pools: list[Pool], tokens: int) -> PoolPermit:
-    permit = await acquire(pools, tokens)
+    permit = await PoolGroup(pools).acquire(tokens)
     assert isinstance(permit, PoolPermit), permit
     return permit
 
 
 async def refused(pools: list[Pool], tokens: int) -> GatewayError:
-    refusal = await acquire(pools, tokens)
+    refusal = await PoolGroup(pools).acquire(tokens)
     assert isinstance(refusal, GatewayError), refusal
     return refusal
 
