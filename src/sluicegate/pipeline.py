@@ -29,7 +29,7 @@ from sluicegate.core.types import Deployment, Endpoint, Lane, Model, OverloadSta
 from sluicegate.hedging import Hedging
 from sluicegate.observability.metrics import UNKNOWN_MODEL, GatewayMetrics
 from sluicegate.providers.base import Provider, UpstreamResponse, timed_out
-from sluicegate.scheduling.attempt import Attempt
+from sluicegate.scheduling.attempt import Attempt, Target
 from sluicegate.scheduling.dispatcher import Dispatcher
 from sluicegate.scheduling.ladder import degrade
 from sluicegate.scheduling.lanes import Demand, classify
@@ -230,9 +230,11 @@ class Pipeline:
         try:
             await dispatcher.acquire(attempt)
             stack.push_async_callback(dispatcher.release, attempt)
-            tried.add(attempt.deployment.name)
+            target = attempt.target
+            assert target is not None
+            tried.add(target.deployment.name)
             try:
-                answer = await self._first_bytes(stack, attempt)
+                answer = await self._first_bytes(stack, attempt, target)
             except GatewayError as err:
                 attempt.end(err)
                 raise _Failed(err, await self._worth_another(attempt, err, tried)) from None
@@ -242,14 +244,14 @@ class Pipeline:
             await stack.aclose()
             raise
 
-    async def _first_bytes(self, stack: AsyncExitStack, attempt: Attempt) -> Answer:
-        call, deployment = attempt.call, attempt.deployment
+    async def _first_bytes(self, stack: AsyncExitStack, attempt: Attempt, target: Target) -> Answer:
+        call, deployment = attempt.call, target.deployment
         attempt.body = body_for(call, deployment, self._top_priority)
         limit = call.route.first_byte_s or deployment.timeouts.first_byte_s
         try:
             async with asyncio.timeout(limit):
                 upstream = await stack.enter_async_context(
-                    self._open(attempt, self._budget_s(call))
+                    self._open(attempt, deployment, self._budget_s(call))
                 )
                 answer = Answer(upstream, attempt, self._clock, self._first_token)
                 await answer.prime()
@@ -287,8 +289,9 @@ class Pipeline:
         await sleep_until(self._clock, now + delay)
 
     @asynccontextmanager
-    async def _open(self, attempt: Attempt, budget_s: float) -> AsyncIterator[UpstreamResponse]:
-        deployment = attempt.deployment
+    async def _open(
+        self, attempt: Attempt, deployment: Deployment, budget_s: float
+    ) -> AsyncIterator[UpstreamResponse]:
         provider = self._providers[deployment.name]
         body = attempt.body
         assert body is not None

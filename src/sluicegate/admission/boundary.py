@@ -91,7 +91,7 @@ class Boundary:
         if not charges:
             return
         try:
-            decision = await self._leases.take(Ask(charges=tuple(c for c, _ in charges)))
+            decision = await self._leases.take(Ask((), (), tuple([c for c, _ in charges])))
         except StoreUnavailable:
             raise _unavailable() from None
         if isinstance(decision, Refused):

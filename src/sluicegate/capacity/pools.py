@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from sluicegate.core import keys
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.leases import Leases
-from sluicegate.core.limits import Charge, Lease, Part, Refused, Slot, StoreUnavailable, ask
+from sluicegate.core.limits import Ask, Charge, Lease, Part, Refused, Slot, StoreUnavailable, ask
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import PoolSpec
 
@@ -137,9 +137,9 @@ class PoolGroup:
         if self._tokens:
             charges = list(wanted.charges)
             for i in self._tokens:
-                charges[i] = Charge(charges[i].key, charges[i].rate, tokens)
-            token_charges = tuple(charges[i] for i in self._tokens)
-            wanted = wanted._replace(charges=tuple(charges))
+                charge = charges[i] = Charge(charges[i].key, charges[i].rate, tokens)
+                token_charges += (charge,)
+            wanted = Ask(wanted.cooldowns, wanted.slots, tuple(charges), wanted.slot_keys)
         try:
             decision = await self.leases.take(wanted)
         except StoreUnavailable:

@@ -41,7 +41,9 @@ class Leases:
     async def take(self, ask: Ask) -> Lease | Refused:
         """Decide `ask`. Cancelled while the store decides, the lease it may have granted
         (under the id chosen here) is released by a task owned here."""
-        keys = ask.slot_keys or tuple(slot.key for slot in ask.slots)
+        keys = ask.slot_keys
+        if not keys and ask.slots:
+            keys = tuple(slot.key for slot in ask.slots)
         lease = Lease(f"{self._owner}:{next(self._ids)}", keys)
         try:
             decision = await self.store.take(ask, lease, self.ttl_s)
@@ -69,10 +71,16 @@ class Leases:
         done = 0
         try:
             if lease is not None and releasing:
-                await _quietly(self.store.release(lease))
+                try:
+                    await self.store.release(lease)
+                except StoreUnavailable:
+                    _lost()
                 releasing = False
             for charge, amount in refunds:
-                await _quietly(self.store.refund(charge, amount))
+                try:
+                    await self.store.refund(charge, amount)
+                except StoreUnavailable:
+                    _lost()
                 done += 1
         except asyncio.CancelledError:
             steps = [functools.partial(self.store.release, lease)] if releasing else []
@@ -108,4 +116,8 @@ async def _quietly(call: Awaitable[None]) -> None:
     try:
         await call
     except StoreUnavailable:
-        log.warning("the limit store is unavailable; a lease lapses by its TTL, a refund is lost")
+        _lost()
+
+
+def _lost() -> None:
+    log.warning("the limit store is unavailable; a lease lapses by its TTL, a refund is lost")

@@ -46,12 +46,8 @@ class Outcome(enum.StrEnum):
     REJECTED = "rejected"
     """The caller's own mistake (a 4xx the deployment answered)."""
     ABANDONED = "abandoned"
-    """Nobody waits for it any more: cancelled, a lost hedge, the client gone."""
-
-    @property
-    def is_evidence(self) -> bool:
-        """Does it say anything about the deployment's health and speed?"""
-        return self is Outcome.OK or self is Outcome.FAILED
+    """Nobody waits for it any more: cancelled, a lost hedge, the client gone. Only `ok`
+    and `failed` are evidence of the deployment's health and speed."""
 
 
 def outcome_of(error: BaseException | None) -> Outcome:
@@ -81,11 +77,6 @@ class Attempt:
     first_byte_s: float | None = None
     used_tokens: int | None = None
     outcome: Outcome | None = None
-
-    @property
-    def deployment(self) -> Deployment:
-        assert self.target is not None, "an attempt has a deployment once granted"
-        return self.target.deployment
 
     @property
     def first_byte_after_s(self) -> float | None:

@@ -89,8 +89,8 @@ class BreakerCheck:
         target.breaker.abandoned()
 
     def released(self, target: Target, lane: Lane, attempt: Attempt) -> None:
-        outcome = attempt.outcome or Outcome.ABANDONED
-        if outcome.is_evidence:
+        outcome = attempt.outcome
+        if outcome is Outcome.OK or outcome is Outcome.FAILED:
             target.breaker.record(outcome is Outcome.OK)
         else:
             target.breaker.abandoned()
@@ -122,7 +122,8 @@ class GateCheck:
         target.gate.withdraw()
 
     def released(self, target: Target, lane: Lane, attempt: Attempt) -> None:
-        evidence = attempt.outcome is not None and attempt.outcome.is_evidence
+        outcome = attempt.outcome
+        evidence = outcome is Outcome.OK or outcome is Outcome.FAILED
         target.gate.done(attempt.first_byte_after_s if evidence else None)
 
     def view(self) -> dict[str, Any]:

@@ -28,15 +28,17 @@ class MemoryLimitStore:
 
     async def take(self, ask: Ask, lease: Lease, ttl_s: float) -> Refused | None:
         now = self._clock.now()
-        for index, key in enumerate(ask.cooldowns):
-            left = self._cool_until.get(key, now) - now
-            if left > 0:
-                return Refused(Part.COOLDOWN, index, left)
+        if ask.cooldowns and self._cool_until:
+            for index, key in enumerate(ask.cooldowns):
+                left = self._cool_until.get(key, now) - now
+                if left > 0:
+                    return Refused(Part.COOLDOWN, index, left)
         slots = self._slots
-        for index, slot in enumerate(ask.slots):
-            held = slots.get(slot.key)
-            if held and len(held) >= slot.limit and _sweep(held, now) >= slot.limit:
-                return Refused(Part.SLOT, index, None)
+        if ask.slots:
+            for index, slot in enumerate(ask.slots):
+                held = slots.get(slot.key)
+                if held and len(held) >= slot.limit and _sweep(held, now) >= slot.limit:
+                    return Refused(Part.SLOT, index, None)
         if ask.charges:
             tats: dict[str, float] = {}
             for index, charge in enumerate(ask.charges):
