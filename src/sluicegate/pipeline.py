@@ -104,8 +104,19 @@ class Pipeline:
                 call = self._resolve(inbound, payload)
                 tally = Tally()
                 await self._boundary.charge(call, permits, tally)
-                async with self._attempts(call, tally) as answer:
-                    yield answer
+                started = await self._first_answer(call)
+                attempt, answer = started.attempt, started.answer
+                try:
+                    async with started.stack:
+                        self._metrics.attempts(attempt.number)
+                        try:
+                            yield answer
+                        except BaseException as err:
+                            attempt.end(err)
+                            raise
+                        attempt.end(None)
+                finally:
+                    tally.used_tokens = attempt.used_tokens
         except BaseException as err:
             self._record(inbound, call, answer, err)
             raise
@@ -171,13 +182,12 @@ class Pipeline:
             self.ttft.add(ttft_s)
             self._dispatchers[call.model.name].first_token(attempt, ttft_s)
 
-    @asynccontextmanager
-    async def _attempts(self, call: Call, tally: Tally) -> AsyncIterator[Answer]:
-        """An upstream answer whose first bytes have arrived, after as many attempts as the
-        route allows. An attempt that fails before that (connection, timeout, 5xx,
-        throttling, a context window too small) releases its permits, and the next one
-        re-enters the dispatcher after a jittered backoff, on another deployment when
-        there is one. Once the answer is yielded the provider is fixed."""
+    async def _first_answer(self, call: Call) -> _Started:
+        """An attempt whose first bytes have arrived, after as many attempts as the route
+        allows. An attempt that fails before that (connection, timeout, 5xx, throttling,
+        a context window too small) releases its permits, and the next one re-enters the
+        dispatcher after a jittered backoff, on another deployment when there is one.
+        Once its answer is handed over the provider is fixed."""
         retry = call.route.retry
         failure: GatewayError | None = None
         tried: set[str] = set()
@@ -186,29 +196,15 @@ class Pipeline:
                 await self._back_off(call, number, failure)
             self._budget_s(call)
             try:
-                started = await self._race(call, number, tried)
+                return await self._race(call, number, tried)
             except _Failed as failed:
                 if not failed.worth_another:
                     raise failed.error from None
                 failure = failed.error
-                continue
             except GatewayError:
                 if failure is None:
                     raise
                 raise failure from None
-            attempt = started.attempt
-            try:
-                async with started.stack:
-                    self._metrics.attempts(number)
-                    try:
-                        yield started.answer
-                    except BaseException as err:
-                        attempt.end(err)
-                        raise
-                    attempt.end(None)
-            finally:
-                tally.used_tokens = attempt.used_tokens
-            return
         assert failure is not None
         raise failure
 

@@ -22,6 +22,7 @@ from sluicegate.core.limits import Ask, Charge, Lease, LimitStore, Refused, Stor
 log = logging.getLogger("sluicegate")
 
 LEASE_TTL_S = 30.0
+_NOTHING = Lease("", ())
 
 
 class Leases:
@@ -40,22 +41,24 @@ class Leases:
 
     async def take(self, ask: Ask) -> Lease | Refused:
         """Decide `ask`. Cancelled while the store decides, the lease it may have granted
-        (under the id chosen here) is released by a task owned here."""
+        (under the id chosen here) is released by a task owned here. An ask for rates
+        alone holds nothing: its lease is an empty one."""
         keys = ask.slot_keys
         if not keys and ask.slots:
             keys = tuple(slot.key for slot in ask.slots)
+        if not keys:
+            refused = await self.store.take(ask, _NOTHING, self.ttl_s)
+            return _NOTHING if refused is None else refused
         lease = Lease(f"{self._owner}:{next(self._ids)}", keys)
         try:
-            decision = await self.store.take(ask, lease, self.ttl_s)
+            refused = await self.store.take(ask, lease, self.ttl_s)
         except asyncio.CancelledError:
-            if lease.keys:
-                self._finish([functools.partial(self.store.release, lease)])
+            self._finish([functools.partial(self.store.release, lease)])
             raise
-        if decision is None:
-            if lease.keys:
-                self._held.add(lease)
+        if refused is None:
+            self._held.add(lease)
             return lease
-        return decision
+        return refused
 
     async def give_back(
         self, lease: Lease | None, refunds: Sequence[tuple[Charge, float]] = ()
