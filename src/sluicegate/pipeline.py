@@ -297,6 +297,7 @@ class Pipeline:
                     yield upstream
                 finally:
                     attempt.used_tokens = upstream.used_tokens
+                    attempt.completion_tokens = upstream.completion_tokens
         except GatewayError as err:
             if err.status >= 500:
                 self._metrics.upstream_error(deployment.name, err.code)

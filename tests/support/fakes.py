@@ -27,9 +27,11 @@ class FakeResponse:
         self._reported = used_tokens
         self._chunks = chunks
         self.used_tokens: int | None = None
+        self.completion_tokens: int | None = None
 
     async def read(self) -> bytes:
         self.used_tokens = self._reported
+        self.completion_tokens = None if self._reported is None else 2
         return OK_BODY
 
     async def chunks(self) -> AsyncIterator[bytes]:

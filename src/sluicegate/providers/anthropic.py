@@ -41,6 +41,7 @@ class AnthropicResponse(AdapterResponse):
         except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError):
             raise malformed(self._deployment) from None
         self.used_tokens = reply["usage"]["total_tokens"]
+        self.completion_tokens = reply["usage"]["completion_tokens"]
         return orjson.dumps(reply)
 
     async def chunks(self) -> AsyncIterator[bytes]:
@@ -57,6 +58,7 @@ class AnthropicResponse(AdapterResponse):
                 self._body.ended = True
             raise interrupted(self._deployment, exc) from exc
         self.used_tokens = translator.used_tokens
+        self.completion_tokens = translator.completion_tokens
 
 
 class AnthropicProvider(HttpProvider):

@@ -45,6 +45,7 @@ class StreamTranslator:
         "_role",
         "_stop_reason",
         "_tools",
+        "completion_tokens",
         "used_tokens",
     )
 
@@ -60,6 +61,7 @@ class StreamTranslator:
         self._stop_reason: str | None = None
         self.used_tokens: int | None = None
         """Prompt + completion, set by `message_stop`: only a complete answer has it."""
+        self.completion_tokens: int | None = None
 
     def feed(self, data: bytes) -> bytes:
         try:
@@ -136,6 +138,7 @@ class StreamTranslator:
     def _stop(self) -> bytes:
         usage = openai_usage(self._prompt, self._completion)
         self.used_tokens = usage["total_tokens"]
+        self.completion_tokens = usage["completion_tokens"]
         events = self._chunk(b"{}", orjson.dumps(finish_reason(self._stop_reason)))
         if self._include_usage:
             events += self._head + b',"choices":[],"usage":' + orjson.dumps(usage) + b"}\n\n"

@@ -16,11 +16,12 @@ from sluicegate.core.types import Deployment, Endpoint
 class UpstreamResponse(Protocol):
     """An upstream answer that has started successfully (status < 400).
 
-    `used_tokens` (prompt + completion) is known once the body was read to the end and
-    the provider reported usage; None otherwise.
+    `used_tokens` (prompt + completion) and `completion_tokens` are known once the body
+    was read to the end and the provider reported usage; None otherwise.
     """
 
     used_tokens: int | None
+    completion_tokens: int | None
 
     async def read(self) -> bytes: ...
 

@@ -15,6 +15,7 @@ from sluicegate.providers.sse import EventSplitter, EventTooLarge, events
 from sluicegate.providers.transport import AdapterResponse, HttpProvider, UpstreamBody
 
 _DONE = b"data: [DONE]"
+_COMPLETION = re.compile(rb'"usage":\s*\{[^}]*"completion_tokens":\s*(\d+)')
 _USAGE = re.compile(rb'"usage":\s*\{[^}]*"total_tokens":\s*(\d+)')
 _TAIL_BYTES = 4096
 """Enough of a stream's end to hold its usage event and `[DONE]` however it was cut."""
@@ -24,6 +25,12 @@ _NO_CHOICES = re.compile(rb'"choices":\s*\[\]')
 def _total_tokens(data: bytes) -> int | None:
     """The last usage object's total in `data`, if any."""
     matches = _USAGE.findall(data)
+    return int(matches[-1]) if matches else None
+
+
+def _completion_tokens(data: bytes) -> int | None:
+    """The last usage object's completion tokens in `data`, if any."""
+    matches = _COMPLETION.findall(data)
     return int(matches[-1]) if matches else None
 
 
@@ -43,7 +50,7 @@ class OpenAIResponse(AdapterResponse):
 
     async def read(self) -> bytes:
         body = await self._body.read()
-        self.used_tokens = _total_tokens(body[body.rfind(b'"usage"') :])
+        self._read_usage(body[body.rfind(b'"usage"') :])
         return body
 
     async def chunks(self) -> AsyncIterator[bytes]:
@@ -55,7 +62,7 @@ class OpenAIResponse(AdapterResponse):
         if not tail.rstrip().endswith(_DONE):
             raise interrupted(self._deployment)
         if not self._hide_usage:
-            self.used_tokens = _total_tokens(tail)
+            self._read_usage(tail)
 
     async def _events(self) -> AsyncIterator[bytes]:
         """Whole SSE events only, so the usage event can be recognised and dropped."""
@@ -77,10 +84,14 @@ class OpenAIResponse(AdapterResponse):
         kept: list[bytes] = []
         for raw, data in events(block):
             if data is not None and b'"usage"' in data and _NO_CHOICES.search(data):
-                self.used_tokens = _total_tokens(data)
+                self._read_usage(data)
             else:
                 kept.append(raw)
         return b"".join(kept)
+
+    def _read_usage(self, data: bytes) -> None:
+        self.used_tokens = _total_tokens(data)
+        self.completion_tokens = _completion_tokens(data)
 
 
 class OpenAIProvider(HttpProvider):

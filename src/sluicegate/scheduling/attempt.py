@@ -76,6 +76,8 @@ class Attempt:
     dispatched_s: float | None = None
     first_byte_s: float | None = None
     used_tokens: int | None = None
+    """Prompt + completion, as the provider reported them; None when it did not."""
+    completion_tokens: int | None = None
     outcome: Outcome | None = None
 
     @property

@@ -235,9 +235,11 @@ class Dispatcher:
             check.released(target, lane, attempt)
         self._prefilled(attempt)
         self.stats[lane.name].in_flight -= 1
-        if attempt.used_tokens is not None:
+        produced = attempt.completion_tokens
+        if produced is None and attempt.used_tokens is not None:
+            produced = max(0, attempt.used_tokens - attempt.call.prompt_tokens)
+        if produced is not None:
             call = attempt.call
-            produced = max(0, attempt.used_tokens - call.prompt_tokens)
             fairness = self.queues[lane.name].fairness
             fairness.charge(call.tenant.name, 0, produced - attempt.charged_output)
 

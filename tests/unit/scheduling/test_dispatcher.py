@@ -27,7 +27,7 @@ from sluicegate.core.types import (
     Tenant,
     Timeouts,
 )
-from sluicegate.scheduling.attempt import Attempt, Target
+from sluicegate.scheduling.attempt import Attempt, Outcome, Target
 from sluicegate.scheduling.dispatcher import Dispatcher
 from sluicegate.scheduling.fairness import VirtualTokenCounter
 from sluicegate.stores.memory import MemoryLimitStore
@@ -531,3 +531,17 @@ async def test_a_lane_share_holds_when_the_store_yields(clock):
     for a in admitted:
         await dispatcher.release(a)
     assert [pool.counters.active for pool in pools] == [0, 0]
+
+
+async def test_the_fair_share_is_corrected_with_the_completion_the_provider_reported(clock):
+    """The prompt was estimated at 10 tokens but really took 95: the tenant is charged
+    the 5 tokens it was generated, not the 90 that total minus estimate would say."""
+    pool = Pool(PoolSpec("p", 1), leases(clock))
+    dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
+    a = await granted(dispatcher, attempt(clock))
+    a.used_tokens, a.completion_tokens = 100, 5
+    a.outcome = Outcome.OK
+    await dispatcher.release(a)
+    expected = VirtualTokenCounter()
+    expected.charge("a", 10, 5)
+    assert dispatcher.queues["interactive"].fairness.service() == expected.service()
