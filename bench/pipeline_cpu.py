@@ -58,9 +58,10 @@ PAYLOAD = {"model": "chat", "messages": [{"role": "user", "content": "x" * 400}]
 
 class Reply:
     used_tokens: int | None = None
+    completion_tokens: int | None = None
 
     async def read(self) -> bytes:
-        self.used_tokens = 12
+        self.used_tokens, self.completion_tokens = 12, 2
         return BODY
 
 

@@ -17,7 +17,7 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sluicegate.admission.boundary import Boundary
 from sluicegate.admission.estimate import Tokenizer, chars_over_four, output_tokens, prompt_tokens
@@ -38,8 +38,7 @@ from sluicegate.scheduling.overload import OverloadMonitor, TtftWindow
 REFUSALS = frozenset(Refusal)
 
 
-@dataclass(frozen=True, slots=True)
-class Inbound:
+class Inbound(NamedTuple):
     """A request as its caller hands it over, before anything is checked.
 
     `payload` reads and parses the body: called after the concurrency gates, so a slow

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sluicegate.core.types import Endpoint, Lane, Model, RoutePolicy, Tenant
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
+class Call(NamedTuple):
     """Who asks for what, the caller's deadline and the request's estimates; fixed once
-    resolved. What happens to each upstream attempt belongs to that attempt.
+    resolved (a tuple: one is built per request on the hot path). What happens to each
+    upstream attempt belongs to that attempt.
 
     `arrived_s` is when the caller's clock started (the request arrived), so every wait
     counts against `deadline_s`. `payload` is the caller's body as admitted (rewritten

@@ -416,7 +416,7 @@ async def test_lower_lanes_hold_while_a_top_lane_stream_awaits_its_first_token(c
     dispatcher = dispatcher_for([top, low], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
-        streamed = Attempt(dataclasses.replace(call(clock, lane=top), stream=True))
+        streamed = Attempt(call(clock, lane=top)._replace(stream=True))
         await dispatcher.acquire(streamed)
         background = asyncio.create_task(granted(dispatcher, attempt(clock, lane=low)))
         await settle()
@@ -439,18 +439,14 @@ async def test_announced_retries_do_not_count_against_a_first_attempts_promise(
     grant = await granted(dispatcher, attempt(clock, lane=lane))
     queued = [
         asyncio.create_task(
-            dispatcher.acquire(
-                Attempt(dataclasses.replace(call(clock, lane=lane), client_retries=1))
-            )
+            dispatcher.acquire(Attempt(call(clock, lane=lane)._replace(client_retries=1)))
         )
         for _ in range(3)
     ]
     await settle()
     dispatcher.dispatch_interval_s = 0.5
     newcomer = asyncio.create_task(
-        dispatcher.acquire(
-            Attempt(dataclasses.replace(call(clock, lane=lane), client_retries=retries))
-        )
+        dispatcher.acquire(Attempt(call(clock, lane=lane)._replace(client_retries=retries)))
     )
     await settle()
     assert newcomer.done() == refused
