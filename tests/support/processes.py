@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sluicegate.children import spawn
+from sluicegate.children import spawn, stop
 
 
 def free_port() -> int:
@@ -36,13 +35,7 @@ class Proc:
         return self.log.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGINT)
-            try:
-                self.popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
+        stop(self.popen, grace_s=10)
 
 
 def start(

@@ -14,9 +14,8 @@ from dataclasses import dataclass
 
 from sluicegate.core import keys
 from sluicegate.core.call import Call, Tally
-from sluicegate.core.errors import GatewayError
-from sluicegate.core.leases import Leases
-from sluicegate.core.limits import Ask, Charge, Refused, Slot, StoreUnavailable, ask
+from sluicegate.core.leases import Leases, store_unavailable
+from sluicegate.core.limits import Ask, Charge, Refused, Slot, StoreUnavailable
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Endpoint, Quota, RoutePolicy, Tenant
 
@@ -57,7 +56,7 @@ class Boundary:
         try:
             decision = await self._leases.take(wanted)
         except StoreUnavailable:
-            raise _unavailable() from None
+            raise store_unavailable() from None
         if isinstance(decision, Refused):
             slot, gate = wanted.slots[decision.index], named[decision.index]
             raise gate.reason.error(f"{gate.who} is at its concurrency limit of {slot.limit}")
@@ -82,7 +81,7 @@ class Boundary:
             slots.append((Slot(keys.AGGREGATE_SLOTS, aggregate_limit), _capacity("aggregate")))
         if not slots:
             return None, ()
-        return ask(slots=tuple(slot for slot, _ in slots)), tuple(gate for _, gate in slots)
+        return Ask(slots=tuple(slot for slot, _ in slots)), tuple(gate for _, gate in slots)
 
     async def charge(self, call: Call, permits: AsyncExitStack, tally: Tally) -> None:
         """Prompt budgets, then request and token rates of the tenant and the aggregate."""
@@ -93,7 +92,7 @@ class Boundary:
         try:
             decision = await self._leases.take(Ask((), (), tuple([c for c, _ in charges])))
         except StoreUnavailable:
-            raise _unavailable() from None
+            raise store_unavailable() from None
         if isinstance(decision, Refused):
             charge, gate = charges[decision.index]
             raise gate.reason.error(_rate_message(charge, gate), decision.retry_after_s)
@@ -151,10 +150,6 @@ class Boundary:
         used = tally.used_tokens
         if used is not None and used != charge.cost:
             await self._leases.give_back(None, [(charge, charge.cost - used)])
-
-
-def _unavailable() -> GatewayError:
-    return Refusal.STORE_UNAVAILABLE.error("the limit store is unavailable")
 
 
 def _capacity(who: str) -> _Gate:

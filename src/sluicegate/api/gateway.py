@@ -93,13 +93,12 @@ class Gateway:
         in_flight = self._metrics.in_flight(endpoint.value)
         in_flight.inc()
         try:
-            inbound = self._inbound(endpoint, scope, receive, exchange.arrived_s)
-        except GatewayError as err:
-            self._metrics.answered(endpoint.value, UNKNOWN_MODEL, err.status)
-            await self._fail(exchange, err)
-            in_flight.dec()
-            return
-        try:
+            try:
+                inbound = self._inbound(endpoint, scope, receive, exchange.arrived_s)
+            except GatewayError as err:
+                # Refused before the pipeline, which records everything after this.
+                self._metrics.answered(endpoint.value, UNKNOWN_MODEL, err.status)
+                raise
             await self._serve(inbound, exchange)
         except GatewayError as err:
             await self._fail(exchange, err)

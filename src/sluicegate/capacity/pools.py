@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from sluicegate.core import keys
 from sluicegate.core.errors import GatewayError
-from sluicegate.core.leases import Leases
-from sluicegate.core.limits import Ask, Charge, Lease, Part, Refused, Slot, StoreUnavailable, ask
+from sluicegate.core.leases import Leases, store_unavailable
+from sluicegate.core.limits import Ask, Charge, Lease, Part, Refused, Slot, StoreUnavailable
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import PoolSpec
 
@@ -81,7 +81,7 @@ class Pool:
         try:
             await self.leases.store.cool(self.cooldown_key, duration_s)
         except StoreUnavailable:
-            raise _unavailable() from None
+            raise store_unavailable() from None
 
     async def available_tokens(self) -> float:
         rate = self.limits.tokens
@@ -119,7 +119,7 @@ class PoolGroup:
             i for i, (pool, charge) in enumerate(self._owners) if charge.key == pool._tokens_key
         )
         """Which charges are token charges: their cost is each attempt's reservation."""
-        self._ask = ask(
+        self._ask = Ask(
             tuple(pool.cooldown_key for pool in self.pools),
             tuple(pool.slot for pool in self.pools),
             tuple(charge for _, charge in self._owners),
@@ -139,11 +139,11 @@ class PoolGroup:
             for i in self._tokens:
                 charge = charges[i] = Charge(charges[i].key, charges[i].rate, tokens)
                 token_charges += (charge,)
-            wanted = Ask(wanted.cooldowns, wanted.slots, tuple(charges), wanted.slot_keys)
+            wanted = wanted._replace(charges=tuple(charges))
         try:
             decision = await self.leases.take(wanted)
         except StoreUnavailable:
-            return _unavailable()
+            return store_unavailable()
         if isinstance(decision, Refused):
             return _refusal(decision, self.pools, self._owners)
         for pool in self.pools:
@@ -198,7 +198,3 @@ def _refusal(
     return Refusal.POOL_RATE.error(
         f"pool {pool.name} is over its request rate", refused.retry_after_s
     )
-
-
-def _unavailable() -> GatewayError:
-    return Refusal.STORE_UNAVAILABLE.error("the limit store is unavailable")

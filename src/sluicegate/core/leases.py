@@ -17,7 +17,9 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 
 from sluicegate.core.clock import Clock, sleep_until
+from sluicegate.core.errors import GatewayError
 from sluicegate.core.limits import Ask, Charge, Lease, LimitStore, Refused, StoreUnavailable
+from sluicegate.core.refusals import Refusal
 
 log = logging.getLogger("sluicegate")
 
@@ -43,12 +45,10 @@ class Leases:
         """Decide `ask`. Cancelled while the store decides, the lease it may have granted
         (under the id chosen here) is released by a task owned here. An ask for rates
         alone holds nothing: its lease is an empty one."""
-        keys = ask.slot_keys
-        if not keys and ask.slots:
-            keys = tuple(slot.key for slot in ask.slots)
-        if not keys:
+        if not ask.slots:
             refused = await self.store.take(ask, _NOTHING, self.ttl_s)
             return _NOTHING if refused is None else refused
+        keys = tuple([slot.key for slot in ask.slots])
         lease = Lease(f"{self._owner}:{next(self._ids)}", keys)
         try:
             refused = await self.store.take(ask, lease, self.ttl_s)
@@ -68,17 +68,17 @@ class Leases:
         cut short is done again; a release is idempotent). With the store away, a lease
         lapses by its TTL and a refund is lost (the reservation stands): neither fails
         the request that ends."""
-        releasing = lease is not None and bool(lease.keys)
+        releasing = lease if lease is not None and lease.keys else None
         if lease is not None:
             self._held.discard(lease)
         done = 0
         try:
-            if lease is not None and releasing:
+            if releasing is not None:
                 try:
-                    await self.store.release(lease)
+                    await self.store.release(releasing)
                 except StoreUnavailable:
                     _lost()
-                releasing = False
+                releasing = None
             for charge, amount in refunds:
                 try:
                     await self.store.refund(charge, amount)
@@ -86,7 +86,7 @@ class Leases:
                     _lost()
                 done += 1
         except asyncio.CancelledError:
-            steps = [functools.partial(self.store.release, lease)] if releasing else []
+            steps = [] if releasing is None else [functools.partial(self.store.release, releasing)]
             rest = refunds[done:]
             steps += [functools.partial(self.store.refund, c, amount) for c, amount in rest]
             self._finish(steps)
@@ -120,6 +120,11 @@ async def _quietly(call: Awaitable[None]) -> None:
         await call
     except StoreUnavailable:
         _lost()
+
+
+def store_unavailable() -> GatewayError:
+    """The refusal for a decision the limit store could not make."""
+    return Refusal.STORE_UNAVAILABLE.error("the limit store is unavailable")
 
 
 def _lost() -> None:

@@ -63,14 +63,6 @@ class Ask(NamedTuple):
     cooldowns: tuple[str, ...] = ()
     slots: tuple[Slot, ...] = ()
     charges: tuple[Charge, ...] = ()
-    slot_keys: tuple[str, ...] = ()
-    """The keys a lease granted for this ask holds: `slots`' keys (see `ask`)."""
-
-
-def ask(
-    cooldowns: tuple[str, ...] = (), slots: tuple[Slot, ...] = (), charges: tuple[Charge, ...] = ()
-) -> Ask:
-    return Ask(cooldowns, slots, charges, tuple(slot.key for slot in slots))
 
 
 class Part(enum.StrEnum):

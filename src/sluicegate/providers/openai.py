@@ -15,23 +15,24 @@ from sluicegate.providers.sse import EventSplitter, EventTooLarge, events
 from sluicegate.providers.transport import AdapterResponse, HttpProvider, UpstreamBody
 
 _DONE = b"data: [DONE]"
-_COMPLETION = re.compile(rb'"usage":\s*\{[^}]*"completion_tokens":\s*(\d+)')
-_USAGE = re.compile(rb'"usage":\s*\{[^}]*"total_tokens":\s*(\d+)')
+_USAGE = re.compile(rb'"usage":\s*\{[^}]*')
+_TOTAL = re.compile(rb'"total_tokens":\s*(\d+)')
+_COMPLETION = re.compile(rb'"completion_tokens":\s*(\d+)')
 _TAIL_BYTES = 4096
 """Enough of a stream's end to hold its usage event and `[DONE]` however it was cut."""
 _NO_CHOICES = re.compile(rb'"choices":\s*\[\]')
 
 
-def _total_tokens(data: bytes) -> int | None:
-    """The last usage object's total in `data`, if any."""
-    matches = _USAGE.findall(data)
-    return int(matches[-1]) if matches else None
-
-
-def _completion_tokens(data: bytes) -> int | None:
-    """The last usage object's completion tokens in `data`, if any."""
-    matches = _COMPLETION.findall(data)
-    return int(matches[-1]) if matches else None
+def _usage(data: bytes) -> tuple[int | None, int | None]:
+    """The total and completion tokens of the last usage object in `data`, if any."""
+    objects = _USAGE.findall(data)
+    if not objects:
+        return None, None
+    total, completion = _TOTAL.search(objects[-1]), _COMPLETION.search(objects[-1])
+    return (
+        None if total is None else int(total.group(1)),
+        None if completion is None else int(completion.group(1)),
+    )
 
 
 class OpenAIResponse(AdapterResponse):
@@ -90,8 +91,7 @@ class OpenAIResponse(AdapterResponse):
         return b"".join(kept)
 
     def _read_usage(self, data: bytes) -> None:
-        self.used_tokens = _total_tokens(data)
-        self.completion_tokens = _completion_tokens(data)
+        self.used_tokens, self.completion_tokens = _usage(data)
 
 
 class OpenAIProvider(HttpProvider):

@@ -38,7 +38,7 @@ class Target:
 
 
 class Outcome(enum.StrEnum):
-    """How an attempt ended; also the `outcome` metric label."""
+    """How an attempt ended."""
 
     OK = "ok"
     FAILED = "failed"
@@ -90,8 +90,7 @@ class Attempt:
     def __post_init__(self) -> None:
         self.lane = self.call.lane
 
-    def end(self, error: BaseException | None) -> Outcome:
+    def end(self, error: BaseException | None) -> None:
         """Decide the outcome from how the attempt ended; the first decision stands."""
         if self.outcome is None:
             self.outcome = outcome_of(error)
-        return self.outcome

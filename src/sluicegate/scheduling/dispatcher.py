@@ -104,7 +104,7 @@ class Dispatcher:
         """Streamed top-lane requests dispatched and still waiting for their first token,
         while lower lanes yield: a background prefill sent now would share their engine
         steps and delay exactly the first tokens the target protects."""
-        self.queues: dict[str, LaneQueue[Attempt]] = {
+        self.queues: dict[str, LaneQueue] = {
             lane.name: LaneQueue(lane, fairness(lane)) for lane in self.lanes
         }
         self.stats = {lane.name: LaneStats() for lane in self.lanes}
@@ -205,7 +205,7 @@ class Dispatcher:
         queue = self.queues[lane.name]
         if queue.full:
             raise Refusal.QUEUE_FULL.error(f"the {lane.name} queue of {self.model} is full")
-        waiter = Waiter(attempt, call, lane, self.clock.now())
+        waiter = Waiter(attempt, self.clock.now())
         queue.push(waiter)
         self.kick()
         await self._wait(waiter, queue)
@@ -284,7 +284,7 @@ class Dispatcher:
                 f"{bound:g}s limit; retry later"
             )
 
-    async def _wait(self, waiter: Waiter[Attempt], queue: LaneQueue[Attempt]) -> None:
+    async def _wait(self, waiter: Waiter, queue: LaneQueue) -> None:
         """The intentional wait point: bounded by the lane's age limit and the deadline,
         both timed on the dispatcher's clock."""
         call, lane = waiter.call, waiter.lane
@@ -298,16 +298,14 @@ class Dispatcher:
         except asyncio.CancelledError:
             queue.remove(waiter)
             if _granted(waiter):
-                await self.release(waiter.item)
+                await self.release(waiter.attempt)
             raise
         finally:
             timer.cancel()
         if refusal is not None:
             raise refusal.renewed()
 
-    def _expire(
-        self, waiter: Waiter[Attempt], queue: LaneQueue[Attempt], by_deadline: bool
-    ) -> None:
+    def _expire(self, waiter: Waiter, queue: LaneQueue, by_deadline: bool) -> None:
         """Answer a request still queued when its deadline or its lane's age limit came."""
         if not queue.remove(waiter) or waiter.future.done():
             return
@@ -334,7 +332,7 @@ class Dispatcher:
                 waiter = queue.head()
                 if waiter is None:
                     continue
-                attempt = waiter.item
+                attempt = waiter.attempt
                 refusal = await self._try(attempt)
                 if refusal is not None:
                     if not self._outlasts(refusal, waiter.call, waiter.enqueued_s):
@@ -496,7 +494,7 @@ class Dispatcher:
         self.kick()
 
 
-def _granted(waiter: Waiter[Attempt]) -> bool:
+def _granted(waiter: Waiter) -> bool:
     future = waiter.future
     return future.done() and not future.cancelled() and future.result() is None
 

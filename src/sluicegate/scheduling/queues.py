@@ -12,28 +12,25 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Generic, TypeVar
 
-from sluicegate.core.call import Call
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.types import Lane
+from sluicegate.scheduling.attempt import Attempt
 from sluicegate.scheduling.fairness import FairnessPolicy
 
-G = TypeVar("G")
 
+class Waiter:
+    """A queued attempt. Its future is set to None once the attempt was granted what it
+    waited for, or to a refusal that was never raised: raising it from the waiting
+    frame, which can reach this future, would leave a reference cycle (raise
+    `renewed()` instead)."""
 
-class Waiter(Generic[G]):
-    """A queued `item` (an attempt of `call`). Its future is set to None once the item
-    was granted what it waited for, or to a refusal that was never raised: raising it
-    from the waiting frame, which can reach this future, would leave a reference cycle
-    (raise `renewed()` instead)."""
+    __slots__ = ("attempt", "call", "enqueued_s", "future", "lane")
 
-    __slots__ = ("call", "enqueued_s", "future", "item", "lane")
-
-    def __init__(self, item: G, call: Call, lane: Lane, enqueued_s: float) -> None:
-        self.item = item
-        self.call = call
-        self.lane = lane
+    def __init__(self, attempt: Attempt, enqueued_s: float) -> None:
+        self.attempt = attempt
+        self.call = attempt.call
+        self.lane = attempt.lane
         self.enqueued_s = enqueued_s
         self.future: asyncio.Future[GatewayError | None] = (
             asyncio.get_running_loop().create_future()
@@ -44,33 +41,33 @@ class Waiter(Generic[G]):
         return self.call.tenant.name
 
 
-class _Flow(Generic[G]):
+class _Flow:
     """One tenant's waiters: first attempts, then retries, each FIFO."""
 
     __slots__ = ("fresh", "retried")
 
     def __init__(self) -> None:
-        self.fresh: deque[Waiter[G]] = deque()
-        self.retried: deque[Waiter[G]] = deque()
+        self.fresh: deque[Waiter] = deque()
+        self.retried: deque[Waiter] = deque()
 
     def __bool__(self) -> bool:
         return bool(self.fresh or self.retried)
 
-    def part(self, waiter: Waiter[G]) -> deque[Waiter[G]]:
+    def part(self, waiter: Waiter) -> deque[Waiter]:
         return self.retried if waiter.call.client_retries else self.fresh
 
-    def head(self) -> Waiter[G]:
+    def head(self) -> Waiter:
         return self.fresh[0] if self.fresh else self.retried[0]
 
     def oldest_enqueued_s(self) -> float:
         return min(part[0].enqueued_s for part in (self.fresh, self.retried) if part)
 
 
-class LaneQueue(Generic[G]):
+class LaneQueue:
     def __init__(self, lane: Lane, fairness: FairnessPolicy) -> None:
         self.lane = lane
         self.fairness = fairness
-        self._flows: dict[str, _Flow[G]] = {}
+        self._flows: dict[str, _Flow] = {}
         self.size = 0
         self.fresh = 0
         """Waiters that are first attempts: the only ones a first attempt queues behind
@@ -80,7 +77,7 @@ class LaneQueue(Generic[G]):
     def full(self) -> bool:
         return self.size >= self.lane.queue_size
 
-    def push(self, waiter: Waiter[G]) -> None:
+    def push(self, waiter: Waiter) -> None:
         flow = self._flows.get(waiter.flow)
         if flow is None:
             flow = self._flows[waiter.flow] = _Flow()
@@ -90,12 +87,12 @@ class LaneQueue(Generic[G]):
         self.size += 1
         self.fresh += not waiter.call.client_retries
 
-    def head(self) -> Waiter[G] | None:
+    def head(self) -> Waiter | None:
         """The next waiter: the fairness policy picks the tenant, its queue the waiter."""
         flow = self.fairness.pick()
         return None if flow is None else self._flows[flow].head()
 
-    def remove(self, waiter: Waiter[G]) -> bool:
+    def remove(self, waiter: Waiter) -> bool:
         """Take `waiter` out (dispatched or leaving); False if it was not queued."""
         flow = self._flows.get(waiter.flow)
         if not flow:
