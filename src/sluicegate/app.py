@@ -21,8 +21,9 @@ from pathlib import Path
 import aiohttp
 
 from sluicegate.admission.boundary import Boundary
-from sluicegate.api.asgi import Router
+from sluicegate.api.asgi import Handler, Router
 from sluicegate.api.batches import BatchRoutes
+from sluicegate.api.degraded import mark_degraded
 from sluicegate.api.gateway import Gateway
 from sluicegate.api.intake import Intake
 from sluicegate.api.jobs import JobRoutes
@@ -34,9 +35,16 @@ from sluicegate.capacity.pools import Pool
 from sluicegate.children import spawn, stop
 from sluicegate.config import ConfigError, load_settings
 from sluicegate.core.clock import Clock, MonotonicClock
-from sluicegate.core.leases import Leases
+from sluicegate.core.leases import LEASE_TTL_S, Leases
 from sluicegate.core.limits import LimitStore
-from sluicegate.core.types import Deployment, JobPolicy, Lane, OverloadState, Settings
+from sluicegate.core.types import (
+    Deployment,
+    JobPolicy,
+    Lane,
+    OverloadState,
+    RedisPolicy,
+    Settings,
+)
 from sluicegate.jobs.clock import UnixClock
 from sluicegate.jobs.postgres import open_postgres
 from sluicegate.jobs.sqlite import open_sqlite
@@ -52,7 +60,9 @@ from sluicegate.scheduling.attempt import Target
 from sluicegate.scheduling.dispatcher import Dispatcher
 from sluicegate.scheduling.fairness import FairnessPolicy, RoundRobin, VirtualTokenCounter
 from sluicegate.scheduling.overload import OverloadMonitor, OverloadWatch
+from sluicegate.stores.failover import FailoverStore
 from sluicegate.stores.memory import MemoryLimitStore
+from sluicegate.stores.redis import RedisLimitStore, connect, unreachable
 from sluicegate.worker import Workers
 
 DEMO_KEYS = {"demo-alice": "sk-demo-alice", "demo-bob": "sk-demo-bob"}
@@ -70,7 +80,7 @@ class Runtime:
     """The wired objects: the ASGI app, the pipeline for in-process (library) callers and
     the clock it runs on, and the job workers, whose store is opened at startup."""
 
-    app: Router
+    app: Handler
     pipeline: Pipeline
     clock: Clock
     pools: dict[str, Pool]
@@ -79,6 +89,8 @@ class Runtime:
     metrics: GatewayMetrics
     background: list[asyncio.Task[None]]
     """The loops that run for the server's lifetime (dispatchers, watchers), once started."""
+    shared: FailoverStore | None
+    """The fleet's shared limit store, when one is configured."""
 
 
 def build(
@@ -86,10 +98,17 @@ def build(
     clock: Clock | None = None,
     providers: Mapping[str, Provider] | None = None,
     store: LimitStore | None = None,
+    *,
+    store_down: bool = False,
 ) -> Runtime:
-    """Wire `settings`; tests may hand in their own clock, providers and limit store."""
+    """Wire `settings`; tests may hand in their own clock, providers and limit store.
+    `store_down`: the shared store was found unreachable at start (begin degraded)."""
     clock = clock or MonotonicClock()
-    leases = Leases(store or MemoryLimitStore(clock), clock)
+    shared = None
+    if store is None and settings.redis is not None:
+        store = shared = shared_store(settings.redis, clock, degraded=store_down)
+    ttl_s = settings.redis.lease_ttl_s if settings.redis is not None else LEASE_TTL_S
+    leases = Leases(store or MemoryLimitStore(clock), clock, ttl_s)
     metrics = GatewayMetrics()
     pools = {name: Pool(spec, leases) for name, spec in settings.pools.items()}
     deployments = [d for model in settings.models.values() for d in model.deployments]
@@ -116,6 +135,8 @@ def build(
     }
     metrics.watch(pools.values(), dispatchers.values(), gates)
     metrics.watch_overload(monitor)
+    if shared is not None:
+        metrics.watch_store(shared)
     pollers = [
         MetricsPoller(d.metrics, gate)
         for d in deployments
@@ -149,6 +170,9 @@ def build(
         background.extend(loop.create_task(d.run()) for d in dispatchers.values())
         background.append(loop.create_task(watch.run()))
         background.append(loop.create_task(leases.run()))
+        if shared is not None:
+            await shared.run_once()
+            background.append(loop.create_task(shared.run()))
         if pollers:
             scrapes.append(aiohttp.ClientSession())
             background.extend(loop.create_task(p.run(scrapes[0])) for p in pollers)
@@ -173,13 +197,24 @@ def build(
             await session.close()
         for provider in providers.values():
             await provider.close()
-        for store in job_stores:
-            await store.close()
+        for job_store in job_stores:
+            await job_store.close()
+        if shared is not None:
+            await shared.close()
 
-    app = gateway.routes(Router(on_startup=[startup], on_shutdown=[shutdown]))
-    JobRoutes(intake).routes(app)
-    BatchRoutes(intake, ledger).routes(app)
-    return Runtime(app, pipeline, clock, pools, dispatchers, workers, metrics, background)
+    router = gateway.routes(Router(on_startup=[startup], on_shutdown=[shutdown]))
+    JobRoutes(intake).routes(router)
+    BatchRoutes(intake, ledger).routes(router)
+    app: Handler = router
+    if shared is not None:
+        app = mark_degraded(router, lambda: shared.degraded)
+    return Runtime(app, pipeline, clock, pools, dispatchers, workers, metrics, background, shared)
+
+
+def shared_store(policy: RedisPolicy, clock: Clock, *, degraded: bool) -> FailoverStore:
+    client = connect(policy.url, policy.timeout_s, policy.max_connections)
+    redis = RedisLimitStore(client, policy.key_prefix, policy.timeout_s)
+    return FailoverStore(redis, clock, policy.when_down, policy.lease_ttl_s, degraded=degraded)
 
 
 def _report_crash(task: asyncio.Task[None]) -> None:
@@ -254,10 +289,35 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 1
-        runtime = build(settings)
+        store_down = False
+        if settings.redis is not None:
+            found = _shared_store_at_start(settings.redis)
+            if found is None:
+                return 1
+            store_down = found
+        runtime = build(settings, store_down=store_down)
         print(_banner(settings, demo=args.config is None), flush=True)
         serve(runtime.app, listener, log_level=args.log_level)
     return 0
+
+
+def _shared_store_at_start(policy: RedisPolicy) -> bool | None:
+    """Whether to start degraded (Redis unreachable, `at_start: degraded`), or None when
+    the start must stop (`at_start: fail`); says which in one line."""
+    problem = asyncio.run(unreachable(policy.url))
+    if problem is None:
+        return False
+    if policy.at_start == "fail":
+        print(f"sluicegate: {problem}; not starting (redis.at_start: fail)", file=sys.stderr)
+        return None
+    down = policy.when_down
+    print(
+        f"sluicegate: {problem}; starting degraded (redis.at_start: degraded): concurrency "
+        f"{down.concurrency}, rates {down.rates}, as one of {down.expected_replicas} "
+        "replicas, until Redis answers",
+        file=sys.stderr,
+    )
+    return True
 
 
 def _demo_config() -> Path:

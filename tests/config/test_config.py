@@ -93,6 +93,17 @@ def test_interpolation_default_and_typed_values():
             ),
             "lane 'batch': ttft_target_s is read on the top lane only",
         ),
+        (lambda c: c.update(store="redis"), "store 'redis' needs a redis section with its url"),
+        (lambda c: c.update(store="etcd"), "store: Input should be 'memory' or 'redis'"),
+        (
+            lambda c: c.update(store="redis", redis={"url": "http://127.0.0.1:6379"}),
+            "redis.url: Value error, must start with redis://, rediss:// or unix://",
+        ),
+        (
+            lambda c: c.update(redis={"url": "redis://h", "when_down": {"rates": "guess"}}),
+            "redis.when_down.rates: Input should be 'local_share', 'fail_closed' or 'fail_open'",
+        ),
+        (lambda c: c.update(redis={"url": "redis://h", "timeout_s": 0}), "redis.timeout_s"),
     ],
 )
 def test_each_bad_field_is_named(mutate, expected):
@@ -102,6 +113,16 @@ def test_each_bad_field_is_named(mutate, expected):
         parse(raw)
     assert expected in str(info.value)
     assert "test.yaml" in str(info.value)
+
+
+def test_a_redis_store_reads_its_url_from_the_environment_with_credentials_and_tls():
+    raw = {**base(), "store": "redis", "redis": {"url": "${REDIS_URL}", "key_prefix": "gw:"}}
+    settings = parse(raw, {**ENV, "REDIS_URL": "rediss://gateway:secret@cache.internal:6380/2"})
+    assert settings.redis is not None
+    assert settings.redis.url == "rediss://gateway:secret@cache.internal:6380/2"
+    assert "secret" not in repr(settings.redis)
+    assert settings.redis.when_down.concurrency == "local_share"
+    assert parse(base()).redis is None
 
 
 def test_missing_environment_variable_names_the_field():

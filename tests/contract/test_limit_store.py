@@ -1,19 +1,22 @@
-"""One contract for every `LimitStore`: the in-memory store, and the same behind a
-wrapper that yields on every call as a networked store does. A shared store (Redis)
-joins the `store` fixture's list and must pass the same tests."""
+"""One contract for every `LimitStore`: the in-memory store, the same behind a wrapper
+that yields on every call as a networked store does, and the Redis store (on the
+machine's Redis, under a key prefix of each test's own, with the test's clock passed
+to its scripts in place of the server's)."""
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
 from sluicegate.core.limits import Ask, Charge, Lease, LimitStore, Part, Rate, Refused, Slot
 from sluicegate.stores.memory import MemoryLimitStore
+from sluicegate.stores.redis import RedisLimitStore
 from tests.support.clock import FakeClock
 from tests.support.fakes import YieldingStore
+from tests.support.redis import redis_or_skip
 
 PER_MINUTE_60 = Rate(limit=60, period_s=60, burst=60)
 TTL_S = 30.0
@@ -29,9 +32,13 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture(params=sorted(STORES))
-def store(request, clock) -> LimitStore:
-    return STORES[request.param](clock)
+@pytest.fixture(params=[*sorted(STORES), "redis"])
+async def store(request, clock) -> AsyncIterator[LimitStore]:
+    if request.param != "redis":
+        yield STORES[request.param](clock)
+        return
+    async with redis_or_skip() as (client, prefix):
+        yield RedisLimitStore(client, prefix, timeout_s=5.0, clock=clock)
 
 
 _ids = itertools.count(1)

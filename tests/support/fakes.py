@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -14,10 +15,14 @@ from sluicegate.core.limits import (
     LimitStore,
     Rate,
     Refused,
+    Slot,
+    StoreTimeout,
     StoreUnavailable,
 )
 from sluicegate.core.types import Deployment, Endpoint
 from sluicegate.providers.base import timed_out
+from sluicegate.stores.memory import MemoryLimitStore
+from tests.support.clock import FakeClock
 
 OK_BODY = b'{"choices": [{"message": {"content": "hi"}}]}'
 
@@ -149,3 +154,49 @@ class UnreachableStore:
 
     async def available(self, key: str, rate: Rate) -> float:
         return await self._fail()
+
+
+class SharedFake:
+    """A `SharedStore` (a limit store replicas share, with adoption and heartbeats) held
+    in memory, that can be taken down (refusing connections) or made slow (answering too
+    late), and brought back; `calls` counts every call that reached it."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.inner = MemoryLimitStore(clock)
+        self.down = False
+        self.slow = False
+        self.calls = 0
+        self._clock = clock
+        self._replicas: dict[str, float] = {}
+
+    def _reached(self) -> None:
+        self.calls += 1
+        if self.down:
+            raise StoreUnavailable("connection refused")
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+        method = getattr(self.inner, name)
+
+        async def call(*args: Any) -> Any:
+            self._reached()
+            result = await method(*args)
+            if self.slow:
+                raise StoreTimeout("applied, but the answer came too late")
+            return result
+
+        return call
+
+    async def adopt(self, leases: Sequence[Lease], ttl_s: float) -> None:
+        self._reached()
+        for lease in leases:
+            unbounded = Ask(slots=tuple(Slot(key, sys.maxsize) for key in lease.keys))
+            await self.inner.take(unbounded, lease, ttl_s)
+
+    async def close(self) -> None:
+        return None
+
+    async def beat(self, replica: str, ttl_s: float) -> int:
+        self._reached()
+        now = self._clock.now()
+        self._replicas[replica] = now + ttl_s
+        return sum(1 for until in self._replicas.values() if until > now)

@@ -9,7 +9,7 @@ from types import FrameType
 
 import uvicorn
 
-from sluicegate.api.asgi import Router
+from sluicegate.api.asgi import Handler
 
 BACKLOG = 2048
 
@@ -32,7 +32,7 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve(
-    app: Router, listener: socket.socket, *, log_level: str = "warning", graceful_s: float = 5.0
+    app: Handler, listener: socket.socket, *, log_level: str = "warning", graceful_s: float = 5.0
 ) -> None:
     """Serve until SIGINT/SIGTERM; open requests get `graceful_s` to finish, then the
     app's shutdown runs, and this returns.

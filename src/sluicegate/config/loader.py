@@ -20,6 +20,7 @@ from sluicegate.config.schema import (
     OverloadConfig,
     PoolConfig,
     QuotaConfig,
+    RedisConfig,
     RouteConfig,
     SchedulingConfig,
 )
@@ -28,6 +29,7 @@ from sluicegate.core.types import (
     AdaptiveLimit,
     BackendMetrics,
     BreakerPolicy,
+    DegradedPolicy,
     Deployment,
     Endpoint,
     JobPolicy,
@@ -37,12 +39,14 @@ from sluicegate.core.types import (
     OverloadPolicy,
     PoolSpec,
     Quota,
+    RedisPolicy,
     RetryPolicy,
     RoutePolicy,
     Scheduling,
     Settings,
     Tenant,
     Timeouts,
+    WhenDown,
 )
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -159,11 +163,28 @@ def _to_settings(config: GatewayConfig, env: Mapping[str, str], source: str) -> 
             for i, key in enumerate(config.admin.keys)
         ),
         jobs=_jobs(config.jobs),
+        redis=_redis(config.redis) if config.store == "redis" else None,
     )
 
 
 def _jobs(spec: JobsConfig) -> JobPolicy:
     return JobPolicy(**spec.model_dump())
+
+
+def _redis(spec: RedisConfig | None) -> RedisPolicy:
+    assert spec is not None, "config validation requires it"
+    down = spec.when_down
+    return RedisPolicy(
+        url=spec.url,
+        key_prefix=spec.key_prefix,
+        timeout_s=spec.timeout_s,
+        max_connections=spec.max_connections,
+        lease_ttl_s=spec.lease_ttl_s,
+        at_start=spec.at_start,
+        when_down=DegradedPolicy(
+            WhenDown(down.concurrency), WhenDown(down.rates), spec.probe_s, spec.expected_replicas
+        ),
+    )
 
 
 def _per_minute(limit: float | None) -> Rate | None:

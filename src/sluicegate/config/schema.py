@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, model_validator
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
 
 Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][\w.:/-]*$")]
 Seconds = Annotated[float, Field(gt=0)]
@@ -289,6 +289,41 @@ class JobsConfig(Strict):
         return self
 
 
+WhenDownName = Literal["local_share", "fail_closed", "fail_open"]
+
+
+class WhenDownConfig(Strict):
+    """Per kind of limit, what a replica does while Redis is unreachable."""
+
+    concurrency: WhenDownName = "local_share"
+    rates: WhenDownName = "local_share"
+
+
+class RedisConfig(Strict):
+    url: str = Field(
+        min_length=1, description="redis://, rediss:// (TLS) or unix://; ACL user:password@"
+    )
+    key_prefix: str = Field(default="sluicegate:", max_length=64)
+    timeout_s: Seconds = Field(default=0.05, description="bound on every call to Redis")
+    max_connections: int = Field(default=64, ge=1)
+    lease_ttl_s: Seconds = Field(
+        default=30.0, ge=1, description="a dead replica's slots come free within this"
+    )
+    probe_s: Seconds = Field(default=0.5, description="how often a degraded replica retries")
+    expected_replicas: int = Field(
+        default=1, ge=1, description="the live count to assume until Redis has told one"
+    )
+    at_start: Literal["degraded", "fail"] = "degraded"
+    when_down: WhenDownConfig = WhenDownConfig()
+
+    @field_validator("url")
+    @classmethod
+    def _known_scheme(cls, url: str) -> str:
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return url
+
+
 class GatewayConfig(Strict):
     server: ServerConfig = ServerConfig()
     routes: RoutesConfig = RoutesConfig()
@@ -297,11 +332,17 @@ class GatewayConfig(Strict):
     pools: list[PoolConfig] = Field(default_factory=list)
     admin: AdminConfig = AdminConfig()
     jobs: JobsConfig = JobsConfig()
+    store: Literal["memory", "redis"] = Field(
+        default="memory", description="where limits and shared state live"
+    )
+    redis: RedisConfig | None = None
     models: list[ModelConfig] = Field(min_length=1)
     tenants: list[TenantConfig] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _cross_references(self) -> GatewayConfig:
+        if self.store == "redis" and self.redis is None:
+            raise ValueError("store 'redis' needs a redis section with its url")
         _unique("models", [m.name for m in self.models])
         deployments = [d for m in self.models for d in m.deployments]
         _unique("deployments", [d.name for d in deployments])

@@ -93,6 +93,10 @@ class StoreUnavailable(Exception):
     """The limit store could not be reached or did not answer in time."""
 
 
+class StoreTimeout(StoreUnavailable):
+    """The limit store did not answer in time: it may yet have applied the call."""
+
+
 class LimitStore(Protocol):
     """Slots, rate state and cooldowns under string keys, shared by whoever shares the
     store. Every method may raise `StoreUnavailable`."""

@@ -322,6 +322,38 @@ class JobPolicy:
     max_file_bytes: int = 16 * 1024 * 1024
 
 
+class WhenDown(enum.StrEnum):
+    """What a kind of limit does while the shared limit store is unreachable."""
+
+    LOCAL_SHARE = "local_share"
+    FAIL_CLOSED = "fail_closed"
+    FAIL_OPEN = "fail_open"
+
+
+@dataclass(frozen=True, slots=True)
+class DegradedPolicy:
+    concurrency: WhenDown
+    rates: WhenDown
+    probe_s: float
+    """How often a degraded replica tries the shared store again."""
+    expected_replicas: int
+    """The live count to assume until the shared store has told one."""
+
+
+@dataclass(frozen=True, slots=True)
+class RedisPolicy:
+    """The shared limit store of a fleet (`store: redis`)."""
+
+    url: str = field(repr=False)
+    key_prefix: str
+    timeout_s: float
+    max_connections: int
+    lease_ttl_s: float
+    at_start: str
+    """`degraded`: start without Redis under `when_down`; `fail`: refuse to start."""
+    when_down: DegradedPolicy
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     """Everything the gateway needs at run time; `keys` maps sha256(key) to its tenant."""
@@ -351,3 +383,5 @@ class Settings:
         return model
 
     jobs: JobPolicy = JobPolicy()
+    redis: RedisPolicy | None = None
+    """The shared limit store; None: this process's memory."""

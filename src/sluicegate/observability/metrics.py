@@ -27,6 +27,7 @@ from sluicegate.capacity.pools import Pool
 from sluicegate.core.types import OverloadState
 from sluicegate.scheduling.dispatcher import Dispatcher
 from sluicegate.scheduling.overload import OverloadMonitor
+from sluicegate.stores.failover import FailoverStore
 
 LATENCY_BUCKETS_S = (
     0.005,
@@ -213,6 +214,31 @@ class OverloadCollector(Collector):
         )
 
 
+class StoreCollector(Collector):
+    """The shared limit store's state: degraded or not, and the fleet it counts."""
+
+    def __init__(self, store: FailoverStore) -> None:
+        self._store = store
+
+    def collect(self) -> Iterator[Metric]:
+        view = self._store.view()
+        yield GaugeMetricFamily(
+            "sluicegate_store_degraded",
+            "1 while the shared limit store is unreachable and limits are decided locally.",
+            value=1.0 if view.degraded else 0.0,
+        )
+        yield GaugeMetricFamily(
+            "sluicegate_store_live_replicas",
+            "Replicas sharing the limit store, as last learned from their heartbeats.",
+            value=view.live,
+        )
+        yield CounterMetricFamily(
+            "sluicegate_store_transitions",
+            "Changes between shared and degraded decisions.",
+            value=view.transitions,
+        )
+
+
 class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -380,6 +406,9 @@ class GatewayMetrics:
 
     def watch_overload(self, monitor: OverloadMonitor) -> None:
         self.registry.register(OverloadCollector(monitor))
+
+    def watch_store(self, store: FailoverStore) -> None:
+        self.registry.register(StoreCollector(store))
 
     def refused(self, route: str, reason: str, status: int) -> None:
         key = (route, reason, status)

@@ -1,0 +1,31 @@
+"""Tell callers when the gateway decides without its shared limit store.
+
+A pure ASGI wrapper, installed only when a shared store is configured: while the store is
+degraded, every response carries `x-sluicegate-degraded: store`, so a client or a load
+balancer can see that limits are enforced per replica for now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sluicegate.api.asgi import Handler, Message, Receive, Scope, Send
+
+DEGRADED_HEADER = (b"x-sluicegate-degraded", b"store")
+
+
+def mark_degraded(app: Handler, degraded: Callable[[], bool]) -> Handler:
+    async def marked_app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not degraded():
+            await app(scope, receive, send)
+            return
+
+        async def marked(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [*message.get("headers", ()), DEGRADED_HEADER]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await app(scope, receive, marked)
+
+    return marked_app

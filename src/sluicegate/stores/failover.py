@@ -1,0 +1,333 @@
+"""A shared limit store with a declared degraded mode: never a hang, never a silent change.
+
+While the shared store (Redis) answers, every decision is made there. Its circuit opens
+at once when it refuses connections, and after `STRIKES` calls in a row that did not
+answer in time (one slow answer on a busy machine is not an outage: that call alone is
+refused as unavailable). From then on no request waits on the shared store: each
+decision is made in this process's memory under the policy configured for its kind of
+limit:
+
+- `local_share`: each replica enforces its share, limit / live replicas (slots rounded
+  up), against everything it has in flight, including what the shared store granted
+  it before the outage; the live count is learned from the replicas' heartbeats in the
+  shared store (or the configured expectation when it was never reached);
+- `fail_closed`: refused as unavailable (503);
+- `fail_open`: not enforced at all.
+
+A probe (the replica heartbeat) retries the shared store every `probe_s`; once it
+answers, the leases released meanwhile are released there, the leases still held are
+adopted there (so the fleet counts them), and decisions go back to the shared store:
+the fleet converges without a restart.
+
+Over-admission is bounded. During an outage, by the live count being stale: one that
+died still counts (the fleet under-admits); one that joined does not (each old replica
+admits up to ceil(limit / old count)). Right after it, by what each rate granted
+locally, which the shared rate state does not know of: at most one burst per rate.
+When only some replicas lose the store (a partition), the ones still on it do not see
+the others' local grants: at most the degraded replicas' shares over the limit, for
+as long as they are cut off.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from sluicegate.core.clock import Clock, sleep_until
+from sluicegate.core.limits import (
+    Ask,
+    Charge,
+    Lease,
+    LimitStore,
+    Part,
+    Rate,
+    Refused,
+    Slot,
+    StoreTimeout,
+    StoreUnavailable,
+)
+from sluicegate.core.types import DegradedPolicy, WhenDown
+from sluicegate.stores.memory import MemoryLimitStore
+
+log = logging.getLogger("sluicegate")
+
+STRIKES = 3
+"""Calls in a row without an answer in time that open the circuit."""
+MAX_ORPHANS = 100_000
+"""Leases to release in the shared store once it answers again; past this they lapse."""
+
+
+class SharedStore(LimitStore, Protocol):
+    async def adopt(self, leases: Sequence[Lease], ttl_s: float) -> None: ...
+
+    async def beat(self, replica: str, ttl_s: float) -> int: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StoreView:
+    degraded: bool
+    live: int
+    """Live replicas, as last learned."""
+    transitions: int
+    timeouts: int
+    """Calls the shared store did not answer in time."""
+
+
+class FailoverStore:
+    def __init__(
+        self,
+        shared: SharedStore,
+        clock: Clock,
+        policy: DegradedPolicy,
+        ttl_s: float,
+        *,
+        degraded: bool = False,
+    ) -> None:
+        self._shared = shared
+        self._local = MemoryLimitStore(clock)
+        self._clock = clock
+        self._policy = policy
+        self._ttl_s = ttl_s
+        self.replica = uuid.uuid4().hex[:12]
+        self.live = policy.expected_replicas
+        self.degraded = degraded
+        self.transitions = 0
+        self._timeouts = 0
+        self._strikes = 0
+        self._shared_leases: dict[str, Lease] = {}
+        """Leases the shared store granted this replica, still held."""
+        self._local_leases: dict[str, Lease] = {}
+        """Leases decided here (or carried over from the shared store) while degraded."""
+        self._orphans: dict[str, Lease] = {}
+        """Leases the shared store may hold that nobody here holds any more."""
+        self._listeners: list[Callable[[bool], None]] = []
+
+    def view(self) -> StoreView:
+        return StoreView(self.degraded, self.live, self.transitions, self._timeouts)
+
+    def on_change(self, listener: Callable[[bool], None]) -> None:
+        """Called with the new state whenever the store degrades or recovers."""
+        self._listeners.append(listener)
+
+    async def close(self) -> None:
+        await self._shared.close()
+
+    async def _failed(self, why: StoreUnavailable) -> bool:
+        """Count a failed call; True when decisions are now local."""
+        if isinstance(why, StoreTimeout):
+            self._timeouts += 1
+            self._strikes += 1
+            if self._strikes < STRIKES and not self.degraded:
+                return False
+        await self._degrade(why)
+        return True
+
+    async def _degrade(self, why: StoreUnavailable) -> None:
+        """Decide locally from now on, counting what the shared store granted us."""
+        if self.degraded:
+            return
+        self.degraded = True
+        self.transitions += 1
+        for lease in self._shared_leases.values():
+            await self._local.take(_unbounded(lease), lease, self._ttl_s)
+        self._local_leases.update(self._shared_leases)
+        self._shared_leases.clear()
+        policy = self._policy
+        log.warning(
+            "the limit store is unreachable (%s): degraded, concurrency %s, rates %s, "
+            "as one of %d replicas; retrying every %gs",
+            why, policy.concurrency, policy.rates, self.live, policy.probe_s,
+        )  # fmt: skip
+        for listener in self._listeners:
+            listener(True)
+
+    async def _recover(self) -> None:
+        """Hand over what is still held, then decide there again. Leases taken or
+        released during an await are picked up by the next round; the switch itself
+        happens with nothing left to hand over."""
+        handed = 0
+        while self._orphans or self._local_leases:
+            await self._release_orphans()
+            held = list(self._local_leases.values())
+            if held:
+                await self._shared.adopt(held, self._ttl_s)
+            for lease in held:
+                if self._local_leases.pop(lease.id, None) is not None:
+                    await self._local.release(lease)
+                    self._shared_leases[lease.id] = lease
+                    handed += 1
+        self.degraded = False
+        self._strikes = 0
+        self.transitions += 1
+        log.warning(
+            "the limit store is reachable again: shared limits restored (%d leases handed over)",
+            handed,
+        )
+        for listener in self._listeners:
+            listener(False)
+
+    async def _release_orphans(self) -> None:
+        for lease in list(self._orphans.values()):
+            await self._shared.release(lease)
+            self._orphans.pop(lease.id, None)
+
+    def _orphan(self, lease: Lease) -> None:
+        if lease.keys and len(self._orphans) < MAX_ORPHANS:
+            self._orphans[lease.id] = lease
+
+    async def run(self) -> None:
+        """The replica heartbeat, which is also the probe: every third of the lease TTL
+        while healthy (the live count), every `probe_s` while degraded."""
+        while True:
+            await self.run_once()
+            pause = self._policy.probe_s if self.degraded else self._ttl_s / 3
+            await sleep_until(self._clock, self._clock.now() + pause)
+
+    async def run_once(self) -> None:
+        try:
+            self.live = max(1, await self._shared.beat(self.replica, self._ttl_s))
+            self._strikes = 0
+            if self.degraded:
+                await self._recover()
+            elif self._orphans:
+                await self._release_orphans()
+        except StoreUnavailable as why:
+            await self._failed(why)
+
+    async def take(self, ask: Ask, lease: Lease, ttl_s: float) -> Refused | None:
+        if not self.degraded:
+            try:
+                refused = await self._shared.take(ask, lease, ttl_s)
+            except StoreUnavailable as why:
+                self._orphan(lease)
+                if not await self._failed(why):
+                    raise
+            else:
+                self._strikes = 0
+                if refused is None and lease.keys:
+                    self._shared_leases[lease.id] = lease
+                return refused
+        local, slots, charges = self._locally(ask)
+        keys = tuple([slot.key for slot in local.slots])
+        refused = await self._local.take(local, Lease(lease.id, keys), ttl_s)
+        if refused is not None:
+            return Refused(refused.part, _original(refused, slots, charges), refused.retry_after_s)
+        if lease.keys:
+            self._local_leases[lease.id] = lease
+        return None
+
+    def _locally(self, ask: Ask) -> tuple[Ask, list[int], list[int]]:
+        """The ask as this replica decides it alone, and which of the original slots and
+        charges each of its own stands for."""
+        policy, live = self._policy, max(1, self.live)
+        slots = _kept(ask.slots, policy.concurrency)
+        charges = _kept(ask.charges, policy.rates)
+        local = Ask(
+            ask.cooldowns,
+            tuple(Slot(ask.slots[i].key, math.ceil(ask.slots[i].limit / live)) for i in slots),
+            tuple(_charge_share(ask.charges[i], live) for i in charges),
+        )
+        return local, slots, charges
+
+    async def renew(self, leases: Sequence[Lease], ttl_s: float) -> None:
+        local = [lease for lease in leases if lease.id in self._local_leases]
+        if local:
+            await self._local.renew(local, ttl_s)
+        if self.degraded:
+            return
+        shared = [lease for lease in leases if lease.id not in self._local_leases]
+        try:
+            await self._shared.renew(shared, ttl_s)
+        except StoreUnavailable as why:
+            await self._failed(why)
+
+    async def release(self, lease: Lease) -> None:
+        """Freed where it is held; one the shared store may hold while it is away is
+        released there once it answers again."""
+        if self._local_leases.pop(lease.id, None) is not None:
+            await self._local.release(lease)
+            self._orphan(lease)
+            return
+        self._shared_leases.pop(lease.id, None)
+        if self.degraded:
+            self._orphan(lease)
+            return
+        try:
+            await self._shared.release(lease)
+        except StoreUnavailable as why:
+            self._orphan(lease)
+            await self._failed(why)
+
+    async def refund(self, charge: Charge, amount: float) -> None:
+        if not self.degraded:
+            try:
+                await self._shared.refund(charge, amount)
+                return
+            except StoreUnavailable as why:
+                if not await self._failed(why):
+                    return
+        await self._local.refund(_charge_share(charge, max(1, self.live)), amount)
+
+    async def cool(self, key: str, duration_s: float) -> None:
+        """Kept locally as well, so that a cooldown still holds if the store goes away."""
+        await self._local.cool(key, duration_s)
+        if self.degraded:
+            return
+        try:
+            await self._shared.cool(key, duration_s)
+        except StoreUnavailable as why:
+            await self._failed(why)
+
+    async def in_use(self, key: str) -> int:
+        if not self.degraded:
+            try:
+                return await self._shared.in_use(key)
+            except StoreUnavailable as why:
+                await self._failed(why)
+        return await self._local.in_use(key)
+
+    async def available(self, key: str, rate: Rate) -> float:
+        if not self.degraded:
+            try:
+                return await self._shared.available(key, rate)
+            except StoreUnavailable as why:
+                await self._failed(why)
+        return await self._local.available(key, _rate_share(rate, max(1, self.live)))
+
+
+def _kept(parts: Sequence[object], when_down: WhenDown) -> list[int]:
+    """Which parts of one kind a replica enforces alone (all or none)."""
+    if not parts or when_down is WhenDown.FAIL_OPEN:
+        return []
+    if when_down is WhenDown.FAIL_CLOSED:
+        raise StoreUnavailable("the limit store is unreachable and this limit fails closed")
+    return list(range(len(parts)))
+
+
+def _unbounded(lease: Lease) -> Ask:
+    """Hold `lease`'s slots whatever is held already: it was granted elsewhere."""
+    return Ask(slots=tuple(Slot(key, sys.maxsize) for key in lease.keys))
+
+
+def _rate_share(rate: Rate, live: int) -> Rate:
+    return Rate(rate.limit / live, rate.period_s, rate.burst / live)
+
+
+def _charge_share(charge: Charge, live: int) -> Charge:
+    return Charge(charge.key, _rate_share(charge.rate, live), charge.cost)
+
+
+def _original(refused: Refused, slots: list[int], charges: list[int]) -> int:
+    """The index in the original ask of the part of the local ask that refused."""
+    if refused.part is Part.SLOT:
+        return slots[refused.index]
+    if refused.part is Part.CHARGE:
+        return charges[refused.index]
+    return refused.index

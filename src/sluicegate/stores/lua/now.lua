@@ -1,0 +1,22 @@
+-- The decision's time: the server's clock, so that replicas with skewed clocks agree;
+-- a test may pass its own (ARGV[1] not empty).
+local function now_s()
+  if ARGV[1] ~= '' then
+    return tonumber(ARGV[1])
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+-- Expire `key` no earlier than `seconds` from now (never shortens a longer expiry).
+local function keep_for(key, seconds)
+  local ms = math.ceil(seconds * 1000) + 1000
+  if redis.call('PTTL', key) < ms then
+    redis.call('PEXPIRE', key, ms)
+  end
+end
+
+-- A time written or compared as text keeps every digit (tostring keeps 14).
+local function exact(prefix, seconds)
+  return prefix .. string.format('%.17g', seconds)
+end

@@ -1,0 +1,197 @@
+"""The shared `LimitStore` on Redis: every replica pointed at one Redis shares its limits.
+
+Each method is one Lua script (in `lua/`, loaded once, run by its digest), so a decision
+is atomic on the server and costs one round trip. Scripts read the server's clock, so
+replicas with skewed clocks agree. Every key lives under `{prefix}{LAYOUT}:`; `LAYOUT`
+names the key layout and changes whenever the scripts read or write keys differently,
+so replicas of two releases running side by side during a rolling deploy never run one
+release's scripts on the other's keys (a script is run by the digest of its own text, so
+old code is never run by mistake either). Every key has a TTL: nothing lingers.
+
+Each call is bounded by `timeout_s`; a timeout, a refused connection or any Redis error
+is `StoreUnavailable`, never a hang. What to do then is the caller's choice
+(`stores/failover.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+from urllib.parse import urlsplit
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from sluicegate.core.clock import Clock
+from sluicegate.core.limits import (
+    Ask,
+    Charge,
+    Lease,
+    Part,
+    Rate,
+    Refused,
+    StoreTimeout,
+    StoreUnavailable,
+)
+
+LAYOUT = "v1"
+_PARTS = {b"cooldown": Part.COOLDOWN, b"slot": Part.SLOT, b"charge": Part.CHARGE}
+
+
+def connect(url: str, timeout_s: float, max_connections: int) -> Redis:
+    """A client for `url` (`redis://` or `rediss://`, ACL user and password in it) whose
+    every wait is bounded: connecting, reading, and waiting for a pooled connection.
+    Retries are left to the caller (redis-py's own would stretch a call past its bound)."""
+    pool = BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=timeout_s,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+    )
+    return Redis(connection_pool=pool)
+
+
+async def unreachable(url: str, timeout_s: float = 2.0) -> str | None:
+    """Why Redis at `url` cannot be used now, in one line naming its host (never its
+    credentials); None when it answers."""
+    where = _where(url)
+    client = connect(url, timeout_s, 1)
+    try:
+        async with asyncio.timeout(timeout_s):
+            await client.ping()
+    except (RedisError, OSError, TimeoutError) as exc:
+        return f"Redis at {where} is unreachable ({type(exc).__name__}: {exc})"
+    finally:
+        await client.aclose()
+    return None
+
+
+def _where(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return parts.path
+    return f"{parts.hostname}:{parts.port or 6379}"
+
+
+def _script(name: str) -> str:
+    folder = resources.files("sluicegate.stores") / "lua"
+    return (folder / "now.lua").read_text() + "\n" + (folder / f"{name}.lua").read_text()
+
+
+class RedisLimitStore:
+    """`clock` is for tests only: given, scripts use its time instead of the server's."""
+
+    def __init__(
+        self, client: Redis, prefix: str, timeout_s: float, clock: Clock | None = None
+    ) -> None:
+        self._client = client
+        self._root = f"{prefix}{LAYOUT}:"
+        self._timeout_s = timeout_s
+        self._clock = clock
+        self._names: dict[str, str] = {}
+        self._scripts = {
+            name: client.register_script(_script(name))
+            for name in (
+                "take",
+                "renew",
+                "release",
+                "refund",
+                "cool",
+                "in_use",
+                "available",
+                "beat",
+            )
+        }
+
+    def _key(self, key: str) -> str:
+        name = self._names.get(key)
+        if name is None:
+            name = self._names[key] = self._root + key
+        return name
+
+    def _now(self) -> str:
+        return "" if self._clock is None else repr(self._clock.now())
+
+    async def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                return await self._scripts[script](keys=keys, args=[self._now(), *args])
+        except (RedisTimeoutError, TimeoutError):
+            raise StoreTimeout(f"redis: no answer within {self._timeout_s}s") from None
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from None
+
+    async def take(self, ask: Ask, lease: Lease, ttl_s: float) -> Refused | None:
+        keys = [self._key(k) for k in ask.cooldowns]
+        keys += [self._key(slot.key) for slot in ask.slots]
+        args: list[Any] = [lease.id, ttl_s, len(ask.cooldowns), len(ask.slots)]
+        args += [slot.limit for slot in ask.slots]
+        for charge in ask.charges:
+            rate = charge.rate
+            keys.append(self._key(charge.key))
+            args += [rate.interval_s, rate.tolerance_s, charge.cost, rate.burst]
+        refused = await self._run("take", keys, args)
+        if refused is None:
+            return None
+        part, index, wait = refused
+        return Refused(_PARTS[part], int(index), float(wait) if wait else None)
+
+    async def renew(self, leases: Sequence[Lease], ttl_s: float) -> None:
+        await self._hold(leases, ttl_s, adopt=False)
+
+    async def adopt(self, leases: Sequence[Lease], ttl_s: float) -> None:
+        """Hold `leases` here from now on, whatever this store knew of them: leases a
+        replica granted itself while this store was unreachable."""
+        await self._hold(leases, ttl_s, adopt=True)
+
+    async def _hold(self, leases: Sequence[Lease], ttl_s: float, *, adopt: bool) -> None:
+        """One script call per hash tag, so that each stays on one shard of a cluster."""
+        by_tag: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+        for lease in leases:
+            for key in lease.keys:
+                by_tag[_tag(key)][key].append(lease.id)
+        for ids_by_key in by_tag.values():
+            keys: list[str] = []
+            args: list[Any] = [ttl_s, "1" if adopt else "0"]
+            for key, ids in ids_by_key.items():
+                keys.append(self._key(key))
+                args += [len(ids), *ids]
+            await self._run("renew", keys, args)
+
+    async def release(self, lease: Lease) -> None:
+        await self._run("release", [self._key(k) for k in lease.keys], [lease.id])
+
+    async def refund(self, charge: Charge, amount: float) -> None:
+        await self._run("refund", [self._key(charge.key)], [charge.rate.interval_s, amount])
+
+    async def cool(self, key: str, duration_s: float) -> None:
+        await self._run("cool", [self._key(key)], [duration_s])
+
+    async def in_use(self, key: str) -> int:
+        return int(await self._run("in_use", [self._key(key)], []))
+
+    async def available(self, key: str, rate: Rate) -> float:
+        args = [rate.interval_s, rate.tolerance_s, rate.burst]
+        return float(await self._run("available", [self._key(key)], args))
+
+    async def beat(self, replica: str, ttl_s: float) -> int:
+        """Say this replica is alive for `ttl_s`; the number of live replicas."""
+        return int(await self._run("beat", [self._key("replicas")], [replica, ttl_s]))
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+def _tag(key: str) -> str:
+    """A key's Redis Cluster hash tag: the text between its first `{` and the next `}`."""
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    return key[start + 1 : end] if start >= 0 and end > start + 1 else key

@@ -1,0 +1,132 @@
+"""What the Redis store promises beyond the shared contract: the server's clock, a TTL on
+every key, keys under the prefix and the layout version, replicas sharing one state,
+adopted leases, live-replica counts, and a bounded wait on a Redis that is gone or mute."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from sluicegate.core.limits import Ask, Charge, Lease, Part, Rate, Refused, Slot, StoreUnavailable
+from sluicegate.stores.redis import LAYOUT, RedisLimitStore, connect
+from tests.support.clock import FakeClock
+from tests.support.processes import free_port
+from tests.support.redis import redis_or_skip
+
+TTL_S = 30.0
+RATE = Rate(limit=60, period_s=60, burst=2)
+
+
+@pytest.fixture
+async def redis() -> AsyncIterator[tuple[object, str]]:
+    async with redis_or_skip() as found:
+        yield found
+
+
+def lease(name: str, *keys: str) -> Lease:
+    return Lease(f"test:{name}", keys)
+
+
+async def test_without_a_test_clock_the_server_clock_decides(redis):
+    client, prefix = redis
+    store = RedisLimitStore(client, prefix, timeout_s=5.0)
+    ask = Ask(charges=(Charge("r", RATE, 1),))
+    assert await store.take(ask, lease("a"), TTL_S) is None
+    assert await store.take(ask, lease("b"), TTL_S) is None
+    refused = await store.take(ask, lease("c"), TTL_S)
+    assert refused == Refused(Part.CHARGE, 0, pytest.approx(1.0, abs=0.2))
+
+
+async def test_every_key_has_a_ttl_and_lives_under_the_prefix_and_layout(redis):
+    client, prefix = redis
+    store = RedisLimitStore(client, prefix, timeout_s=5.0)
+    held = lease("a", "{t}s")
+    ask = Ask(slots=(Slot("{t}s", 3),), charges=(Charge("{t}r", RATE, 1),))
+    assert await store.take(ask, held, TTL_S) is None
+    await store.renew([held], TTL_S)
+    await store.cool("{t}c", 5)
+    await store.refund(Charge("{t}r", RATE, 1), -1)
+    await store.beat("replica-1", TTL_S)
+    keys = sorted([key.decode() async for key in client.scan_iter(match=f"{prefix}*")])
+    assert keys == [f"{prefix}{LAYOUT}:{name}" for name in ("replicas", "{t}c", "{t}r", "{t}s")]
+    for key in keys:
+        assert 0 < await client.pttl(key) <= (TTL_S + 2) * 1000
+
+
+async def test_a_refusal_creates_no_key(redis):
+    client, prefix = redis
+    store = RedisLimitStore(client, prefix, timeout_s=5.0)
+    ask = Ask(slots=(Slot("s", 1),), charges=(Charge("r", RATE, 3),))
+    refused = await store.take(ask, lease("a", "s"), TTL_S)
+    assert refused == Refused(Part.CHARGE, 0, float("inf"))
+    assert [key async for key in client.scan_iter(match=f"{prefix}*")] == []
+
+
+async def test_two_replicas_on_one_redis_share_a_slot(redis):
+    client, prefix = redis
+    one = RedisLimitStore(client, prefix, timeout_s=5.0)
+    two = RedisLimitStore(client, prefix, timeout_s=5.0)
+    ask = Ask(slots=(Slot("s", 1),))
+    first = lease("one", "s")
+    assert await one.take(ask, first, TTL_S) is None
+    assert await two.take(ask, lease("two", "s"), TTL_S) == Refused(Part.SLOT, 0, None)
+    await one.release(first)
+    assert await two.take(ask, lease("two", "s"), TTL_S) is None
+
+
+async def test_adopting_brings_back_a_lapsed_lease_and_renewing_does_not(redis):
+    client, prefix = redis
+    clock = FakeClock()
+    store = RedisLimitStore(client, prefix, timeout_s=5.0, clock=clock)
+    renewed, adopted = lease("renewed", "s"), lease("adopted", "s")
+    for held in (renewed, adopted):
+        assert await store.take(Ask(slots=(Slot("s", 5),)), held, TTL_S) is None
+    clock.advance(TTL_S + 1)
+    await store.renew([renewed], TTL_S)
+    await store.adopt([adopted, lease("never-seen", "s")], TTL_S)
+    assert await store.in_use("s") == 2
+
+
+async def test_replicas_that_stop_beating_drop_out_of_the_live_count(redis):
+    client, prefix = redis
+    clock = FakeClock()
+    store = RedisLimitStore(client, prefix, timeout_s=5.0, clock=clock)
+    assert await store.beat("a", 3.0) == 1
+    assert await store.beat("b", 3.0) == 2
+    clock.advance(2.0)
+    assert await store.beat("a", 3.0) == 2
+    clock.advance(2.0)
+    assert await store.beat("a", 3.0) == 1
+
+
+async def test_a_redis_that_refuses_connections_is_unavailable_at_once():
+    client = connect(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.05, max_connections=4)
+    store = RedisLimitStore(client, "x:", timeout_s=0.05)
+    with pytest.raises(StoreUnavailable):
+        await store.in_use("s")
+    await store.close()
+
+
+async def test_a_redis_that_never_answers_is_unavailable_within_the_timeout():
+    """A peer that accepts and then says nothing (a hung server, a black-holed link)."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(mute, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = connect(f"redis://127.0.0.1:{port}/0", timeout_s=0.05, max_connections=4)
+    store = RedisLimitStore(client, "x:", timeout_s=0.05)
+    began = time.monotonic()
+    with pytest.raises(StoreUnavailable):
+        await store.take(Ask(slots=(Slot("s", 1),)), lease("a", "s"), TTL_S)
+    assert time.monotonic() - began < 1.0
+    await store.close()
+    for writer in held:
+        writer.close()
+    server.close()
+    await server.wait_closed()

@@ -1,0 +1,321 @@
+"""A fleet: several real `sluicegate serve` replicas sharing one Redis (MISSION 9.1, 11.2).
+
+The machine's Redis holds the shared state under a key prefix of each test's own; the
+tests that take Redis away start their own `redis-server`. The upstream is one real
+simulator; clients spread their requests over the replicas round robin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.e2e.conftest import SIM_KEY, sim_stats
+from tests.support.processes import Proc, start
+from tests.support.redis import REDIS_URL, redis_or_skip, redis_server
+
+KEY = "sk-fleet"
+MESSAGES = [{"role": "user", "content": "hello there"}]
+
+
+def fleet_config(
+    sim_url: str, redis_url: str, prefix: str, *, pool: dict, tenant: dict | None = None, **redis
+) -> dict:
+    """Leases of 1 s, so that lapses show within a test. Calls to Redis may take up to 1 s
+    before they count as unanswered: on this 2-core machine, shared by the replicas, the
+    simulator, Redis and the callers, a replica's loop lags past the 50 ms default under a
+    flood, which would make it leave the shared store for its local share (the
+    degraded-mode tests take Redis away for real instead)."""
+    return {
+        "store": "redis",
+        "redis": {
+            "url": "${REDIS_URL}",
+            "key_prefix": prefix,
+            "lease_ttl_s": 1,
+            "timeout_s": 1.0,
+            **redis,
+        },
+        "routes": {"chat": {"retry": {"max_attempts": 1}}},
+        "pools": [{"name": "shared", **pool}],
+        "models": [
+            {
+                "name": "chat",
+                "deployments": [
+                    {
+                        "name": "sim",
+                        "base_url": f"{sim_url}/v1",
+                        "model": "sim-model",
+                        "api_key_env": "SIM_KEY",
+                        "pools": ["shared"],
+                        "cancel_grace_s": 0,
+                        "breaker": {"consecutive_failures": 1000, "min_attempts": 1000},
+                    }
+                ],
+            }
+        ],
+        "tenants": [{"name": "t", "keys": [{"env": "FLEET_KEY"}], "limits": tenant or {}}],
+    }
+
+
+class Fleet:
+    def __init__(self, folder: Path, sim: Proc, redis_url: str, prefix: str) -> None:
+        self.folder, self.sim, self.redis_url, self.prefix = folder, sim, redis_url, prefix
+        self.replicas: list[Proc] = []
+
+    def start(self, count: int, **config) -> list[Proc]:
+        path = self.folder / f"fleet-{len(self.replicas)}.yaml"
+        path.write_text(
+            yaml.safe_dump(fleet_config(self.sim.url, self.redis_url, self.prefix, **config))
+        )
+        env = {"SIM_KEY": SIM_KEY, "FLEET_KEY": KEY, "REDIS_URL": self.redis_url}
+        started = [
+            start("serve", ["--config", str(path)], self.folder, env=env, ready_path="/ready")
+            for _ in range(count)
+        ]
+        self.replicas += started
+        return started
+
+    def stop(self) -> None:
+        for proc in self.replicas:
+            if proc.popen.poll() is None:
+                proc.stop()
+
+
+@pytest.fixture
+async def fleet(sim: Proc, http: aiohttp.ClientSession, tmp_path: Path) -> AsyncIterator[Fleet]:
+    async with redis_or_skip() as (_, prefix):
+        async with http.post(f"{sim.url}/sim/reset") as resp:
+            assert resp.status == 200
+        group = Fleet(tmp_path, sim, REDIS_URL, prefix)
+        try:
+            yield group
+        finally:
+            group.stop()
+            async with http.delete(f"{sim.url}/sim/faults") as resp:
+                assert resp.status == 200
+
+
+async def chat(http: aiohttp.ClientSession, proc: Proc, max_tokens: int = 4, **body) -> tuple:
+    payload = {"model": "chat", "messages": MESSAGES, "max_tokens": max_tokens, **body}
+    url = f"{proc.url}/v1/chat/completions"
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with http.post(url, json=payload, headers=headers) as resp:
+        body = await resp.json()
+        return resp.status, resp.headers, body
+
+
+def code(answer: tuple) -> str:
+    status, _, body = answer
+    return "ok" if status == 200 else body["error"]["code"]
+
+
+async def flood(http, replicas: list[Proc], total: int, width: int, **body) -> list[tuple]:
+    """`total` requests from `width` callers at once, round robin over the replicas."""
+    targets = itertools.cycle(replicas)
+    answers: list[tuple] = []
+
+    async def caller() -> None:
+        while len(answers) < total:
+            mine = len(answers)
+            answers.append(())
+            answers[mine] = await chat(http, next(targets), **body)
+
+    await asyncio.gather(*(caller() for _ in range(width)))
+    return answers
+
+
+async def metric(http, proc: Proc, name: str) -> float:
+    async with http.get(f"{proc.url}/metrics") as resp:
+        text = await resp.text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return sample.value
+    raise AssertionError(f"{name} not exposed")
+
+
+async def wait_for(predicate, timeout_s: float, step_s: float = 0.1) -> float:
+    """Seconds until `predicate()` (a coroutine function) held; fails after `timeout_s`."""
+    began = time.monotonic()
+    while time.monotonic() - began < timeout_s:
+        if await predicate():
+            return time.monotonic() - began
+        await asyncio.sleep(step_s)
+    raise AssertionError(f"not within {timeout_s}s")
+
+
+async def test_three_replicas_share_one_pool_under_a_flood(fleet, http, sim):
+    replicas = fleet.start(3, pool={"max_concurrency": 8})
+    answers = await flood(http, replicas, total=2100, width=48)
+    codes = [code(a) for a in answers]
+    stats = await sim_stats(http, sim)
+    assert 6 <= stats["max_in_flight"] <= 8
+    assert codes.count("ok") >= 100
+    assert codes.count("pool_concurrency_limited") >= 500
+    assert set(codes) <= {"ok", "pool_concurrency_limited"}
+
+
+@pytest.mark.parametrize(
+    ("limits", "refusal"),
+    [
+        ({"tenant": {"requests_per_minute": 60}}, "tenant_rate_limited"),
+        ({"pool": {"max_concurrency": 64, "tokens_per_minute": 600}}, "pool_token_limited"),
+    ],
+)
+async def test_a_rate_holds_over_the_fleet(fleet, http, limits, refusal):
+    """Admitted <= 1.05 x (burst + rate x duration), the duration being the whole flood;
+    three replicas each enforcing the limit alone would admit three bursts."""
+    replicas = fleet.start(3, **{"pool": {"max_concurrency": 64}, **limits})
+    began = time.monotonic()
+    answers = await flood(http, replicas, total=600, width=24)
+    elapsed = time.monotonic() - began
+    ok = [a for a in answers if a[0] == 200]
+    assert {code(a) for a in answers} == {"ok", refusal}
+    if refusal == "tenant_rate_limited":
+        assert 30 <= len(ok) <= 1.05 * (60 + 1.0 * elapsed)
+    else:
+        used = sum(a[2]["usage"]["total_tokens"] for a in ok)
+        assert 300 <= used <= 1.05 * (600 + 10.0 * elapsed)
+
+
+async def test_a_killed_replica_frees_its_permits_within_three_ttls(fleet, http, sim):
+    holder, other = fleet.start(2, pool={"max_concurrency": 2})
+    async with http.post(f"{sim.url}/sim/faults", json={"hang": True}) as resp:
+        assert resp.status == 200
+    held = [asyncio.ensure_future(chat(http, holder)) for _ in range(2)]
+    await wait_for(lambda: _received(http, sim, 2), 5)
+    assert code(await chat(http, other)) == "pool_concurrency_limited"
+    os.kill(holder.popen.pid, signal.SIGKILL)
+    holder.popen.wait(5)
+    await asyncio.gather(*held, return_exceptions=True)
+    async with http.delete(f"{sim.url}/sim/faults") as resp:
+        assert resp.status == 200
+
+    async def admitted() -> bool:
+        return code(await chat(http, other)) == "ok"
+
+    assert await wait_for(admitted, 3 * 1.0 + 2) <= 3 * 1.0 + 1
+
+
+async def _received(http, sim, count: int) -> bool:
+    return (await sim_stats(http, sim))["received"] >= count
+
+
+async def test_a_stream_longer_than_three_ttls_keeps_its_lease(fleet, http, sim):
+    one, two = fleet.start(2, pool={"max_concurrency": 1})
+    client = openai.AsyncOpenAI(base_url=f"{one.url}/v1", api_key=KEY, max_retries=0)
+    began = time.monotonic()
+    stream = await client.chat.completions.create(
+        model="chat", messages=MESSAGES, max_tokens=500, stream=True
+    )
+    refused: list[str] = []
+    chunks = 0
+    async for _ in stream:
+        chunks += 1
+        if chunks % 40 == 0:
+            refused.append(code(await chat(http, two)))
+    assert time.monotonic() - began > 3 * 1.0
+    assert refused
+    assert set(refused) == {"pool_concurrency_limited"}
+    assert (await sim_stats(http, sim))["max_in_flight"] == 1
+    assert code(await chat(http, two)) == "ok"
+
+
+async def test_a_throttle_seen_by_one_replica_cools_the_pool_on_every_replica(fleet, http, sim):
+    one, two = fleet.start(2, pool={"max_concurrency": 8})
+    faults = {"throttle_rate": 1.0, "throttle_retry_after_s": 30}
+    async with http.post(f"{sim.url}/sim/faults", json=faults) as resp:
+        assert resp.status == 200
+    assert code(await chat(http, one)) == "upstream_throttled"
+    received = (await sim_stats(http, sim))["received"]
+    status, headers, body = await chat(http, two)
+    assert body["error"]["code"] == "pool_cooling_down"
+    assert status == 503
+    assert 25 <= int(headers["Retry-After"]) <= 31
+    assert (await sim_stats(http, sim))["received"] == received
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator:
+    with redis_server(tmp_path) as server:
+        yield server
+
+
+async def test_redis_killed_mid_run_each_replica_enforces_its_share_then_converges(
+    sim, http, tmp_path, own_redis
+):
+    async with http.post(f"{sim.url}/sim/reset") as resp:
+        assert resp.status == 200
+    group = Fleet(tmp_path, sim, own_redis.url, "fleet:")
+    try:
+        one, two = group.start(2, pool={"max_concurrency": 4}, probe_s=0.2)
+        await wait_for(lambda: _live(http, one, 2), 5)
+        async with http.post(f"{sim.url}/sim/faults", json={"hang": True}) as resp:
+            assert resp.status == 200
+        own_redis.kill()
+        held = []
+        for replica in (one, two):
+            for _ in range(4):
+                held.append(asyncio.ensure_future(chat(http, replica)))
+            await asyncio.sleep(0.5)
+        await wait_for(lambda: _received(http, sim, 4), 5)
+        await asyncio.sleep(0.3)
+        assert (await sim_stats(http, sim))["received"] == 4
+        done = [task.result() for task in held if task.done()]
+        assert [code(a) for a in done] == ["pool_concurrency_limited"] * 4
+        assert all(a[1]["x-sluicegate-degraded"] == "store" for a in done)
+        assert await metric(http, one, "sluicegate_store_degraded") == 1.0
+        for task in held:
+            task.cancel()
+        await asyncio.gather(*held, return_exceptions=True)
+        async with http.delete(f"{sim.url}/sim/faults") as resp:
+            assert resp.status == 200
+
+        own_redis.start()
+        for replica in (one, two):
+            await wait_for(lambda r=replica: _shared_again(http, r), 10)
+        answer = await chat(http, two)
+        assert code(answer) == "ok"
+        assert "x-sluicegate-degraded" not in answer[1]
+        assert "limit store is reachable again" in one.output()
+    finally:
+        group.stop()
+        async with http.delete(f"{sim.url}/sim/faults") as resp:
+            assert resp.status == 200
+
+
+async def _live(http, proc: Proc, count: int) -> bool:
+    return await metric(http, proc, "sluicegate_store_live_replicas") >= count
+
+
+async def _shared_again(http, proc: Proc) -> bool:
+    return await metric(http, proc, "sluicegate_store_degraded") == 0.0
+
+
+async def test_a_replica_refuses_to_start_without_redis_when_told_to(sim, tmp_path):
+    group = Fleet(tmp_path, sim, "redis://127.0.0.1:1/0", "x:")
+    with pytest.raises(RuntimeError, match=r"Redis at 127.0.0.1:1 is unreachable .*at_start: fail"):
+        group.start(1, pool={"max_concurrency": 1}, at_start="fail")
+
+
+async def test_a_replica_starts_degraded_without_redis_and_says_so(sim, http, tmp_path):
+    group = Fleet(tmp_path, sim, "redis://127.0.0.1:1/0", "x:")
+    try:
+        (replica,) = group.start(1, pool={"max_concurrency": 1}, expected_replicas=2)
+        assert "starting degraded" in replica.output()
+        answer = await chat(http, replica)
+        assert code(answer) == "ok"
+        assert answer[1]["x-sluicegate-degraded"] == "store"
+    finally:
+        group.stop()

@@ -1,0 +1,114 @@
+"""The real Redis the shared-store tests use: the machine's own (reachable, or skipped
+with the reason, except that CI=true makes its absence a failure), or a `redis-server`
+a test starts for itself on a free port when it must stop or kill it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from tests.support.processes import free_port
+
+REDIS_URL = os.environ.get("SLUICEGATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason}; CI=true requires it")
+    pytest.skip(reason)
+
+
+def test_prefix() -> str:
+    """A key prefix of the test's own, so tests never see each other's keys."""
+    return f"sluicegate-test:{uuid.uuid4().hex[:10]}:"
+
+
+@asynccontextmanager
+async def redis_or_skip(url: str = REDIS_URL) -> AsyncIterator[tuple[Redis, str]]:
+    """A client and a fresh key prefix; every key under the prefix is deleted after."""
+    client = Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        await client.ping()
+    except (RedisError, OSError) as exc:
+        await client.aclose()
+        _unavailable(f"Redis is not reachable at {url} ({exc!r})")
+    prefix = test_prefix()
+    try:
+        yield client, prefix
+    finally:
+        await delete_prefix(client, prefix)
+        await client.aclose()
+
+
+async def delete_prefix(client: Redis, prefix: str) -> None:
+    keys = [key async for key in client.scan_iter(match=f"{prefix}*", count=1000)]
+    if keys:
+        await client.delete(*keys)
+
+
+class RedisServer:
+    """A `redis-server` of the test's own on a free loopback port: it can be killed and
+    started again on the same port."""
+
+    def __init__(self, folder: Path) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            _unavailable("redis-server is not installed")
+        self._binary = str(binary)
+        self._folder = folder
+        self.port = free_port()
+        self._popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        log = (self._folder / f"redis-{self.port}.log").open("ab")
+        self._popen = subprocess.Popen(
+            [self._binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self._folder)],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if _pongs(self.port):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"redis-server on port {self.port} did not start")
+
+    def kill(self) -> None:
+        if self._popen is not None:
+            self._popen.kill()
+            self._popen.wait(10)
+            self._popen = None
+
+
+def _pongs(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@contextmanager
+def redis_server(folder: Path) -> Iterator[RedisServer]:
+    server = RedisServer(folder)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()

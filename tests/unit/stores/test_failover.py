@@ -1,0 +1,214 @@
+"""The degraded mode of a shared limit store, on a fake clock and a shared store that can
+be taken down: each policy per kind of limit, no waiting on a store known to be down,
+the probe, and convergence (local leases adopted) once it is back."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+
+import pytest
+
+from sluicegate.core.limits import Ask, Charge, Lease, Part, Rate, Refused, Slot, StoreUnavailable
+from sluicegate.core.types import DegradedPolicy, WhenDown
+from sluicegate.stores.failover import FailoverStore
+from tests.support.clock import FakeClock
+from tests.support.fakes import SharedFake
+
+TTL_S = 30.0
+PER_MINUTE_60 = Rate(limit=60, period_s=60, burst=60)
+_ids = itertools.count(1)
+
+
+def policy(
+    concurrency: WhenDown = WhenDown.LOCAL_SHARE,
+    rates: WhenDown = WhenDown.LOCAL_SHARE,
+    expected: int = 1,
+) -> DegradedPolicy:
+    return DegradedPolicy(concurrency, rates, probe_s=0.5, expected_replicas=expected)
+
+
+def make(
+    clock: FakeClock, rule: DegradedPolicy | None = None, *, degraded: bool = False
+) -> tuple[FailoverStore, SharedFake]:
+    shared = SharedFake(clock)
+    return FailoverStore(shared, clock, rule or policy(), TTL_S, degraded=degraded), shared
+
+
+async def take(store: FailoverStore, ask: Ask) -> Lease | Refused:
+    lease = Lease(f"r:{next(_ids)}", tuple(slot.key for slot in ask.slots))
+    refused = await store.take(ask, lease, TTL_S)
+    return lease if refused is None else refused
+
+
+def slot(limit: int, key: str = "s") -> Ask:
+    return Ask(slots=(Slot(key, limit),))
+
+
+async def granted(store: FailoverStore, ask: Ask, tries: int = 20) -> int:
+    return sum([isinstance(await take(store, ask), Lease) for _ in range(tries)])
+
+
+async def test_while_the_shared_store_answers_every_decision_is_made_there():
+    clock = FakeClock()
+    store, shared = make(clock)
+    assert await granted(store, slot(8)) == 8
+    assert await shared.inner.in_use("s") == 8
+    assert not store.degraded
+
+
+async def test_local_share_admits_at_most_ceil_limit_over_live_replicas():
+    clock = FakeClock()
+    store, shared = make(clock)
+    await shared.beat("other-1", TTL_S)
+    await shared.beat("other-2", TTL_S)
+    await store.run_once()
+    assert store.live == 3
+    shared.down = True
+    assert await granted(store, slot(8)) == 3
+    assert store.degraded
+    rate = Ask(charges=(Charge("r", PER_MINUTE_60, 1),))
+    assert await granted(store, rate, tries=60) == 20
+
+
+async def test_the_call_that_finds_the_store_down_is_still_decided_and_later_ones_do_not_wait():
+    clock = FakeClock()
+    store, shared = make(clock)
+    shared.down = True
+    assert isinstance(await take(store, slot(2)), Lease)
+    reached = shared.calls
+    assert reached == 1
+    assert await granted(store, slot(2)) == 1
+    assert shared.calls == reached
+
+
+async def test_fail_closed_refuses_only_its_own_kind_of_limit():
+    clock = FakeClock()
+    store, shared = make(clock, policy(concurrency=WhenDown.FAIL_CLOSED))
+    shared.down = True
+    with pytest.raises(StoreUnavailable):
+        await take(store, slot(5))
+    assert isinstance(await take(store, Ask(charges=(Charge("r", PER_MINUTE_60, 1),))), Lease)
+
+
+async def test_fail_open_does_not_enforce_and_refusals_name_the_original_part():
+    clock = FakeClock()
+    store, shared = make(clock, policy(concurrency=WhenDown.FAIL_OPEN))
+    shared.down = True
+    assert await granted(store, slot(1)) == 20
+    ask = Ask(
+        slots=(Slot("s", 1), Slot("t", 1)),
+        charges=(Charge("a", PER_MINUTE_60, 1), Charge("b", PER_MINUTE_60, 61)),
+    )
+    assert await take(store, ask) == Refused(Part.CHARGE, 1, float("inf"))
+
+
+async def test_started_degraded_it_assumes_the_expected_replicas():
+    clock = FakeClock()
+    store, _ = make(clock, policy(expected=4), degraded=True)
+    assert await granted(store, slot(8)) == 2
+
+
+async def test_the_probe_brings_it_back_and_local_leases_are_adopted(caplog):
+    clock = FakeClock()
+    store, shared = make(clock)
+    changes: list[bool] = []
+    store.on_change(changes.append)
+    shared.down = True
+    held = await take(store, slot(4))
+    assert isinstance(held, Lease)
+    assert store.degraded
+    runner = asyncio.ensure_future(store.run())
+    await asyncio.sleep(0)
+    clock.advance(0.5)
+    await asyncio.sleep(0)
+    assert store.degraded
+    shared.down = False
+    with caplog.at_level(logging.WARNING, logger="sluicegate"):
+        clock.advance(0.5)
+        for _ in range(5):
+            await asyncio.sleep(0)
+    assert not store.degraded
+    assert changes == [True, False]
+    assert "reachable again" in caplog.text
+    assert await shared.inner.in_use("s") == 1
+    assert await granted(store, slot(4)) == 3
+    await store.release(held)
+    assert await shared.inner.in_use("s") == 3
+    runner.cancel()
+    await asyncio.gather(runner, return_exceptions=True)
+
+
+async def test_a_cooldown_set_while_healthy_still_holds_when_the_store_goes_away():
+    clock = FakeClock()
+    store, shared = make(clock)
+    await store.cool("c", 10)
+    shared.down = True
+    refused = await take(store, Ask(cooldowns=("c",), slots=(Slot("s", 1),)))
+    assert refused == Refused(Part.COOLDOWN, 0, pytest.approx(10))
+
+
+async def test_one_late_answer_refuses_that_call_only_and_three_in_a_row_degrade():
+    clock = FakeClock()
+    store, shared = make(clock)
+    shared.slow = True
+    for _ in range(2):
+        with pytest.raises(StoreUnavailable):
+            await take(store, slot(4))
+        assert not store.degraded
+    assert isinstance(await take(store, slot(4)), Lease)
+    assert store.degraded
+    assert store.view().timeouts == 3
+
+
+async def test_an_answer_in_time_resets_the_count_of_late_ones():
+    clock = FakeClock()
+    store, shared = make(clock)
+    for _ in range(3):
+        shared.slow = True
+        with pytest.raises(StoreUnavailable):
+            await take(store, slot(20))
+        shared.slow = False
+        assert isinstance(await take(store, slot(20)), Lease)
+    assert not store.degraded
+
+
+async def test_what_the_shared_store_granted_counts_against_the_local_share():
+    """Two leases in flight when the store went away: a share of 2 admits nothing more."""
+    clock = FakeClock()
+    store, shared = make(clock, policy(expected=2))
+    held = [await take(store, slot(4)) for _ in range(2)]
+    shared.down = True
+    assert await granted(store, slot(4)) == 0
+    await store.release(held[0])
+    assert await granted(store, slot(4)) == 1
+
+
+async def test_leases_that_ended_while_degraded_are_released_in_the_shared_store_on_return():
+    clock = FakeClock()
+    store, shared = make(clock)
+    first, second = await take(store, slot(4)), await take(store, slot(4))
+    shared.down = True
+    await store.release(first)
+    assert store.degraded
+    shared.down = False
+    await store.run_once()
+    assert not store.degraded
+    assert await shared.inner.in_use("s") == 1
+    await store.release(second)
+    assert await shared.inner.in_use("s") == 0
+
+
+async def test_a_take_answered_too_late_is_released_at_the_next_heartbeat():
+    """The store may have granted it: nobody holds it here, so it must not stay there."""
+    clock = FakeClock()
+    store, shared = make(clock)
+    shared.slow = True
+    with pytest.raises(StoreUnavailable):
+        await take(store, slot(4))
+    assert await shared.inner.in_use("s") == 1
+    shared.slow = False
+    await store.run_once()
+    assert await shared.inner.in_use("s") == 0
+    assert not store.degraded
