@@ -30,6 +30,7 @@ from sluicegate.api.jobs import JobRoutes
 from sluicegate.api.ledger import BatchLedger
 from sluicegate.api.server import listen, serve
 from sluicegate.capacity.breaker import Breaker
+from sluicegate.capacity.fleet_breaker import BreakerSync, FleetBreaker
 from sluicegate.capacity.gates import AimdGate, BackendGate, MetricsGate, OpenGate
 from sluicegate.capacity.pools import Pool
 from sluicegate.children import spawn, stop
@@ -104,9 +105,12 @@ def build(
     """Wire `settings`; tests may hand in their own clock, providers and limit store.
     `store_down`: the shared store was found unreachable at start (begin degraded)."""
     clock = clock or MonotonicClock()
-    shared = None
+    shared = redis = None
     if store is None and settings.redis is not None:
-        store = shared = shared_store(settings.redis, clock, degraded=store_down)
+        redis = redis_store(settings.redis)
+        down = settings.redis.when_down
+        ttl = settings.redis.lease_ttl_s
+        store = shared = FailoverStore(redis, clock, down, ttl, degraded=store_down)
     ttl_s = settings.redis.lease_ttl_s if settings.redis is not None else LEASE_TTL_S
     leases = Leases(store or MemoryLimitStore(clock), clock, ttl_s)
     metrics = GatewayMetrics()
@@ -115,14 +119,13 @@ def build(
     providers = providers or {d.name: make_provider(d) for d in deployments}
     gates = {d.name: make_gate(d, clock) for d in deployments}
     monitor = OverloadMonitor(settings.scheduling.overload, clock)
+    breakers = {d.name: make_breaker(d, clock, fleet=redis is not None) for d in deployments}
     dispatchers = {
         name: Dispatcher(
             name,
             settings.scheduling.lanes,
             [
-                Target(
-                    d, tuple(pools[p] for p in d.pools), gates[d.name], Breaker(d.breaker, clock)
-                )
+                Target(d, tuple(pools[p] for p in d.pools), gates[d.name], breakers[d.name])
                 for d in model.deployments
             ],
             fairness_factory(settings),
@@ -173,6 +176,10 @@ def build(
         if shared is not None:
             await shared.run_once()
             background.append(loop.create_task(shared.run()))
+        fleet = [b for b in breakers.values() if isinstance(b, FleetBreaker)]
+        if redis is not None and shared is not None and fleet:
+            sync = BreakerSync(fleet, redis, clock, shared.replica, settings.redis.sync_s)
+            background.append(loop.create_task(sync.run()))
         if pollers:
             scrapes.append(aiohttp.ClientSession())
             background.extend(loop.create_task(p.run(scrapes[0])) for p in pollers)
@@ -211,10 +218,17 @@ def build(
     return Runtime(app, pipeline, clock, pools, dispatchers, workers, metrics, background, shared)
 
 
-def shared_store(policy: RedisPolicy, clock: Clock, *, degraded: bool) -> FailoverStore:
+def redis_store(policy: RedisPolicy) -> RedisLimitStore:
     client = connect(policy.url, policy.timeout_s, policy.max_connections)
-    redis = RedisLimitStore(client, policy.key_prefix, policy.timeout_s)
-    return FailoverStore(redis, clock, policy.when_down, policy.lease_ttl_s, degraded=degraded)
+    return RedisLimitStore(client, policy.key_prefix, policy.timeout_s)
+
+
+def make_breaker(deployment: Deployment, clock: Clock, *, fleet: bool) -> Breaker:
+    """A fleet breaker needs the shared store; config validation says so for `serve`,
+    and a test handing in its own store gets local breakers."""
+    if fleet and deployment.breaker.scope == "fleet":
+        return FleetBreaker(deployment.name, deployment.breaker, clock)
+    return Breaker(deployment.breaker, clock)
 
 
 def _report_crash(task: asyncio.Task[None]) -> None:

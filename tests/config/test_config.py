@@ -104,6 +104,10 @@ def test_interpolation_default_and_typed_values():
             "redis.when_down.rates: Input should be 'local_share', 'fail_closed' or 'fail_open'",
         ),
         (lambda c: c.update(redis={"url": "redis://h", "timeout_s": 0}), "redis.timeout_s"),
+        (
+            lambda c: c["models"][0]["deployments"][0].update(breaker={"scope": "fleet"}),
+            "deployment 'sim-a': breaker.scope 'fleet' needs store 'redis'",
+        ),
     ],
 )
 def test_each_bad_field_is_named(mutate, expected):

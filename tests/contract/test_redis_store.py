@@ -51,7 +51,9 @@ async def test_every_key_has_a_ttl_and_lives_under_the_prefix_and_layout(redis):
     await store.refund(Charge("{t}r", RATE, 1), -1)
     await store.beat("replica-1", TTL_S)
     keys = sorted([key.decode() async for key in client.scan_iter(match=f"{prefix}*")])
-    assert keys == [f"{prefix}{LAYOUT}:{name}" for name in ("replicas", "{t}c", "{t}r", "{t}s")]
+    assert keys == [
+        f"{prefix}{LAYOUT}:{name}" for name in ("{fleet}replicas", "{t}c", "{t}r", "{t}s")
+    ]
     for key in keys:
         assert 0 < await client.pttl(key) <= (TTL_S + 2) * 1000
 

@@ -30,7 +30,14 @@ MESSAGES = [{"role": "user", "content": "hello there"}]
 
 
 def fleet_config(
-    sim_url: str, redis_url: str, prefix: str, *, pool: dict, tenant: dict | None = None, **redis
+    sim_url: str,
+    redis_url: str,
+    prefix: str,
+    *,
+    pool: dict,
+    tenant: dict | None = None,
+    breaker: dict | None = None,
+    **redis,
 ) -> dict:
     """Leases of 1 s, so that lapses show within a test. Calls to Redis may take up to 1 s
     before they count as unanswered: on this 2-core machine, shared by the replicas, the
@@ -59,7 +66,7 @@ def fleet_config(
                         "api_key_env": "SIM_KEY",
                         "pools": ["shared"],
                         "cancel_grace_s": 0,
-                        "breaker": {"consecutive_failures": 1000, "min_attempts": 1000},
+                        "breaker": breaker or {"consecutive_failures": 1000, "min_attempts": 1000},
                     }
                 ],
             }
@@ -243,6 +250,22 @@ async def test_a_throttle_seen_by_one_replica_cools_the_pool_on_every_replica(fl
     assert body["error"]["code"] == "pool_cooling_down"
     assert status == 503
     assert 25 <= int(headers["Retry-After"]) <= 31
+    assert (await sim_stats(http, sim))["received"] == received
+
+
+async def test_a_fleet_circuit_opened_by_failures_on_one_replica_refuses_on_the_other(
+    fleet, http, sim
+):
+    breaker = {"scope": "fleet", "consecutive_failures": 3, "min_attempts": 1000, "open_s": 30}
+    one, two = fleet.start(2, pool={"max_concurrency": 8}, breaker=breaker)
+    async with http.post(f"{sim.url}/sim/faults", json={"error_rate": 1.0}) as resp:
+        assert resp.status == 200
+    assert [code(await chat(http, one)) for _ in range(3)] == ["upstream_error"] * 3
+    received = (await sim_stats(http, sim))["received"]
+    await asyncio.sleep(1.0)
+    status, headers, body = await chat(http, two)
+    assert (status, body["error"]["code"]) == (503, "circuit_open")
+    assert int(headers["Retry-After"]) >= 20
     assert (await sim_stats(http, sim))["received"] == received
 
 

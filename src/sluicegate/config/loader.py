@@ -180,6 +180,7 @@ def _redis(spec: RedisConfig | None) -> RedisPolicy:
         timeout_s=spec.timeout_s,
         max_connections=spec.max_connections,
         lease_ttl_s=spec.lease_ttl_s,
+        sync_s=spec.sync_s,
         at_start=spec.at_start,
         when_down=DegradedPolicy(
             WhenDown(down.concurrency), WhenDown(down.rates), spec.probe_s, spec.expected_replicas

@@ -64,6 +64,9 @@ class BreakerConfig(Strict):
     half_open_probes: int = Field(default=1, ge=1)
     ramp_s: float = Field(default=10.0, ge=0)
     ramp_from: int = Field(default=1, ge=1)
+    scope: Literal["local", "fleet"] = Field(
+        default="local", description="fleet: counts and state shared by all replicas"
+    )
 
 
 class RouteConfig(Strict):
@@ -310,6 +313,9 @@ class RedisConfig(Strict):
         default=30.0, ge=1, description="a dead replica's slots come free within this"
     )
     probe_s: Seconds = Field(default=0.5, description="how often a degraded replica retries")
+    sync_s: Seconds = Field(
+        default=0.1, description="how often fleet circuits are exchanged with Redis"
+    )
     expected_replicas: int = Field(
         default=1, ge=1, description="the live count to assume until Redis has told one"
     )
@@ -343,6 +349,12 @@ class GatewayConfig(Strict):
     def _cross_references(self) -> GatewayConfig:
         if self.store == "redis" and self.redis is None:
             raise ValueError("store 'redis' needs a redis section with its url")
+        for model in self.models:
+            for deployment in model.deployments:
+                if deployment.breaker.scope == "fleet" and self.store != "redis":
+                    raise ValueError(
+                        f"deployment {deployment.name!r}: breaker.scope 'fleet' needs store 'redis'"
+                    )
         _unique("models", [m.name for m in self.models])
         deployments = [d for m in self.models for d in m.deployments]
         _unique("deployments", [d.name for d in deployments])

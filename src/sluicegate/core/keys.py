@@ -3,13 +3,15 @@
 Keys of one decision share a `{...}` hash tag, so that a Redis Cluster can keep them on
 one shard: every pool key carries `{pools}` (one attempt's decision spans all the pools
 of its deployment, and pools are shared between deployments), every key of the HTTP
-edge's gates carries `{edge}`.
+edge's gates carries `{edge}`, and the fleet's own bookkeeping (replicas, shared
+circuits) carries `{fleet}`.
 """
 
 from __future__ import annotations
 
 EDGE = "{edge}"
 POOLS = "{pools}"
+FLEET = "{fleet}"
 
 
 def pool_slots(pool: str) -> str:
@@ -47,3 +49,9 @@ def tenant_tokens(tenant: str) -> str:
 AGGREGATE_SLOTS = f"{EDGE}aggregate"
 AGGREGATE_REQUESTS = f"{EDGE}aggregate:requests"
 AGGREGATE_TOKENS = f"{EDGE}aggregate:tokens"
+
+REPLICAS = f"{FLEET}replicas"
+
+
+def circuit(deployment: str) -> str:
+    return f"{FLEET}circuit:{deployment}"

@@ -91,6 +91,8 @@ class BreakerPolicy:
     half_open_probes: int = 1
     ramp_s: float = 10.0
     ramp_from: int = 1
+    scope: str = "local"
+    """`fleet`: the counts and the state are shared by every replica (`store: redis`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,6 +351,8 @@ class RedisPolicy:
     timeout_s: float
     max_connections: int
     lease_ttl_s: float
+    sync_s: float
+    """How often shared state read from a snapshot (fleet circuits) is exchanged."""
     at_start: str
     """`degraded`: start without Redis under `when_down`; `fail`: refuse to start."""
     when_down: DegradedPolicy

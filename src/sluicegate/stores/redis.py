@@ -28,6 +28,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from sluicegate.core import keys
 from sluicegate.core.clock import Clock
 from sluicegate.core.limits import (
     Ask,
@@ -39,6 +40,7 @@ from sluicegate.core.limits import (
     StoreTimeout,
     StoreUnavailable,
 )
+from sluicegate.core.types import BreakerPolicy
 
 LAYOUT = "v1"
 _PARTS = {b"cooldown": Part.COOLDOWN, b"slot": Part.SLOT, b"charge": Part.CHARGE}
@@ -108,6 +110,7 @@ class RedisLimitStore:
                 "in_use",
                 "available",
                 "beat",
+                "breaker",
             )
         }
 
@@ -184,7 +187,33 @@ class RedisLimitStore:
 
     async def beat(self, replica: str, ttl_s: float) -> int:
         """Say this replica is alive for `ttl_s`; the number of live replicas."""
-        return int(await self._run("beat", [self._key("replicas")], [replica, ttl_s]))
+        return int(await self._run("beat", [self._key(keys.REPLICAS)], [replica, ttl_s]))
+
+    async def sync_breaker(
+        self,
+        name: str,
+        replica: str,
+        outcomes: tuple[int, int, int, bool | None],
+        policy: BreakerPolicy,
+    ) -> tuple[str, float, bool]:
+        """`capacity.fleet_breaker.BreakerStore.sync_breaker`."""
+        ok, failed, trailing, probe_ok = outcomes
+        probe = "" if probe_ok is None else ("ok" if probe_ok else "fail")
+        args = [
+            replica,
+            ok,
+            failed,
+            trailing,
+            probe,
+            policy.consecutive_failures,
+            policy.failure_ratio,
+            policy.window,
+            policy.min_attempts,
+            policy.open_s,
+            policy.max_open_s,
+        ]
+        state, reopens_in, ours = await self._run("breaker", [self._key(keys.circuit(name))], args)
+        return state.decode(), float(reopens_in), ours == 1
 
     async def close(self) -> None:
         await self._client.aclose()
