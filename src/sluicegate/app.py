@@ -12,13 +12,14 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 import aiohttp
+from redis.asyncio import Redis
 
 from sluicegate.admission.boundary import Boundary
 from sluicegate.api.asgi import Handler, Router
@@ -163,6 +164,26 @@ def build(
     intake = Intake(settings, wall, workers.wake)
     ledger = BatchLedger(intake)
     background: list[asyncio.Task[None]] = []
+    listeners: list[Redis] = []
+
+    def fleet_jobs(
+        policy: RedisPolicy, redis: RedisLimitStore, shared: FailoverStore
+    ) -> Iterator[Coroutine[None, None, None]]:
+        """The loops a replica runs for the fleet: circuits synced, and the pools' waiters
+        woken when any replica frees a slot."""
+        fleet = [b for b in breakers.values() if isinstance(b, FleetBreaker)]
+        if fleet:
+            yield BreakerSync(fleet, redis, clock, shared.replica, policy.sync_s).run()
+        by_slot = {pool.slot.key: pool for pool in pools.values()}
+        listeners.append(connect(policy.url, policy.timeout_s, 1, listening=True))
+
+        def freed(key: str) -> None:
+            pool = by_slot.get(key)
+            if pool is not None:
+                pool.freed()
+
+        yield redis.watch_releases(listeners[0], freed, policy.when_down.probe_s)
+
     scrapes: list[aiohttp.ClientSession] = []
     job_stores: list[JobStore] = []
 
@@ -176,10 +197,10 @@ def build(
         if shared is not None:
             await shared.run_once()
             background.append(loop.create_task(shared.run()))
-        fleet = [b for b in breakers.values() if isinstance(b, FleetBreaker)]
-        if redis is not None and shared is not None and fleet:
-            sync = BreakerSync(fleet, redis, clock, shared.replica, settings.redis.sync_s)
-            background.append(loop.create_task(sync.run()))
+        if redis is not None and shared is not None and settings.redis is not None:
+            background.extend(
+                loop.create_task(job) for job in fleet_jobs(settings.redis, redis, shared)
+            )
         if pollers:
             scrapes.append(aiohttp.ClientSession())
             background.extend(loop.create_task(p.run(scrapes[0])) for p in pollers)
@@ -208,6 +229,8 @@ def build(
             await job_store.close()
         if shared is not None:
             await shared.close()
+        for client in listeners:
+            await client.aclose()
 
     router = gateway.routes(Router(on_startup=[startup], on_shutdown=[shutdown]))
     JobRoutes(intake).routes(router)

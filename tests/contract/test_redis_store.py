@@ -14,7 +14,7 @@ from sluicegate.core.limits import Ask, Charge, Lease, Part, Rate, Refused, Slot
 from sluicegate.stores.redis import LAYOUT, RedisLimitStore, connect
 from tests.support.clock import FakeClock
 from tests.support.processes import free_port
-from tests.support.redis import redis_or_skip
+from tests.support.redis import REDIS_URL, redis_or_skip
 
 TTL_S = 30.0
 RATE = Rate(limit=60, period_s=60, burst=2)
@@ -132,3 +132,24 @@ async def test_a_redis_that_never_answers_is_unavailable_within_the_timeout():
         writer.close()
     server.close()
     await server.wait_closed()
+
+
+async def test_a_freed_slot_is_announced_to_every_listener_once(redis):
+    client, prefix = redis
+    store = RedisLimitStore(client, prefix, timeout_s=5.0)
+    listener = connect(REDIS_URL, timeout_s=5.0, max_connections=1, listening=True)
+    heard: list[str] = []
+    watching = asyncio.ensure_future(store.watch_releases(listener, heard.append, 0.1))
+    held = lease("a", "{p}s", "{p}t")
+    assert await store.take(Ask(slots=(Slot("{p}s", 1), Slot("{p}t", 1))), held, TTL_S) is None
+    await asyncio.sleep(0.2)
+    await store.release(held)
+    await store.release(held)
+    for _ in range(50):
+        if len(heard) == 2:
+            break
+        await asyncio.sleep(0.02)
+    assert heard == ["{p}s", "{p}t"]
+    watching.cancel()
+    await asyncio.gather(watching, return_exceptions=True)
+    await listener.aclose()

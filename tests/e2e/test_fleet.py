@@ -37,6 +37,7 @@ def fleet_config(
     pool: dict,
     tenant: dict | None = None,
     breaker: dict | None = None,
+    lanes: list | None = None,
     **redis,
 ) -> dict:
     """Leases of 1 s, so that lapses show within a test. Calls to Redis may take up to 1 s
@@ -54,6 +55,7 @@ def fleet_config(
             **redis,
         },
         "routes": {"chat": {"retry": {"max_attempts": 1}}},
+        "scheduling": {"lanes": lanes or [{"name": "interactive"}]},
         "pools": [{"name": "shared", **pool}],
         "models": [
             {
@@ -267,6 +269,21 @@ async def test_a_fleet_circuit_opened_by_failures_on_one_replica_refuses_on_the_
     assert (status, body["error"]["code"]) == (503, "circuit_open")
     assert int(headers["Retry-After"]) >= 20
     assert (await sim_stats(http, sim))["received"] == received
+
+
+async def test_a_slot_freed_on_one_replica_wakes_the_queue_of_another(fleet, http, sim):
+    """Without the announcement the queued request would wait for a wake-up of its own
+    replica (none comes) and expire after its 8 s."""
+    lanes = [{"name": "interactive", "queue_size": 8, "max_queue_age_s": 8}]
+    one, two = fleet.start(2, pool={"max_concurrency": 1}, lanes=lanes)
+    holding = asyncio.ensure_future(chat(http, one, max_tokens=60))
+    await wait_for(lambda: _received(http, sim, 1), 5, step_s=0.02)
+    began = time.monotonic()
+    queued = await chat(http, two)
+    waited = time.monotonic() - began
+    assert code(await holding) == "ok"
+    assert code(queued) == "ok"
+    assert waited < 3
 
 
 @pytest.fixture

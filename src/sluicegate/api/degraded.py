@@ -15,13 +15,16 @@ DEGRADED_HEADER = (b"x-sluicegate-degraded", b"store")
 
 
 def mark_degraded(app: Handler, degraded: Callable[[], bool]) -> Handler:
+    """The state is read when the answer starts: a request that found the store gone
+    on its way is marked too."""
+
     async def marked_app(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not degraded():
+        if scope["type"] != "http":
             await app(scope, receive, send)
             return
 
         async def marked(message: Message) -> None:
-            if message["type"] == "http.response.start":
+            if message["type"] == "http.response.start" and degraded():
                 headers = [*message.get("headers", ()), DEGRADED_HEADER]
                 message = {**message, "headers": headers}
             await send(message)

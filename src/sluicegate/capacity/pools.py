@@ -93,6 +93,12 @@ class Pool:
         """Called after every release: whoever waits for this pool may try again."""
         self._listeners.append(listener)
 
+    def freed(self) -> None:
+        """A slot of this pool came free, here or in another process sharing the store:
+        whoever waits for it may try again."""
+        for listener in self._listeners:
+            listener()
+
     def _taken(self, tokens: int) -> None:
         self.counters.active += 1
         self.counters.tokens_reserved += tokens
@@ -103,8 +109,7 @@ class Pool:
             self.counters.tokens_unsettled += reserved
         else:
             self.counters.tokens_used += used
-        for listener in self._listeners:
-            listener()
+        self.freed()
 
 
 class PoolGroup:

@@ -51,6 +51,8 @@ AGGREGATE_REQUESTS = f"{EDGE}aggregate:requests"
 AGGREGATE_TOKENS = f"{EDGE}aggregate:tokens"
 
 REPLICAS = f"{FLEET}replicas"
+RELEASED = f"{FLEET}released"
+"""The channel on which freed slots are announced."""
 
 
 def circuit(deployment: str) -> str:

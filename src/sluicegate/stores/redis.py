@@ -16,8 +16,9 @@ is `StoreUnavailable`, never a hang. What to do then is the caller's choice
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any
 from urllib.parse import urlsplit
@@ -42,19 +43,22 @@ from sluicegate.core.limits import (
 )
 from sluicegate.core.types import BreakerPolicy
 
+log = logging.getLogger("sluicegate")
+
 LAYOUT = "v1"
 _PARTS = {b"cooldown": Part.COOLDOWN, b"slot": Part.SLOT, b"charge": Part.CHARGE}
 
 
-def connect(url: str, timeout_s: float, max_connections: int) -> Redis:
+def connect(url: str, timeout_s: float, max_connections: int, *, listening: bool = False) -> Redis:
     """A client for `url` (`redis://` or `rediss://`, ACL user and password in it) whose
     every wait is bounded: connecting, reading, and waiting for a pooled connection.
-    Retries are left to the caller (redis-py's own would stretch a call past its bound)."""
+    Retries are left to the caller (redis-py's own would stretch a call past its bound).
+    A `listening` client (a subscription) waits for messages without a read bound."""
     pool = BlockingConnectionPool.from_url(
         url,
         max_connections=max_connections,
         timeout=timeout_s,
-        socket_timeout=timeout_s,
+        socket_timeout=None if listening else timeout_s,
         socket_connect_timeout=timeout_s,
         retry=Retry(NoBackoff(), 0),
     )
@@ -96,6 +100,7 @@ class RedisLimitStore:
     ) -> None:
         self._client = client
         self._root = f"{prefix}{LAYOUT}:"
+        self._channel = f"{self._root}{keys.RELEASED}"
         self._timeout_s = timeout_s
         self._clock = clock
         self._names: dict[str, str] = {}
@@ -170,7 +175,30 @@ class RedisLimitStore:
             await self._run("renew", keys, args)
 
     async def release(self, lease: Lease) -> None:
-        await self._run("release", [self._key(k) for k in lease.keys], [lease.id])
+        keys = [self._key(k) for k in lease.keys]
+        await self._run("release", keys, [lease.id, self._channel])
+
+    async def watch_releases(
+        self, listener: Redis, released: Callable[[str], None], retry_s: float
+    ) -> None:
+        """Call `released(key)` for every slot freed by any replica, for the process's
+        lifetime, subscribed through `listener` (a `listening` client); a lost
+        subscription is made again every `retry_s` (releases missed meanwhile only cost
+        the waiters their next own wake-up)."""
+        root = len(self._root)
+        while True:
+            pubsub = listener.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self._channel)
+                while True:
+                    message = await pubsub.get_message(timeout=None)
+                    if message is not None:
+                        released(message["data"].decode()[root:])
+            except (RedisError, OSError) as exc:
+                log.warning("release notifications lost (%s); resubscribing", exc)
+            finally:
+                await pubsub.aclose()
+            await asyncio.sleep(retry_s)
 
     async def refund(self, charge: Charge, amount: float) -> None:
         await self._run("refund", [self._key(charge.key)], [charge.rate.interval_s, amount])
