@@ -64,7 +64,8 @@ from sluicegate.scheduling.fairness import FairnessPolicy, RoundRobin, VirtualTo
 from sluicegate.scheduling.overload import OverloadMonitor, OverloadWatch
 from sluicegate.stores.failover import FailoverStore
 from sluicegate.stores.memory import MemoryLimitStore
-from sluicegate.stores.redis import RedisLimitStore, connect, unreachable
+from sluicegate.stores.redis import RedisLimitStore, listener, unreachable
+from sluicegate.stores.resp import RespConnection
 from sluicegate.worker import Workers
 
 DEMO_KEYS = {"demo-alice": "sk-demo-alice", "demo-bob": "sk-demo-bob"}
@@ -175,7 +176,7 @@ def build(
         if fleet:
             yield BreakerSync(fleet, redis, clock, shared.replica, policy.sync_s).run()
         by_slot = {pool.slot.key: pool for pool in pools.values()}
-        listeners.append(connect(policy.url, policy.timeout_s, 1, listening=True))
+        listeners.append(listener(policy.url, policy.timeout_s))
 
         def freed(key: str) -> None:
             pool = by_slot.get(key)
@@ -242,8 +243,8 @@ def build(
 
 
 def redis_store(policy: RedisPolicy) -> RedisLimitStore:
-    client = connect(policy.url, policy.timeout_s, policy.max_connections)
-    return RedisLimitStore(client, policy.key_prefix, policy.timeout_s)
+    connection = RespConnection(policy.url, policy.timeout_s)
+    return RedisLimitStore(connection, policy.key_prefix, policy.timeout_s)
 
 
 def make_breaker(deployment: Deployment, clock: Clock, *, fleet: bool) -> Breaker:

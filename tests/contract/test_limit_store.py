@@ -14,9 +14,10 @@ import pytest
 from sluicegate.core.limits import Ask, Charge, Lease, LimitStore, Part, Rate, Refused, Slot
 from sluicegate.stores.memory import MemoryLimitStore
 from sluicegate.stores.redis import RedisLimitStore
+from sluicegate.stores.resp import RespConnection
 from tests.support.clock import FakeClock
 from tests.support.fakes import YieldingStore
-from tests.support.redis import redis_or_skip
+from tests.support.redis import REDIS_URL, redis_or_skip
 
 PER_MINUTE_60 = Rate(limit=60, period_s=60, burst=60)
 TTL_S = 30.0
@@ -37,8 +38,8 @@ async def store(request, clock) -> AsyncIterator[LimitStore]:
     if request.param != "redis":
         yield STORES[request.param](clock)
         return
-    async with redis_or_skip() as (client, prefix):
-        yield RedisLimitStore(client, prefix, timeout_s=5.0, clock=clock)
+    async with redis_or_skip() as (_, prefix):
+        yield RedisLimitStore(RespConnection(REDIS_URL, 5.0), prefix, 5.0, clock=clock)
 
 
 _ids = itertools.count(1)

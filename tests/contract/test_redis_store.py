@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from sluicegate.core.limits import Ask, Charge, Lease, Part, Rate, Refused, Slot, StoreUnavailable
-from sluicegate.stores.redis import LAYOUT, RedisLimitStore, connect
+from sluicegate.stores.redis import LAYOUT, RedisLimitStore, listener
+from sluicegate.stores.resp import RespConnection
 from tests.support.clock import FakeClock
 from tests.support.processes import free_port
 from tests.support.redis import REDIS_URL, redis_or_skip
@@ -26,13 +27,17 @@ async def redis() -> AsyncIterator[tuple[object, str]]:
         yield found
 
 
+def shared(prefix: str, clock: FakeClock | None = None) -> RedisLimitStore:
+    return RedisLimitStore(RespConnection(REDIS_URL, 5.0), prefix, 5.0, clock=clock)
+
+
 def lease(name: str, *keys: str) -> Lease:
     return Lease(f"test:{name}", keys)
 
 
 async def test_without_a_test_clock_the_server_clock_decides(redis):
-    client, prefix = redis
-    store = RedisLimitStore(client, prefix, timeout_s=5.0)
+    _, prefix = redis
+    store = shared(prefix)
     ask = Ask(charges=(Charge("r", RATE, 1),))
     assert await store.take(ask, lease("a"), TTL_S) is None
     assert await store.take(ask, lease("b"), TTL_S) is None
@@ -42,7 +47,7 @@ async def test_without_a_test_clock_the_server_clock_decides(redis):
 
 async def test_every_key_has_a_ttl_and_lives_under_the_prefix_and_layout(redis):
     client, prefix = redis
-    store = RedisLimitStore(client, prefix, timeout_s=5.0)
+    store = shared(prefix)
     held = lease("a", "{t}s")
     ask = Ask(slots=(Slot("{t}s", 3),), charges=(Charge("{t}r", RATE, 1),))
     assert await store.take(ask, held, TTL_S) is None
@@ -60,7 +65,7 @@ async def test_every_key_has_a_ttl_and_lives_under_the_prefix_and_layout(redis):
 
 async def test_a_refusal_creates_no_key(redis):
     client, prefix = redis
-    store = RedisLimitStore(client, prefix, timeout_s=5.0)
+    store = shared(prefix)
     ask = Ask(slots=(Slot("s", 1),), charges=(Charge("r", RATE, 3),))
     refused = await store.take(ask, lease("a", "s"), TTL_S)
     assert refused == Refused(Part.CHARGE, 0, float("inf"))
@@ -68,9 +73,9 @@ async def test_a_refusal_creates_no_key(redis):
 
 
 async def test_two_replicas_on_one_redis_share_a_slot(redis):
-    client, prefix = redis
-    one = RedisLimitStore(client, prefix, timeout_s=5.0)
-    two = RedisLimitStore(client, prefix, timeout_s=5.0)
+    _, prefix = redis
+    one = shared(prefix)
+    two = shared(prefix)
     ask = Ask(slots=(Slot("s", 1),))
     first = lease("one", "s")
     assert await one.take(ask, first, TTL_S) is None
@@ -80,9 +85,9 @@ async def test_two_replicas_on_one_redis_share_a_slot(redis):
 
 
 async def test_adopting_brings_back_a_lapsed_lease_and_renewing_does_not(redis):
-    client, prefix = redis
+    _, prefix = redis
     clock = FakeClock()
-    store = RedisLimitStore(client, prefix, timeout_s=5.0, clock=clock)
+    store = shared(prefix, clock)
     renewed, adopted = lease("renewed", "s"), lease("adopted", "s")
     for held in (renewed, adopted):
         assert await store.take(Ask(slots=(Slot("s", 5),)), held, TTL_S) is None
@@ -93,9 +98,9 @@ async def test_adopting_brings_back_a_lapsed_lease_and_renewing_does_not(redis):
 
 
 async def test_replicas_that_stop_beating_drop_out_of_the_live_count(redis):
-    client, prefix = redis
+    _, prefix = redis
     clock = FakeClock()
-    store = RedisLimitStore(client, prefix, timeout_s=5.0, clock=clock)
+    store = shared(prefix, clock)
     assert await store.beat("a", 3.0) == 1
     assert await store.beat("b", 3.0) == 2
     clock.advance(2.0)
@@ -105,8 +110,8 @@ async def test_replicas_that_stop_beating_drop_out_of_the_live_count(redis):
 
 
 async def test_a_redis_that_refuses_connections_is_unavailable_at_once():
-    client = connect(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.05, max_connections=4)
-    store = RedisLimitStore(client, "x:", timeout_s=0.05)
+    connection = RespConnection(f"redis://127.0.0.1:{free_port()}/0", 0.05)
+    store = RedisLimitStore(connection, "x:", timeout_s=0.05)
     with pytest.raises(StoreUnavailable):
         await store.in_use("s")
     await store.close()
@@ -121,8 +126,7 @@ async def test_a_redis_that_never_answers_is_unavailable_within_the_timeout():
 
     server = await asyncio.start_server(mute, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    client = connect(f"redis://127.0.0.1:{port}/0", timeout_s=0.05, max_connections=4)
-    store = RedisLimitStore(client, "x:", timeout_s=0.05)
+    store = RedisLimitStore(RespConnection(f"redis://127.0.0.1:{port}/0", 0.05), "x:", 0.05)
     began = time.monotonic()
     with pytest.raises(StoreUnavailable):
         await store.take(Ask(slots=(Slot("s", 1),)), lease("a", "s"), TTL_S)
@@ -135,11 +139,11 @@ async def test_a_redis_that_never_answers_is_unavailable_within_the_timeout():
 
 
 async def test_a_freed_slot_is_announced_to_every_listener_once(redis):
-    client, prefix = redis
-    store = RedisLimitStore(client, prefix, timeout_s=5.0)
-    listener = connect(REDIS_URL, timeout_s=5.0, max_connections=1, listening=True)
+    _, prefix = redis
+    store = shared(prefix)
+    subscriber = listener(REDIS_URL, 5.0)
     heard: list[str] = []
-    watching = asyncio.ensure_future(store.watch_releases(listener, heard.append, 0.1))
+    watching = asyncio.ensure_future(store.watch_releases(subscriber, heard.append, 0.1))
     held = lease("a", "{p}s", "{p}t")
     assert await store.take(Ask(slots=(Slot("{p}s", 1), Slot("{p}t", 1))), held, TTL_S) is None
     await asyncio.sleep(0.2)
@@ -152,4 +156,4 @@ async def test_a_freed_slot_is_announced_to_every_listener_once(redis):
     assert heard == ["{p}s", "{p}t"]
     watching.cancel()
     await asyncio.gather(watching, return_exceptions=True)
-    await listener.aclose()
+    await subscriber.aclose()

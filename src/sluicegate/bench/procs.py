@@ -137,9 +137,9 @@ def stack(
         config.write_text(gateway_config)
         serve = ["serve", "--config", str(config), "--log-level", "warning"]
         try:
-            with _spawn("sim", ["sim", *sim_args], "/health", log_dir) as sim:
+            with service("sim", ["sim", *sim_args], "/health", log_dir) as sim:
                 gateway_env = {**env, SIM_URL_ENV: sim.url}
-                with _spawn("gateway", serve, "/ready", log_dir, gateway_env) as gateway:
+                with service("gateway", serve, "/ready", log_dir, gateway_env) as gateway:
                     yield sim, gateway
         finally:
             if keep_logs is not None:
@@ -155,7 +155,7 @@ def free_port() -> int:
 
 
 @contextmanager
-def _spawn(
+def service(
     name: str,
     args: Sequence[str],
     ready_path: str,

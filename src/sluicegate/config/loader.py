@@ -178,7 +178,6 @@ def _redis(spec: RedisConfig | None) -> RedisPolicy:
         url=spec.url,
         key_prefix=spec.key_prefix,
         timeout_s=spec.timeout_s,
-        max_connections=spec.max_connections,
         lease_ttl_s=spec.lease_ttl_s,
         sync_s=spec.sync_s,
         at_start=spec.at_start,

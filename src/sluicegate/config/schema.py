@@ -308,7 +308,6 @@ class RedisConfig(Strict):
     )
     key_prefix: str = Field(default="sluicegate:", max_length=64)
     timeout_s: Seconds = Field(default=0.05, description="bound on every call to Redis")
-    max_connections: int = Field(default=64, ge=1)
     lease_ttl_s: Seconds = Field(
         default=30.0, ge=1, description="a dead replica's slots come free within this"
     )

@@ -349,7 +349,6 @@ class RedisPolicy:
     url: str = field(repr=False)
     key_prefix: str
     timeout_s: float
-    max_connections: int
     lease_ttl_s: float
     sync_s: float
     """How often shared state read from a snapshot (fleet circuits) is exchanged."""

@@ -16,18 +16,18 @@ is `StoreUnavailable`, never a hang. What to do then is the caller's choice
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from importlib import resources
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sluicegate.core import keys
 from sluicegate.core.clock import Clock
@@ -42,6 +42,7 @@ from sluicegate.core.limits import (
     StoreUnavailable,
 )
 from sluicegate.core.types import BreakerPolicy
+from sluicegate.stores.resp import RespConnection, RespError
 
 log = logging.getLogger("sluicegate")
 
@@ -49,34 +50,28 @@ LAYOUT = "v1"
 _PARTS = {b"cooldown": Part.COOLDOWN, b"slot": Part.SLOT, b"charge": Part.CHARGE}
 
 
-def connect(url: str, timeout_s: float, max_connections: int, *, listening: bool = False) -> Redis:
-    """A client for `url` (`redis://` or `rediss://`, ACL user and password in it) whose
-    every wait is bounded: connecting, reading, and waiting for a pooled connection.
-    Retries are left to the caller (redis-py's own would stretch a call past its bound).
-    A `listening` client (a subscription) waits for messages without a read bound."""
-    pool = BlockingConnectionPool.from_url(
+def listener(url: str, connect_timeout_s: float) -> Redis:
+    """A redis-py client for the release subscription: connecting is bounded, waiting for
+    a message is not (it is the subscription's whole job); no retries of its own."""
+    return Redis.from_url(
         url,
-        max_connections=max_connections,
-        timeout=timeout_s,
-        socket_timeout=None if listening else timeout_s,
-        socket_connect_timeout=timeout_s,
+        socket_timeout=None,
+        socket_connect_timeout=connect_timeout_s,
         retry=Retry(NoBackoff(), 0),
     )
-    return Redis(connection_pool=pool)
 
 
 async def unreachable(url: str, timeout_s: float = 2.0) -> str | None:
     """Why Redis at `url` cannot be used now, in one line naming its host (never its
     credentials); None when it answers."""
-    where = _where(url)
-    client = connect(url, timeout_s, 1)
+    connection = RespConnection(url, timeout_s)
     try:
         async with asyncio.timeout(timeout_s):
-            await client.ping()
-    except (RedisError, OSError, TimeoutError) as exc:
-        return f"Redis at {where} is unreachable ({type(exc).__name__}: {exc})"
+            await connection.call("PING")
+    except (RespError, OSError, TimeoutError) as exc:
+        return f"Redis at {_where(url)} is unreachable ({type(exc).__name__}: {exc})"
     finally:
-        await client.aclose()
+        await connection.close()
     return None
 
 
@@ -92,32 +87,39 @@ def _script(name: str) -> str:
     return (folder / "now.lua").read_text() + "\n" + (folder / f"{name}.lua").read_text()
 
 
+class _Script(NamedTuple):
+    sha: str
+    text: str
+
+
+SCRIPTS = ("take", "renew", "release", "refund", "cool", "in_use", "available", "beat", "breaker")
+
+
+def _scripts() -> dict[str, _Script]:
+    found = {}
+    for name in SCRIPTS:
+        text = _script(name)
+        found[name] = _Script(hashlib.sha1(text.encode()).hexdigest(), text)
+    return found
+
+
 class RedisLimitStore:
     """`clock` is for tests only: given, scripts use its time instead of the server's."""
 
     def __init__(
-        self, client: Redis, prefix: str, timeout_s: float, clock: Clock | None = None
+        self,
+        connection: RespConnection,
+        prefix: str,
+        timeout_s: float,
+        clock: Clock | None = None,
     ) -> None:
-        self._client = client
+        self._connection = connection
         self._root = f"{prefix}{LAYOUT}:"
         self._channel = f"{self._root}{keys.RELEASED}"
         self._timeout_s = timeout_s
         self._clock = clock
         self._names: dict[str, str] = {}
-        self._scripts = {
-            name: client.register_script(_script(name))
-            for name in (
-                "take",
-                "renew",
-                "release",
-                "refund",
-                "cool",
-                "in_use",
-                "available",
-                "beat",
-                "breaker",
-            )
-        }
+        self._scripts = _scripts()
 
     def _key(self, key: str) -> str:
         name = self._names.get(key)
@@ -129,12 +131,23 @@ class RedisLimitStore:
         return "" if self._clock is None else repr(self._clock.now())
 
     async def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        """Run a script by its digest, loading it first if this Redis does not know it
+        (a restart, a failover): one round trip, two the first time."""
+        sha, text = self._scripts[script]
+        command = ("EVALSHA", sha, len(keys), *keys, self._now(), *args)
         try:
             async with asyncio.timeout(self._timeout_s):
-                return await self._scripts[script](keys=keys, args=[self._now(), *args])
-        except (RedisTimeoutError, TimeoutError):
+                try:
+                    return await self._connection.call(*command)
+                except RespError as exc:
+                    if not str(exc).startswith("NOSCRIPT"):
+                        raise
+                await self._connection.call("SCRIPT", "LOAD", text)
+                return await self._connection.call(*command)
+        except TimeoutError:
+            self._connection.drop_if_stalled(self._timeout_s)
             raise StoreTimeout(f"redis: no answer within {self._timeout_s}s") from None
-        except (RedisError, OSError) as exc:
+        except (RespError, OSError) as exc:
             raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from None
 
     async def take(self, ask: Ask, lease: Lease, ttl_s: float) -> Refused | None:
@@ -244,7 +257,7 @@ class RedisLimitStore:
         return state.decode(), float(reopens_in), ours == 1
 
     async def close(self) -> None:
-        await self._client.aclose()
+        await self._connection.close()
 
 
 def _tag(key: str) -> str:
