@@ -61,6 +61,7 @@ class _Protocol(asyncio.Protocol):
         self._transport: asyncio.WriteTransport | None = None
         self.lost: BaseException | None = None
         self.replied_at = asyncio.get_running_loop().time()
+        self._outgoing: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]  # a stream transport
@@ -93,10 +94,20 @@ class _Protocol(asyncio.Protocol):
             raise Unreachable("the connection was lost")
         if len(self._waiting) >= MAX_PENDING:
             raise Unreachable(f"{MAX_PENDING} calls already wait on the connection")
-        future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
         self._waiting.append(future)
-        self._transport.write(command)
+        if not self._outgoing:
+            loop.call_soon(self._flush)
+        self._outgoing.append(command)
         return future
+
+    def _flush(self) -> None:
+        """Every command of one loop turn in one write: a system call each would cost more
+        than the rest of the call on a busy machine."""
+        outgoing, self._outgoing = self._outgoing, []
+        if self._transport is not None and self.lost is None:
+            self._transport.write(b"".join(outgoing))
 
     def close(self) -> None:
         if self._transport is not None:
