@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from sluicegate.core import keys
 from sluicegate.core.call import Call, Tally
+from sluicegate.core.errors import GatewayError
 from sluicegate.core.leases import Leases, store_unavailable
-from sluicegate.core.limits import Ask, Charge, Refused, Slot, StoreUnavailable
+from sluicegate.core.limits import Ask, Charge, Refused, Slot, StoreUnavailable, priced
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Endpoint, Quota, RoutePolicy, Tenant
 
@@ -29,6 +30,16 @@ class _Gate:
     is_tokens: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class _Quotas:
+    """A tenant's rate decision, built once: its token charges (at `tokens`) are
+    priced per request."""
+
+    ask: Ask
+    gates: tuple[_Gate, ...]
+    tokens: tuple[int, ...]
+
+
 class Boundary:
     def __init__(
         self, leases: Leases, routes: Mapping[Endpoint, RoutePolicy], aggregate: Quota
@@ -38,7 +49,7 @@ class Boundary:
         self._aggregate = aggregate
         self._slot_gates: dict[tuple[Endpoint, str, bool], tuple[Ask | None, tuple[_Gate, ...]]]
         self._slot_gates = {}
-        self._quota_plans: dict[str, list[tuple[Charge, _Gate]]] = {}
+        self._quota_plans: dict[str, _Quotas] = {}
 
     async def enter(
         self, endpoint: Endpoint, tenant: Tenant, permits: AsyncExitStack, interactive: bool
@@ -86,42 +97,40 @@ class Boundary:
     async def charge(self, call: Call, permits: AsyncExitStack, tally: Tally) -> None:
         """Prompt budgets, then request and token rates of the tenant and the aggregate."""
         self._check_prompt_budget(call)
-        charges = self._charges(call)
-        if not charges:
+        plan = self._quota_plans.get(call.tenant.name)
+        if plan is None:
+            plan = self._quota_plans[call.tenant.name] = self._quotas(call.tenant)
+        if not plan.gates:
             return
+        ask = plan.ask
+        if plan.tokens:
+            ask = Ask((), (), priced(ask.charges, plan.tokens, call.reserved_tokens))
         try:
-            decision = await self._leases.take(Ask((), (), tuple([c for c, _ in charges])))
+            decision = await self._leases.take(ask)
         except StoreUnavailable:
             raise store_unavailable() from None
         if isinstance(decision, Refused):
-            charge, gate = charges[decision.index]
+            charge, gate = ask.charges[decision.index], plan.gates[decision.index]
             raise gate.reason.error(_rate_message(charge, gate), decision.retry_after_s)
-        for charge, gate in charges:
-            if gate.is_tokens:
-                permits.push_async_callback(self._settle, charge, tally)
+        for index in plan.tokens:
+            permits.push_async_callback(self._settle, ask.charges[index], tally)
 
     def _check_prompt_budget(self, call: Call) -> None:
-        for who, budget in (
-            (f"the route {call.endpoint.value}", call.route.max_prompt_tokens),
-            (f"tenant {call.tenant.name}", call.tenant.max_prompt_tokens),
-        ):
-            if budget is not None and call.prompt_tokens > budget:
-                raise Refusal.PROMPT_TOO_LONG.error(
-                    f"the prompt has about {call.prompt_tokens} tokens; "
-                    f"{who} allows at most {budget}"
-                )
+        prompt = call.prompt_tokens
+        budget = call.route.max_prompt_tokens
+        if budget is not None and prompt > budget:
+            raise _too_long(prompt, f"the route {call.endpoint.value}", budget)
+        budget = call.tenant.max_prompt_tokens
+        if budget is not None and prompt > budget:
+            raise _too_long(prompt, f"tenant {call.tenant.name}", budget)
 
-    def _charges(self, call: Call) -> list[tuple[Charge, _Gate]]:
-        """The tenant's and the aggregate's rates this request is charged: the request
-        counts are fixed per tenant and built once; token charges cost its reservation."""
-        plan = self._quota_plans.get(call.tenant.name)
-        if plan is None:
-            plan = self._quota_plans[call.tenant.name] = list(self._plan(call.tenant))
-        cost = call.reserved_tokens
-        return [
-            (Charge(charge.key, charge.rate, cost) if gate.is_tokens else charge, gate)
-            for charge, gate in plan
-        ]
+    def _quotas(self, tenant: Tenant) -> _Quotas:
+        """The tenant's and the aggregate's rates a request of this tenant is charged:
+        one unit of each request rate, its token reservation of each token rate."""
+        plan = list(self._plan(tenant))
+        gates = tuple(gate for _, gate in plan)
+        tokens = tuple(i for i, gate in enumerate(gates) if gate.is_tokens)
+        return _Quotas(Ask((), (), tuple(charge for charge, _ in plan)), gates, tokens)
 
     def _plan(self, tenant: Tenant) -> Iterator[tuple[Charge, _Gate]]:
         name = tenant.name
@@ -150,6 +159,12 @@ class Boundary:
         used = tally.used_tokens
         if used is not None and used != charge.cost:
             await self._leases.give_back(None, [(charge, charge.cost - used)])
+
+
+def _too_long(prompt: int, who: str, budget: int) -> GatewayError:
+    return Refusal.PROMPT_TOO_LONG.error(
+        f"the prompt has about {prompt} tokens; {who} allows at most {budget}"
+    )
 
 
 def _capacity(who: str) -> _Gate:

@@ -16,7 +16,16 @@ from dataclasses import dataclass
 from sluicegate.core import keys
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.leases import Leases, store_unavailable
-from sluicegate.core.limits import Ask, Charge, Lease, Part, Refused, Slot, StoreUnavailable
+from sluicegate.core.limits import (
+    Ask,
+    Charge,
+    Lease,
+    Part,
+    Refused,
+    Slot,
+    StoreUnavailable,
+    priced,
+)
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import PoolSpec
 
@@ -120,15 +129,13 @@ class PoolGroup:
         self.pools = tuple(pools)
         self.leases = self.pools[0].leases
         self._owners = [(pool, charge) for pool in self.pools for charge in pool.charges(0)]
-        self._tokens = tuple(
+        self.tokens = tuple(
             i for i, (pool, charge) in enumerate(self._owners) if charge.key == pool._tokens_key
         )
         """Which charges are token charges: their cost is each attempt's reservation."""
-        self._ask = Ask(
-            tuple(pool.cooldown_key for pool in self.pools),
-            tuple(pool.slot for pool in self.pools),
-            tuple(charge for _, charge in self._owners),
-        )
+        self._cooldowns = tuple(pool.cooldown_key for pool in self.pools)
+        self._slots = tuple(pool.slot for pool in self.pools)
+        self._charges = tuple(charge for _, charge in self._owners)
 
     async def acquire(self, tokens: int) -> PoolPermit | GatewayError:
         """A permit from every pool reserving `tokens`, or at once the refusal to answer
@@ -137,37 +144,30 @@ class PoolGroup:
 
         Waiting is the scheduler's job (its lane queues), never the pools'.
         """
-        wanted = self._ask
-        token_charges: tuple[Charge, ...] = ()
-        if self._tokens:
-            charges = list(wanted.charges)
-            for i in self._tokens:
-                charge = charges[i] = Charge(charges[i].key, charges[i].rate, tokens)
-                token_charges += (charge,)
-            wanted = wanted._replace(charges=tuple(charges))
+        charges = priced(self._charges, self.tokens, tokens)
         try:
-            decision = await self.leases.take(wanted)
+            decision = await self.leases.take(Ask(self._cooldowns, self._slots, charges))
         except StoreUnavailable:
             return store_unavailable()
         if isinstance(decision, Refused):
             return _refusal(decision, self.pools, self._owners)
         for pool in self.pools:
             pool._taken(tokens)
-        return PoolPermit(self, decision, tokens, token_charges)
+        return PoolPermit(self, decision, tokens, charges)
 
 
 class PoolPermit:
     """Held for the whole attempt; `release` is idempotent so no path can free it twice."""
 
-    __slots__ = ("_group", "_lease", "_released", "_token_charges", "reserved")
+    __slots__ = ("_charges", "_group", "_lease", "_released", "reserved")
 
     def __init__(
-        self, group: PoolGroup, lease: Lease, reserved: int, token_charges: tuple[Charge, ...]
+        self, group: PoolGroup, lease: Lease, reserved: int, charges: tuple[Charge, ...]
     ) -> None:
         self._group = group
         self._lease = lease
         self.reserved = reserved
-        self._token_charges = token_charges
+        self._charges = charges
         self._released = False
 
     async def release(self, used_tokens: int | None) -> None:
@@ -176,13 +176,15 @@ class PoolPermit:
         if self._released:
             return
         self._released = True
+        group = self._group
         refunds: list[tuple[Charge, float]] = []
         if used_tokens is not None and used_tokens != self.reserved:
-            refunds = [(charge, self.reserved - used_tokens) for charge in self._token_charges]
+            unused = self.reserved - used_tokens
+            refunds = [(self._charges[i], unused) for i in group.tokens]
         try:
-            await self._group.leases.give_back(self._lease, refunds)
+            await group.leases.give_back(self._lease, refunds)
         finally:
-            for pool in self._group.pools:
+            for pool in group.pools:
                 pool._settled(self.reserved, used_tokens)
 
 

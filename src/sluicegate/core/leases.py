@@ -13,6 +13,7 @@ import asyncio
 import functools
 import itertools
 import logging
+import operator
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -25,6 +26,8 @@ log = logging.getLogger("sluicegate")
 
 LEASE_TTL_S = 30.0
 _NOTHING = Lease("", ())
+_KEY = operator.itemgetter(0)
+"""A slot's key (a lease's keys are those of its ask's slots)."""
 
 
 class Leases:
@@ -45,11 +48,11 @@ class Leases:
         """Decide `ask`. Cancelled while the store decides, the lease it may have granted
         (under the id chosen here) is released by a task owned here. An ask for rates
         alone holds nothing: its lease is an empty one."""
-        if not ask.slots:
+        slots = ask.slots
+        if not slots:
             refused = await self.store.take(ask, _NOTHING, self.ttl_s)
             return _NOTHING if refused is None else refused
-        keys = tuple([slot.key for slot in ask.slots])
-        lease = Lease(f"{self._owner}:{next(self._ids)}", keys)
+        lease = Lease(f"{self._owner}:{next(self._ids)}", tuple(map(_KEY, slots)))
         try:
             refused = await self.store.take(ask, lease, self.ttl_s)
         except asyncio.CancelledError:

@@ -56,6 +56,18 @@ class Charge(NamedTuple):
     cost: float
 
 
+def priced(charges: tuple[Charge, ...], which: tuple[int, ...], cost: float) -> tuple[Charge, ...]:
+    """`charges` with those at `which` costing `cost`: a decision built once, whose token
+    charges are priced per request with its reservation."""
+    if not which:
+        return charges
+    each = list(charges)
+    for index in which:
+        key, rate, _ = each[index]
+        each[index] = Charge(key, rate, cost)
+    return tuple(each)
+
+
 class Ask(NamedTuple):
     """One decision, all or nothing: none of `cooldowns` running, a slot under every
     limit, every charge within its rate. A refusal writes nothing."""
@@ -132,16 +144,22 @@ class LimitStore(Protocol):
         ...
 
 
+_ALLOWED = RateDecision(True, 0.0)
+
+
 def gcra(tat_s: float, now_s: float, rate: Rate, cost: float) -> tuple[RateDecision, float]:
     """Decide one request of `cost` units; returns the decision and the new theoretical
-    arrival time (unchanged when refused)."""
-    if cost > rate.burst:
+    arrival time (unchanged when refused). Run for every charge of every decision, so
+    the interval is computed here rather than read through `Rate`'s properties."""
+    burst = rate.burst
+    if cost > burst:
         return RateDecision(False, float("inf")), tat_s
-    new_tat = max(tat_s, now_s) + rate.interval_s * cost
-    wait = new_tat - rate.tolerance_s - now_s
+    interval = rate.period_s / rate.limit
+    new_tat = (tat_s if tat_s > now_s else now_s) + interval * cost
+    wait = new_tat - interval * burst - now_s
     if wait > 0:
         return RateDecision(False, wait), tat_s
-    return RateDecision(True, 0.0), new_tat
+    return _ALLOWED, new_tat
 
 
 def gcra_refund(tat_s: float, now_s: float, rate: Rate, amount: float) -> float:

@@ -4,7 +4,8 @@ Each check answers that one question with plain values and owns the counts it re
 `dispatched` records an attempt against them, `withdrawn` undoes that for an attempt
 that did not go out after all (a pool refused it), and `released` for one that ended.
 Check and record happen in one synchronous step of the dispatcher, so no other attempt
-can pass a check between the two.
+can pass a check between the two. A check that has nothing to decide or count for a lane
+on a target (`applies`) is left out of that pair's plan, built once by the dispatcher.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from sluicegate.capacity.gates import OpenGate
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Lane
@@ -37,6 +39,11 @@ class NotNow:
 class DispatchCheck(Protocol):
     name: str
 
+    def applies(self, target: Target, lane: Lane) -> bool:
+        """Whether there is anything to decide or count for `lane` on `target`: asked
+        once per pair, since both are fixed at start."""
+        ...
+
     def check(self, target: Target, lane: Lane) -> NotNow | None: ...
 
     def dispatched(self, target: Target, lane: Lane) -> None: ...
@@ -58,6 +65,9 @@ class BreakerCheck:
 
     def __init__(self) -> None:
         self.refused: Counter[str] = Counter()
+
+    def applies(self, target: Target, lane: Lane) -> bool:
+        return True
 
     def check(self, target: Target, lane: Lane) -> NotNow | None:
         breaker, name = target.breaker, target.deployment.name
@@ -109,6 +119,10 @@ class GateCheck:
     def __init__(self) -> None:
         self.refused = 0
 
+    def applies(self, target: Target, lane: Lane) -> bool:
+        """A gate without a backend signal admits everything and counts nothing."""
+        return not isinstance(target.gate, OpenGate)
+
     def check(self, target: Target, lane: Lane) -> NotNow | None:
         if target.gate.admits(lane):
             return None
@@ -140,6 +154,10 @@ class ShareCheck:
         self.in_use: Counter[tuple[str, str]] = Counter()
         """(pool, lane) -> attempts of that lane holding a permit of that pool."""
         self.refused = 0
+
+    def applies(self, target: Target, lane: Lane) -> bool:
+        """Always: the counts of every lane are shown, not only of those it limits."""
+        return True
 
     def check(self, target: Target, lane: Lane) -> NotNow | None:
         if lane.max_share >= 1.0:

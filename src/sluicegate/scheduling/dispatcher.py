@@ -110,6 +110,7 @@ class Dispatcher:
         self.stats = {lane.name: LaneStats() for lane in self.lanes}
         self.targets = list(targets)
         self.checks = tuple(default_checks() if checks is None else checks)
+        self._plans: dict[tuple[str, str], tuple[DispatchCheck, ...]] = {}
         self._chain = chain
         self._turn = itertools.count()
         self.clock = clock
@@ -217,7 +218,7 @@ class Dispatcher:
         if target is None:
             return
         if attempt.dispatched_s is None:
-            self._unreserve(attempt)
+            self._unreserve(attempt, self._plan(target, attempt.lane))
         else:
             self._ended(attempt, target)
         attempt.target = None
@@ -231,7 +232,7 @@ class Dispatcher:
     def _ended(self, attempt: Attempt, target: Target) -> None:
         """The mirror of `_reserve` and `_dispatched` for an attempt that went out."""
         lane = attempt.lane
-        for check in self.checks:
+        for check in self._plan(target, lane):
             check.released(target, lane, attempt)
         self._prefilled(attempt)
         self.stats[lane.name].in_flight -= 1
@@ -391,19 +392,20 @@ class Dispatcher:
         # dispatcher itself looks again at the earliest one.
         wakes: list[float] = []
         for target in self._candidates(attempt):
-            verdict = self._check(target, lane)
+            checks = self._plan(target, lane)
+            verdict = _first_refusal(checks, target, lane)
             if verdict is not None:
                 refusals.append(verdict.error())
                 wakes += [] if verdict.wake_in_s is None else [verdict.wake_in_s]
                 continue
-            self._reserve(attempt, target)
+            self._reserve(attempt, target, checks)
             try:
                 permit = await target.group.acquire(attempt.call.reserved_tokens)
             except BaseException:
-                self._unreserve(attempt)
+                self._unreserve(attempt, checks)
                 raise
             if isinstance(permit, GatewayError):
-                self._unreserve(attempt)
+                self._unreserve(attempt, checks)
                 refusals.append(permit)
                 wakes += [] if permit.retry_after_s is None else [permit.retry_after_s]
                 continue
@@ -413,26 +415,29 @@ class Dispatcher:
             self._retry_after(min(wakes))
         return _most_telling(refusals)
 
-    def _check(self, target: Target, lane: Lane) -> NotNow | None:
-        for check in self.checks:
-            verdict = check.check(target, lane)
-            if verdict is not None:
-                return verdict
-        return None
-
-    def _reserve(self, attempt: Attempt, target: Target) -> None:
+    def _reserve(self, attempt: Attempt, target: Target, checks: tuple[DispatchCheck, ...]) -> None:
         """Record the attempt against what the checks count, before any await."""
         attempt.target = target
-        for check in self.checks:
+        for check in checks:
             check.dispatched(target, attempt.lane)
 
-    def _unreserve(self, attempt: Attempt) -> None:
+    def _unreserve(self, attempt: Attempt, checks: tuple[DispatchCheck, ...]) -> None:
         """Undo `_reserve` for an attempt that did not go out."""
         target = attempt.target
         assert target is not None
-        for check in self.checks:
+        for check in checks:
             check.withdrawn(target, attempt.lane)
         attempt.target = None
+
+    def _plan(self, target: Target, lane: Lane) -> tuple[DispatchCheck, ...]:
+        """The checks `lane` passes on `target`, the same at dispatch and at release:
+        chosen once per pair."""
+        key = (lane.name, target.deployment.name)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = tuple(check for check in self.checks if check.applies(target, lane))
+            self._plans[key] = plan
+        return plan
 
     def _pace_wait_s(self, lane: Lane) -> float:
         paced = 0.0
@@ -492,6 +497,14 @@ class Dispatcher:
     def _retry_due(self) -> None:
         self._retry = None
         self.kick()
+
+
+def _first_refusal(checks: tuple[DispatchCheck, ...], target: Target, lane: Lane) -> NotNow | None:
+    for check in checks:
+        verdict = check.check(target, lane)
+        if verdict is not None:
+            return verdict
+    return None
 
 
 def _granted(waiter: Waiter) -> bool:

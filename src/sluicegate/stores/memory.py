@@ -28,31 +28,32 @@ class MemoryLimitStore:
 
     async def take(self, ask: Ask, lease: Lease, ttl_s: float) -> Refused | None:
         now = self._clock.now()
-        if ask.cooldowns and self._cool_until:
-            for index, key in enumerate(ask.cooldowns):
+        cooldowns, slots, charges = ask
+        if cooldowns and self._cool_until:
+            for index, key in enumerate(cooldowns):
                 left = self._cool_until.get(key, now) - now
                 if left > 0:
                     return Refused(Part.COOLDOWN, index, left)
-        slots = self._slots
-        if ask.slots:
-            for index, slot in enumerate(ask.slots):
-                held = slots.get(slot.key)
-                if held and len(held) >= slot.limit and _sweep(held, now) >= slot.limit:
-                    return Refused(Part.SLOT, index, None)
-        if ask.charges:
+        held_by = self._slots
+        for index, (key, limit) in enumerate(slots):
+            held = held_by.get(key)
+            if held and len(held) >= limit and _sweep(held, now) >= limit:
+                return Refused(Part.SLOT, index, None)
+        if charges:
             tats: dict[str, float] = {}
-            for index, charge in enumerate(ask.charges):
-                tat = tats.get(charge.key, self._tats.get(charge.key, now))
-                decision, tats[charge.key] = gcra(tat, now, charge.rate, charge.cost)
+            for index, (key, rate, cost) in enumerate(charges):
+                tat = tats.get(key, self._tats.get(key, now))
+                decision, tats[key] = gcra(tat, now, rate, cost)
                 if not decision.allowed:
                     return Refused(Part.CHARGE, index, decision.retry_after_s)
             self._tats.update(tats)
+        lease_id, keys = lease
         until = now + ttl_s
-        for key in lease.keys:
-            held = slots.get(key)
+        for key in keys:
+            held = held_by.get(key)
             if held is None:
-                held = slots[key] = {}
-            held[lease.id] = until
+                held = held_by[key] = {}
+            held[lease_id] = until
         return None
 
     async def renew(self, leases: Sequence[Lease], ttl_s: float) -> None:
@@ -64,15 +65,16 @@ class MemoryLimitStore:
                     held[lease.id] = now + ttl_s
 
     async def release(self, lease: Lease) -> None:
-        for key in lease.keys:
+        lease_id, keys = lease
+        for key in keys:
             held = self._slots.get(key)
             if held is not None:
-                held.pop(lease.id, None)
+                held.pop(lease_id, None)
 
     async def refund(self, charge: Charge, amount: float) -> None:
         now = self._clock.now()
-        tat = self._tats.get(charge.key, now)
-        self._tats[charge.key] = gcra_refund(tat, now, charge.rate, amount)
+        key, rate, _ = charge
+        self._tats[key] = gcra_refund(self._tats.get(key, now), now, rate, amount)
 
     async def cool(self, key: str, duration_s: float) -> None:
         until = self._clock.now() + duration_s

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sluicegate.capacity.breaker import Breaker
-from sluicegate.capacity.gates import AimdGate
+from sluicegate.capacity.gates import AimdGate, OpenGate
 from sluicegate.capacity.pools import Pool
 from sluicegate.core.call import Call
 from sluicegate.core.leases import Leases
@@ -113,3 +113,11 @@ def test_only_evidence_teaches_the_adaptive_gate():
         check.dispatched(t, HALF)
         check.released(t, HALF, ended(Outcome.FAILED))
     assert t.gate.limit < 4
+
+
+def test_a_gate_without_a_backend_signal_is_left_out_of_the_plan():
+    clock = FakeClock()
+    t = target(clock)
+    assert all(check.applies(t, HALF) for check in default_checks())
+    t.gate = OpenGate()
+    assert [c.name for c in default_checks() if c.applies(t, HALF)] == ["breaker", "lane_share"]
