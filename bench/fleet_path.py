@@ -89,7 +89,7 @@ async def call(
         return r.status, "ok" if r.status == 200 else body["error"]["code"]
 
 
-async def latency(http, memory: Child, redis: Child, key: str, requests: int) -> None:
+async def latency(http: aiohttp.ClientSession, memory: Child, redis: Child, key: str, requests: int) -> None:
     times: dict[str, list[float]] = {"memory": [], "redis": []}
     meters = {"memory": ProcessMeter(memory.popen.pid), "redis": ProcessMeter(redis.popen.pid)}
     for _ in range(200):
@@ -124,7 +124,7 @@ def script_names() -> dict[str, str]:
     return names
 
 
-async def round_trips(http, redis: Child, key: str, requests: int) -> None:
+async def round_trips(http: aiohttp.ClientSession, redis: Child, key: str, requests: int) -> None:
     client = Redis.from_url(REDIS_URL)
     names = script_names()
     seen: Counter[str] = Counter()
@@ -149,7 +149,7 @@ async def round_trips(http, redis: Child, key: str, requests: int) -> None:
     )
 
 
-async def until(http, gateway: Child, key: str, model: str, wanted: str) -> float:
+async def until(http: aiohttp.ClientSession, gateway: Child, key: str, model: str, wanted: str) -> float:
     """Seconds until `gateway` answers `wanted`, asking as fast as it answers."""
     began = time.perf_counter()
     while time.perf_counter() - began < 5.0:
@@ -158,7 +158,7 @@ async def until(http, gateway: Child, key: str, model: str, wanted: str) -> floa
     raise RuntimeError(f"{gateway.url} did not answer {wanted} within 5 s")
 
 
-async def propagation(http, sim: Child, one: Child, two: Child, key: str) -> None:
+async def propagation(http: aiohttp.ClientSession, sim: Child, one: Child, two: Child, key: str) -> None:
     """From the answer on A that changed the shared state to B's first refusal for it."""
     for fault, model, seen, wanted, tries in (
         ({"throttle_rate": 1.0}, "chat", "upstream_throttled", "pool_cooling_down", 1),
