@@ -89,7 +89,9 @@ async def call(
         return r.status, "ok" if r.status == 200 else body["error"]["code"]
 
 
-async def latency(http: aiohttp.ClientSession, memory: Child, redis: Child, key: str, requests: int) -> None:
+async def latency(
+    http: aiohttp.ClientSession, memory: Child, redis: Child, key: str, requests: int
+) -> None:
     times: dict[str, list[float]] = {"memory": [], "redis": []}
     meters = {"memory": ProcessMeter(memory.popen.pid), "redis": ProcessMeter(redis.popen.pid)}
     for _ in range(200):
@@ -149,7 +151,9 @@ async def round_trips(http: aiohttp.ClientSession, redis: Child, key: str, reque
     )
 
 
-async def until(http: aiohttp.ClientSession, gateway: Child, key: str, model: str, wanted: str) -> float:
+async def until(
+    http: aiohttp.ClientSession, gateway: Child, key: str, model: str, wanted: str
+) -> float:
     """Seconds until `gateway` answers `wanted`, asking as fast as it answers."""
     began = time.perf_counter()
     while time.perf_counter() - began < 5.0:
@@ -158,7 +162,9 @@ async def until(http: aiohttp.ClientSession, gateway: Child, key: str, model: st
     raise RuntimeError(f"{gateway.url} did not answer {wanted} within 5 s")
 
 
-async def propagation(http: aiohttp.ClientSession, sim: Child, one: Child, two: Child, key: str) -> None:
+async def propagation(
+    http: aiohttp.ClientSession, sim: Child, one: Child, two: Child, key: str
+) -> None:
     """From the answer on A that changed the shared state to B's first refusal for it."""
     for fault, model, seen, wanted, tries in (
         ({"throttle_rate": 1.0}, "chat", "upstream_throttled", "pool_cooling_down", 1),
