@@ -36,6 +36,7 @@ from sluicegate.capacity.gates import AimdGate, BackendGate, MetricsGate, OpenGa
 from sluicegate.capacity.pools import Pool
 from sluicegate.children import spawn, stop
 from sluicegate.config import ConfigError, load_settings
+from sluicegate.core import keys
 from sluicegate.core.clock import Clock, MonotonicClock
 from sluicegate.core.leases import LEASE_TTL_S, Leases
 from sluicegate.core.limits import LimitStore
@@ -119,7 +120,7 @@ def build(
     pools = {name: Pool(spec, leases) for name, spec in settings.pools.items()}
     deployments = [d for model in settings.models.values() for d in model.deployments]
     providers = providers or {d.name: make_provider(d) for d in deployments}
-    gates = {d.name: make_gate(d, clock) for d in deployments}
+    gates = {d.name: make_gate(d, clock, fleet=settings.redis is not None) for d in deployments}
     monitor = OverloadMonitor(settings.scheduling.overload, clock)
     breakers = {d.name: make_breaker(d, clock, fleet=redis is not None) for d in deployments}
     dispatchers = {
@@ -143,7 +144,7 @@ def build(
     if shared is not None:
         metrics.watch_store(shared)
     pollers = [
-        MetricsPoller(d.metrics, gate)
+        MetricsPoller(d.metrics, gate, leases.store.in_use)
         for d in deployments
         if d.metrics is not None and isinstance(gate := gates[d.name], MetricsGate)
     ]
@@ -271,9 +272,11 @@ async def open_job_store(policy: JobPolicy, clock: Clock) -> JobStore:
     return await open_sqlite(policy.sqlite_path, clock)
 
 
-def make_gate(deployment: Deployment, clock: Clock) -> BackendGate:
+def make_gate(deployment: Deployment, clock: Clock, *, fleet: bool) -> BackendGate:
+    """In a fleet, a metrics gate bounds the whole fleet's sends between two scrapes."""
     if deployment.metrics is not None:
-        return MetricsGate(deployment.metrics, clock)
+        key = keys.backend_in_flight(deployment.name) if fleet else None
+        return MetricsGate(deployment.metrics, clock, key)
     if deployment.adaptive is not None:
         return AimdGate(deployment.adaptive)
     return OpenGate()

@@ -38,6 +38,7 @@ def fleet_config(
     tenant: dict | None = None,
     breaker: dict | None = None,
     lanes: list | None = None,
+    deployment: dict | None = None,
     **redis,
 ) -> dict:
     """Leases of 1 s, so that lapses show within a test. Calls to Redis may take up to 1 s
@@ -69,6 +70,7 @@ def fleet_config(
                         "pools": ["shared"],
                         "cancel_grace_s": 0,
                         "breaker": breaker or {"consecutive_failures": 1000, "min_attempts": 1000},
+                        **(deployment or {}),
                     }
                 ],
             }
@@ -284,6 +286,34 @@ async def test_a_slot_freed_on_one_replica_wakes_the_queue_of_another(fleet, htt
     assert code(await holding) == "ok"
     assert code(queued) == "ok"
     assert waited < 3
+
+
+async def test_replicas_together_keep_the_backend_queue_within_the_lanes_bound(http, tmp_path):
+    """A backend of 2 sequences scraped once a second, and a lane that sends only into an
+    empty queue: each replica alone would let 3 through between two scrapes (6 for two);
+    the fleet's bound lets 3 through for both together."""
+    small = start(
+        "sim", ["--model", "sim-model", "--api-key", SIM_KEY, "--max-num-seqs", "2"], tmp_path
+    )
+    async with redis_or_skip() as (_, prefix):
+        group = Fleet(tmp_path, small, REDIS_URL, prefix)
+        try:
+            metrics = {"interval_s": 1.0, "stale_after_s": 5.0, "max_num_seqs": 2}
+            replicas = group.start(
+                2,
+                pool={"max_concurrency": 64},
+                lanes=[{"name": "interactive", "max_backend_waiting": 0}],
+                deployment={"metrics": metrics},
+            )
+            await asyncio.sleep(1.5)
+            answers = await flood(http, replicas, total=1500, width=16, max_tokens=30)
+            codes = [code(a) for a in answers]
+            assert codes.count("ok") >= 10
+            assert codes.count("backend_busy") >= 100
+            assert (await sim_stats(http, small))["max_in_flight"] <= 3
+        finally:
+            group.stop()
+            small.stop()
 
 
 @pytest.fixture

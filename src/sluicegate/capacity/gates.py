@@ -9,11 +9,13 @@ sent since the last sample, so a burst between samples cannot overfill it.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from sluicegate.core.clock import Clock
+from sluicegate.core.limits import Slot
 from sluicegate.core.types import AdaptiveLimit, BackendMetrics, Lane
 
 
@@ -36,6 +38,11 @@ class BackendSample:
 
 class BackendGate(Protocol):
     def admits(self, lane: Lane) -> bool: ...
+
+    def fleet_slot(self, lane: Lane) -> Slot | None:
+        """The bound on the whole fleet's attempts in flight to this backend for `lane`,
+        decided with the pools (None: this replica's own estimate is the bound)."""
+        ...
 
     def sent(self) -> None:
         """A request was dispatched to the backend."""
@@ -75,6 +82,9 @@ class OpenGate(_Listeners):
     def admits(self, lane: Lane) -> bool:
         return True
 
+    def fleet_slot(self, lane: Lane) -> Slot | None:
+        return None
+
     def sent(self) -> None:
         return None
 
@@ -93,12 +103,19 @@ class MetricsGate(_Listeners):
     its time per output token within the lane's SLO and its KV cache within the lane's
     ceiling. The estimate is the last sample's waiting plus what was sent since, minus
     what finished since; with the backend's `max_num_seqs` known, what was sent fills
-    free slots first."""
+    free slots first.
 
-    def __init__(self, spec: BackendMetrics, clock: Clock) -> None:
+    In a fleet (`fleet_key` given) every replica's attempts in flight to the backend are
+    leases under `fleet_key`, and each scrape comes with their count: the same bound is
+    then also one more slot of the pools' decision, counting the whole fleet's sends
+    since the sample, so that N replicas cannot each push up to the lane's bound."""
+
+    def __init__(self, spec: BackendMetrics, clock: Clock, fleet_key: str | None = None) -> None:
         super().__init__()
         self._spec = spec
         self._clock = clock
+        self.fleet_key = fleet_key
+        self._fleet_at_sample: int | None = None
         self._sample: BackendSample | None = None
         self._sampled_s = float("-inf")
         self._tpot_s: float | None = None
@@ -120,7 +137,10 @@ class MetricsGate(_Listeners):
             return max(0.0, sample.waiting + since)
         return max(0.0, sample.running + sample.waiting + since - slots)
 
-    def update(self, sample: BackendSample) -> None:
+    def update(self, sample: BackendSample, fleet_in_flight: int | None = None) -> None:
+        """A new scrape, and the fleet's attempts in flight when it was read (None: not
+        known, so this replica's own estimate bounds dispatch until the next one)."""
+        self._fleet_at_sample = fleet_in_flight
         previous = self._sample
         if (
             previous is not None
@@ -146,6 +166,18 @@ class MetricsGate(_Listeners):
             and not _over(self._tpot_s, lane.tpot_slo_s)
             and not _over(sample.kv_usage, lane.max_kv_usage)
         )
+
+    def fleet_slot(self, lane: Lane) -> Slot | None:
+        """What `admits` allows (the estimated queue within the lane's bound before a
+        send), as a limit on the fleet's attempts in flight: those at the sample plus
+        the sends the sample leaves room for."""
+        sample, at_sample = self._sample, self._fleet_at_sample
+        if self.fleet_key is None or sample is None or at_sample is None or self._stale():
+            return None
+        slots = self._spec.max_num_seqs
+        queued = sample.waiting if slots is None else sample.running + sample.waiting - slots
+        room = lane.max_backend_waiting - queued
+        return Slot(self.fleet_key, max(0, at_sample + math.floor(room) + 1))
 
     def sent(self) -> None:
         self._sent += 1
@@ -179,6 +211,9 @@ class AimdGate(_Listeners):
 
     def admits(self, lane: Lane) -> bool:
         return self.in_flight < int(self.limit)
+
+    def fleet_slot(self, lane: Lane) -> Slot | None:
+        return None
 
     def sent(self) -> None:
         self.in_flight += 1

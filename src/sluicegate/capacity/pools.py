@@ -137,16 +137,18 @@ class PoolGroup:
         self._slots = tuple(pool.slot for pool in self.pools)
         self._charges = tuple(charge for _, charge in self._owners)
 
-    async def acquire(self, tokens: int) -> PoolPermit | GatewayError:
+    async def acquire(self, tokens: int, backend: Slot | None = None) -> PoolPermit | GatewayError:
         """A permit from every pool reserving `tokens`, or at once the refusal to answer
         with (returned, never raised: the dispatcher weighs it against others, and a
-        raised one would carry frames it keeps alive).
+        raised one would carry frames it keeps alive). `backend`: the fleet's bound on
+        what may be in flight to the deployment's backend, decided with the pools.
 
         Waiting is the scheduler's job (its lane queues), never the pools'.
         """
         charges = priced(self._charges, self.tokens, tokens)
+        slots = self._slots if backend is None else (*self._slots, backend)
         try:
-            decision = await self.leases.take(Ask(self._cooldowns, self._slots, charges))
+            decision = await self.leases.take(Ask(self._cooldowns, slots, charges))
         except StoreUnavailable:
             return store_unavailable()
         if isinstance(decision, Refused):
@@ -194,6 +196,8 @@ def _refusal(
     if refused.part is Part.COOLDOWN:
         name = pools[refused.index].name
         return Refusal.POOL_COOLING.error(f"pool {name} is cooling down", refused.retry_after_s)
+    if refused.part is Part.SLOT and refused.index == len(pools):
+        return Refusal.BACKEND_BUSY.error("the backend's queue is at the lane's bound")
     if refused.part is Part.SLOT:
         name = pools[refused.index].name
         return Refusal.POOL_CONCURRENCY.error(f"pool {name} is at its concurrency limit")

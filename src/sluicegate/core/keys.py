@@ -26,6 +26,11 @@ def pool_tokens(pool: str) -> str:
     return f"{POOLS}pool:{pool}:tokens"
 
 
+def backend_in_flight(deployment: str) -> str:
+    """Attempts in flight to a deployment's backend, fleet-wide: one of its pools' slots."""
+    return f"{POOLS}backend:{deployment}"
+
+
 def pool_cooldown(pool: str) -> str:
     return f"{POOLS}pool:{pool}:cool"
 

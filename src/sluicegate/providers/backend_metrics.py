@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from sluicegate.capacity.gates import BackendSample, MetricsGate
+from sluicegate.core.limits import StoreUnavailable
 from sluicegate.core.types import BackendMetrics
 
 log = logging.getLogger("sluicegate.backend_metrics")
@@ -49,19 +51,38 @@ def parse_sample(text: str) -> BackendSample:
 class MetricsPoller:
     """Scrapes one backend every `interval_s`; a failed scrape leaves the gate to go stale."""
 
-    def __init__(self, spec: BackendMetrics, gate: MetricsGate) -> None:
+    def __init__(
+        self,
+        spec: BackendMetrics,
+        gate: MetricsGate,
+        fleet_in_flight: Callable[[str], Awaitable[int]] | None = None,
+    ) -> None:
         self._spec = spec
         self._gate = gate
+        self._fleet_in_flight = fleet_in_flight
+        """In a fleet: the count of attempts in flight to the backend, read before each
+        scrape (a send between the two is then counted by the sample only: conservative)."""
         self.failures = 0
 
     async def run(self, session: aiohttp.ClientSession) -> None:
         timeout = aiohttp.ClientTimeout(total=max(self._spec.interval_s, 0.5))
         while True:
             try:
+                in_flight = await self._fleet_count()
                 async with session.get(self._spec.url, timeout=timeout) as response:
                     response.raise_for_status()
-                    self._gate.update(parse_sample(await response.text()))
+                    sample = parse_sample(await response.text())
+                self._gate.update(sample, in_flight)
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 self.failures += 1
                 log.debug("scrape of %s failed: %s", self._spec.url, exc)
             await asyncio.sleep(self._spec.interval_s)
+
+    async def _fleet_count(self) -> int | None:
+        key = self._gate.fleet_key
+        if self._fleet_in_flight is None or key is None:
+            return None
+        try:
+            return await self._fleet_in_flight(key)
+        except StoreUnavailable:
+            return None

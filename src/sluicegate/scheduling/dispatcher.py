@@ -400,7 +400,8 @@ class Dispatcher:
                 continue
             self._reserve(attempt, target, checks)
             try:
-                permit = await target.group.acquire(attempt.call.reserved_tokens)
+                tokens, backend = attempt.call.reserved_tokens, target.gate.fleet_slot(lane)
+                permit = await target.group.acquire(tokens, backend)
             except BaseException:
                 self._unreserve(attempt, checks)
                 raise

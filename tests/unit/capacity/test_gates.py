@@ -116,3 +116,46 @@ def test_aimd_grows_while_fast_and_in_use_and_shrinks_on_slow_answers():
         g.done(5.0)
     assert g.limit < 3
     assert g.limit >= 1
+
+
+def fleet_gate(max_num_seqs=None) -> tuple[MetricsGate, FakeClock]:
+    clock = FakeClock()
+    spec = BackendMetrics("http://x/metrics", 0.25, 1.0, "pools", max_num_seqs)
+    return MetricsGate(spec, clock, "{pools}backend:d"), clock
+
+
+def sends_allowed_alone(g: MetricsGate, lane: Lane) -> int:
+    """How many sends this replica's own estimate lets through from the last sample."""
+    sent = 0
+    while g.admits(lane):
+        g.sent()
+        sent += 1
+    for _ in range(sent):
+        g.withdraw()
+    return sent
+
+
+@pytest.mark.parametrize("max_num_seqs", [None, 8])
+def test_in_a_fleet_the_bound_counts_every_replicas_sends_since_the_sample(max_num_seqs):
+    """The fleet slot allows exactly the sends the replica's own estimate would, but over
+    the whole fleet's attempts in flight, from their count at the sample."""
+    g, _ = fleet_gate(max_num_seqs)
+    g.update(sample(waiting=1, running=6), fleet_in_flight=5)
+    for lane in (INTERACTIVE, BACKGROUND):
+        slot = g.fleet_slot(lane)
+        assert slot is not None
+        assert slot.key == "{pools}backend:d"
+        assert slot.limit == 5 + sends_allowed_alone(g, lane)
+
+
+def test_in_a_fleet_a_full_backend_leaves_no_room_and_a_stale_or_uncounted_sample_no_slot():
+    g, clock = fleet_gate(max_num_seqs=4)
+    g.update(sample(waiting=6, running=4), fleet_in_flight=9)
+    assert sends_allowed_alone(g, INTERACTIVE) == 0
+    assert g.fleet_slot(INTERACTIVE) == (g.fleet_key, 6), "4 queued over the bound: 3 must end"
+    g.update(sample(waiting=0), fleet_in_flight=None)
+    assert g.fleet_slot(INTERACTIVE) is None
+    g.update(sample(waiting=0), fleet_in_flight=0)
+    clock.advance(1.5)
+    assert g.fleet_slot(INTERACTIVE) is None
+    assert gate()[0].fleet_slot(INTERACTIVE) is None

@@ -5,7 +5,7 @@ import pytest
 from sluicegate.capacity.pools import Pool, PoolGroup, PoolPermit
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.leases import Leases
-from sluicegate.core.limits import Rate
+from sluicegate.core.limits import Rate, Slot
 from sluicegate.core.types import PoolSpec
 from sluicegate.stores.memory import MemoryLimitStore
 from tests.support.clock import FakeClock
@@ -121,3 +121,20 @@ async def test_a_deployment_behind_two_pools_takes_both_or_neither():
     assert await q.available_tokens() == pytest.approx(96)
     assert (p.counters.active, q.counters.active) == (0, 0)
     assert leases.held == 0
+
+
+async def test_the_fleets_backend_bound_is_one_more_slot_of_the_decision():
+    """Taken and freed with the pools' slots; when it is full the answer is backend_busy
+    and no pool slot is held."""
+    p = pool(max_concurrency=5)
+    group = PoolGroup([p])
+    backend = Slot("{pools}backend:d", 1)
+    first = await group.acquire(0, backend)
+    assert isinstance(first, PoolPermit)
+    second = await group.acquire(0, backend)
+    assert isinstance(second, GatewayError)
+    assert (second.status, second.code) == (503, "backend_busy")
+    assert await p.leases.store.in_use(p.slot.key) == 1
+    await first.release(None)
+    assert await p.leases.store.in_use("{pools}backend:d") == 0
+    assert isinstance(await group.acquire(0, backend), PoolPermit)

@@ -51,6 +51,9 @@ class Gate:
     def admits(self, lane: Lane) -> bool:
         return self.open_for is None or lane.name in self.open_for
 
+    def fleet_slot(self, lane: Lane) -> None:
+        return None
+
     def sent(self) -> None: ...
 
     def withdraw(self) -> None: ...
