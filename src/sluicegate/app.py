@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
@@ -62,6 +62,7 @@ from sluicegate.providers.openai import OpenAIProvider
 from sluicegate.scheduling.attempt import Target
 from sluicegate.scheduling.dispatcher import Dispatcher
 from sluicegate.scheduling.fairness import FairnessPolicy, RoundRobin, VirtualTokenCounter
+from sluicegate.scheduling.fleet_fairness import FairnessSync, FleetVirtualTokenCounter
 from sluicegate.scheduling.overload import OverloadMonitor, OverloadWatch
 from sluicegate.stores.failover import FailoverStore
 from sluicegate.stores.memory import MemoryLimitStore
@@ -131,7 +132,7 @@ def build(
                 Target(d, tuple(pools[p] for p in d.pools), gates[d.name], breakers[d.name])
                 for d in model.deployments
             ],
-            fairness_factory(settings),
+            fairness_factory(settings, name, clock, fleet=redis is not None),
             clock,
             metrics.queue_waited,
             pause_rule(settings, monitor),
@@ -176,6 +177,9 @@ def build(
         fleet = [b for b in breakers.values() if isinstance(b, FleetBreaker)]
         if fleet:
             yield BreakerSync(fleet, redis, clock, shared.replica, policy.sync_s).run()
+        shares = fleet_shares(dispatchers.values())
+        if shares:
+            yield FairnessSync(shares, redis, clock, shared.replica, policy.sync_s).run()
         by_slot = {pool.slot.key: pool for pool in pools.values()}
         listeners.append(listener(policy.url, policy.timeout_s))
 
@@ -248,6 +252,18 @@ def redis_store(policy: RedisPolicy) -> RedisLimitStore:
     return RedisLimitStore(connection, policy.key_prefix, policy.timeout_s)
 
 
+def fleet_shares(dispatchers: Iterable[Dispatcher]) -> list[FleetVirtualTokenCounter]:
+    """Every lane's fleet fairness policy, each told to wake its dispatcher after a sync
+    (it may have held back)."""
+    found = []
+    for dispatcher in dispatchers:
+        for queue in dispatcher.queues.values():
+            if isinstance(queue.fairness, FleetVirtualTokenCounter):
+                queue.fairness.on_change(dispatcher.kick)
+                found.append(queue.fairness)
+    return found
+
+
 def make_breaker(deployment: Deployment, clock: Clock, *, fleet: bool) -> Breaker:
     """A fleet breaker needs the shared store; config validation says so for `serve`,
     and a test handing in its own store gets local breakers."""
@@ -292,14 +308,21 @@ def pause_rule(settings: Settings, monitor: OverloadMonitor) -> Callable[[Lane],
     return paused
 
 
-def fairness_factory(settings: Settings) -> Callable[[Lane], FairnessPolicy]:
+def fairness_factory(
+    settings: Settings, model: str, clock: Clock, *, fleet: bool
+) -> Callable[[Lane], FairnessPolicy]:
+    """A fleet's VTC needs the shared store; a test handing in its own store gets local
+    counters."""
     scheduling = settings.scheduling
     weights = {tenant.name: tenant.weight for tenant in settings.tenants}
+    rates = (scheduling.input_weight, scheduling.output_weight)
 
     def make(lane: Lane) -> FairnessPolicy:
         if scheduling.fairness == "round_robin":
             return RoundRobin()
-        return VirtualTokenCounter(weights, scheduling.input_weight, scheduling.output_weight)
+        if fleet and scheduling.fairness_scope == "fleet":
+            return FleetVirtualTokenCounter(f"{model}:{lane.name}", clock, weights, *rates)
+        return VirtualTokenCounter(weights, *rates)
 
     return make
 

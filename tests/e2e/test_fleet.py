@@ -36,6 +36,8 @@ def fleet_config(
     *,
     pool: dict,
     tenant: dict | None = None,
+    tenants: tuple[str, ...] = ("t",),
+    scheduling: dict | None = None,
     breaker: dict | None = None,
     lanes: list | None = None,
     deployment: dict | None = None,
@@ -56,7 +58,7 @@ def fleet_config(
             **redis,
         },
         "routes": {"chat": {"retry": {"max_attempts": 1}}},
-        "scheduling": {"lanes": lanes or [{"name": "interactive"}]},
+        "scheduling": {"lanes": lanes or [{"name": "interactive"}], **(scheduling or {})},
         "pools": [{"name": "shared", **pool}],
         "models": [
             {
@@ -75,7 +77,10 @@ def fleet_config(
                 ],
             }
         ],
-        "tenants": [{"name": "t", "keys": [{"env": "FLEET_KEY"}], "limits": tenant or {}}],
+        "tenants": [
+            {"name": name, "keys": [{"env": f"FLEET_KEY_{name.upper()}"}], "limits": tenant or {}}
+            for name in tenants
+        ],
     }
 
 
@@ -89,7 +94,8 @@ class Fleet:
         path.write_text(
             yaml.safe_dump(fleet_config(self.sim.url, self.redis_url, self.prefix, **config))
         )
-        env = {"SIM_KEY": SIM_KEY, "FLEET_KEY": KEY, "REDIS_URL": self.redis_url}
+        env = {"SIM_KEY": SIM_KEY, "REDIS_URL": self.redis_url}
+        env |= {f"FLEET_KEY_{name.upper()}": key_of(name) for name in config.get("tenants", "t")}
         started = [
             start("serve", ["--config", str(path)], self.folder, env=env, ready_path="/ready")
             for _ in range(count)
@@ -117,10 +123,16 @@ async def fleet(sim: Proc, http: aiohttp.ClientSession, tmp_path: Path) -> Async
                 assert resp.status == 200
 
 
-async def chat(http: aiohttp.ClientSession, proc: Proc, max_tokens: int = 4, **body) -> tuple:
+def key_of(tenant: str) -> str:
+    return KEY if tenant == "t" else f"{KEY}-{tenant}"
+
+
+async def chat(
+    http: aiohttp.ClientSession, proc: Proc, max_tokens: int = 4, tenant: str = "t", **body
+) -> tuple:
     payload = {"model": "chat", "messages": MESSAGES, "max_tokens": max_tokens, **body}
     url = f"{proc.url}/v1/chat/completions"
-    headers = {"Authorization": f"Bearer {KEY}"}
+    headers = {"Authorization": f"Bearer {key_of(tenant)}"}
     async with http.post(url, json=payload, headers=headers) as resp:
         body = await resp.json()
         return resp.status, resp.headers, body
@@ -314,6 +326,38 @@ async def test_replicas_together_keep_the_backend_queue_within_the_lanes_bound(h
         finally:
             group.stop()
             small.stop()
+
+
+@pytest.mark.parametrize("scope", ["fleet", "local"])
+async def test_tenants_split_over_two_replicas_share_one_pool_fairly(fleet, http, scope):
+    """A's callers reach replica 1 only, B's and C's replica 2 only, all backlogged on one
+    pool: with fleet fairness each gets about a third of the tokens; with local fairness
+    A, alone on its replica, gets about half (shown, not asserted)."""
+    one, two = fleet.start(
+        2,
+        pool={"max_concurrency": 4},
+        tenants=("a", "b", "c"),
+        lanes=[{"name": "interactive", "queue_size": 64, "max_queue_age_s": 30}],
+        scheduling={"fairness_scope": scope},
+    )
+    served = {"a": 0, "b": 0, "c": 0}
+    stop_at = time.monotonic() + 8.0
+
+    async def caller(tenant: str, replica: Proc) -> None:
+        while time.monotonic() < stop_at:
+            status, _, body = await chat(http, replica, max_tokens=24, tenant=tenant)
+            if status == 200 and time.monotonic() > stop_at - 6.0:
+                served[tenant] += body["usage"]["completion_tokens"]
+
+    callers = [caller("a", one) for _ in range(6)]
+    callers += [caller(t, two) for t in ("b", "c") for _ in range(6)]
+    await asyncio.gather(*callers)
+    total = sum(served.values())
+    shares = {tenant: tokens / total for tenant, tokens in served.items()}
+    if scope == "fleet":
+        assert all(0.27 <= share <= 0.40 for share in shares.values()), shares
+    else:
+        assert shares["a"] > 0.40, shares
 
 
 @pytest.fixture

@@ -157,7 +157,7 @@ def _to_settings(config: GatewayConfig, env: Mapping[str, str], source: str) -> 
         routes={e: _route(getattr(config.routes, e.value)) for e in Endpoint},
         aggregate=_quota(config.aggregate),
         pools=_pools(config),
-        scheduling=_scheduling(config.scheduling),
+        scheduling=_scheduling(config.scheduling, config.store),
         admin_keys=frozenset(
             _key_digest(key, env, f"{source}: admin.keys[{i}]")
             for i, key in enumerate(config.admin.keys)
@@ -214,12 +214,13 @@ def _route(spec: RouteConfig) -> RoutePolicy:
     )
 
 
-def _scheduling(spec: SchedulingConfig) -> Scheduling:
+def _scheduling(spec: SchedulingConfig, store: str) -> Scheduling:
     lanes = tuple(Lane(**lane.model_dump()) for lane in spec.lanes)
     return Scheduling(
         lanes=lanes,
         default_lane=spec.default_lane or lanes[0].name,
         fairness=spec.fairness,
+        fairness_scope=spec.fairness_scope or ("fleet" if store == "redis" else "local"),
         input_weight=spec.input_weight,
         output_weight=spec.output_weight,
         cost_alpha=spec.cost_alpha,

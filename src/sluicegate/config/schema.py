@@ -136,6 +136,9 @@ class SchedulingConfig(Strict):
     lanes: list[LaneConfig] = Field(default_factory=lambda: [LaneConfig(name="default")])
     default_lane: str | None = Field(default=None, description="default: the first lane")
     fairness: Literal["vtc", "round_robin"] = "vtc"
+    fairness_scope: Literal["local", "fleet"] | None = Field(
+        default=None, description="vtc: counters shared by the fleet; default fleet with redis"
+    )
     input_weight: float = Field(default=1.0, ge=0)
     output_weight: float = Field(default=2.0, ge=0)
     cost_alpha: float = Field(default=1.0, ge=0)
@@ -348,6 +351,8 @@ class GatewayConfig(Strict):
     def _cross_references(self) -> GatewayConfig:
         if self.store == "redis" and self.redis is None:
             raise ValueError("store 'redis' needs a redis section with its url")
+        if self.scheduling.fairness_scope == "fleet" and self.store != "redis":
+            raise ValueError("scheduling.fairness_scope 'fleet' needs store 'redis'")
         for model in self.models:
             for deployment in model.deployments:
                 if deployment.breaker.scope == "fleet" and self.store != "redis":

@@ -60,5 +60,10 @@ RELEASED = f"{FLEET}released"
 """The channel on which freed slots are announced."""
 
 
+def fair_shares(lane: str) -> tuple[str, str]:
+    """A lane's fleet-wide virtual counters, and the flows waiting anywhere."""
+    return f"{FLEET}fair:{lane}:counters", f"{FLEET}fair:{lane}:waiting"
+
+
 def circuit(deployment: str) -> str:
     return f"{FLEET}circuit:{deployment}"

@@ -249,6 +249,8 @@ class Scheduling:
     lanes: tuple[Lane, ...] = (Lane("default"),)
     default_lane: str = "default"
     fairness: str = "vtc"
+    fairness_scope: str = "local"
+    """`fleet`: the virtual counters and who waits are shared by every replica."""
     input_weight: float = 1.0
     output_weight: float = 2.0
     cost_alpha: float = 1.0

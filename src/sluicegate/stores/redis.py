@@ -19,7 +19,7 @@ import asyncio
 import hashlib
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
@@ -92,7 +92,9 @@ class _Script(NamedTuple):
     text: str
 
 
-SCRIPTS = ("take", "renew", "release", "refund", "cool", "in_use", "available", "beat", "breaker")
+SCRIPTS = (
+    "take", "renew", "release", "refund", "cool", "in_use", "available", "beat", "breaker", "fair",
+)  # fmt: skip
 
 
 def _scripts() -> dict[str, _Script]:
@@ -135,6 +137,7 @@ class RedisLimitStore:
         (a restart, a failover): one round trip, two the first time."""
         sha, text = self._scripts[script]
         command = ("EVALSHA", sha, len(keys), *keys, self._now(), *args)
+        began = asyncio.get_running_loop().time()
         try:
             async with asyncio.timeout(self._timeout_s):
                 try:
@@ -145,7 +148,7 @@ class RedisLimitStore:
                 await self._connection.call("SCRIPT", "LOAD", text)
                 return await self._connection.call(*command)
         except TimeoutError:
-            self._connection.drop_if_stalled(self._timeout_s)
+            self._connection.drop_if_stalled(began)
             raise StoreTimeout(f"redis: no answer within {self._timeout_s}s") from None
         except (RespError, OSError) as exc:
             raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from None
@@ -255,6 +258,24 @@ class RedisLimitStore:
         ]
         state, reopens_in, ours = await self._run("breaker", [self._key(keys.circuit(name))], args)
         return state.decode(), float(reopens_in), ours == 1
+
+    async def sync_fairness(
+        self,
+        name: str,
+        replica: str,
+        charged: Mapping[str, float],
+        waiting: Sequence[str],
+        idle: Sequence[str],
+        ttl_s: float,
+    ) -> dict[str, float]:
+        """`scheduling.fleet_fairness.FairnessStore.sync_fairness`."""
+        counters, backlog = keys.fair_shares(name)
+        args: list[Any] = [replica, ttl_s, len(charged)]
+        for flow, amount in charged.items():
+            args += [flow, amount]
+        args += [len(waiting), *waiting, len(idle), *idle]
+        reply = await self._run("fair", [self._key(counters), self._key(backlog)], args)
+        return {reply[i].decode(): float(reply[i + 1]) for i in range(0, len(reply), 2)}
 
     async def close(self) -> None:
         await self._connection.close()

@@ -12,7 +12,7 @@ start-up checks and tests.
 
 Every call is bounded by the caller's timeout. A call that timed out keeps its place in
 the queue (its reply is dropped when it comes); a connection that fails, or that sent
-no reply at all for as long as the timed-out call waited (`drop_if_stalled`), is closed
+no reply at all since the timed-out call began (`drop_if_stalled`), is closed
 with every call on it failed, and the next call opens a new one.
 """
 
@@ -60,7 +60,8 @@ class _Protocol(asyncio.Protocol):
         self._waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
         self._transport: asyncio.WriteTransport | None = None
         self.lost: BaseException | None = None
-        self.replied_at = asyncio.get_running_loop().time()
+        self.replied_at = float("-inf")
+        """When the last reply came (loop time); never, at first."""
         self._outgoing: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -176,14 +177,13 @@ class RespConnection:
             raise Unreachable(str(exc)) from None
         return protocol
 
-    def drop_if_stalled(self, waited_s: float) -> None:
-        """After a call timed out: close the connection when calls wait on it and no
-        reply came for `waited_s` (every call on it fails; the next call opens another),
-        so that a server that went mute is left rather than waited on forever."""
+    def drop_if_stalled(self, since: float) -> None:
+        """After a call begun at `since` (loop time) timed out: close the connection when
+        calls wait on it and no reply came since then (every call on it fails; the next
+        call opens another), so that a server that went mute is left rather than waited
+        on forever. A connection still answering, only late, is kept."""
         protocol = self._protocol
-        if protocol is None or not protocol.pending:
-            return
-        if asyncio.get_running_loop().time() - protocol.replied_at >= waited_s:
+        if protocol is not None and protocol.pending and protocol.replied_at <= since:
             protocol.close()
             self._protocol = None
 

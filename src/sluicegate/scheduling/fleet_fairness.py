@@ -1,0 +1,145 @@
+"""Fair shares across replicas (`scheduling.fairness_scope: fleet`).
+
+A replica can only dispatch the requests it holds, so sharing the virtual token
+counters is not enough: a replica whose only tenant is ahead of tenants waiting on
+another replica would still take every slot it can get. The fleet's state is therefore
+two things in the shared store, per model and lane: the counters, and the set of flows
+waiting anywhere (what the lift rule needs). Every `sync_s` a replica hands over the
+service it charged and the flows waiting on it, and takes back every waiting flow's
+counter. Between syncs it orders its own flows as a local VTC does, with its charges
+added at once, and it *holds back*: it dispatches nothing while its least-served flow
+is ahead of a flow waiting elsewhere by more than `slack` (two dispatches' worth of
+service), so the slot goes to the replica holding the flow that is behind. The fleet's
+view is at most two sync periods old; without a fresh one (the store away) a replica
+orders its own flows only, as a local VTC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+from sluicegate.core.clock import Clock, sleep_until
+from sluicegate.core.limits import StoreUnavailable
+from sluicegate.scheduling.fairness import VirtualTokenCounter
+
+
+class FairnessStore(Protocol):
+    async def sync_fairness(
+        self,
+        name: str,
+        replica: str,
+        charged: Mapping[str, float],
+        waiting: Sequence[str],
+        idle: Sequence[str],
+        ttl_s: float,
+    ) -> dict[str, float]:
+        """Add `charged` to the fleet's counters of `name`, mark `waiting` as waiting on
+        this replica (for `ttl_s`) and `idle` as no longer; every waiting flow's counter."""
+        ...
+
+
+class FleetVirtualTokenCounter(VirtualTokenCounter):
+    def __init__(
+        self,
+        name: str,
+        clock: Clock,
+        weights: Mapping[str, float] | None = None,
+        input_weight: float = 1.0,
+        output_weight: float = 2.0,
+    ) -> None:
+        super().__init__(weights, input_weight, output_weight)
+        self.name = name
+        self._clock = clock
+        self._charged: dict[str, float] = {}
+        self._idle: set[str] = set()
+        self._elsewhere: dict[str, float] = {}
+        """Flows waiting on other replicas only, with their counters as last synced."""
+        self._fresh_until = float("-inf")
+        self._cost = 0.0
+        """Mean service of one dispatch (smoothed): the unit of the slack."""
+        self.held = 0
+        self._listeners: list[Callable[[], None]] = []
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Called after each sync: a replica holding back may dispatch again."""
+        self._listeners.append(listener)
+
+    def backlogged(self, flow: str) -> None:
+        if flow in self._backlog:
+            return
+        if self._clock.now() < self._fresh_until and self._elsewhere:
+            low = min(self._elsewhere.values())
+            self.counters[flow] = max(self.counters.get(flow, 0.0), low)
+        self._idle.discard(flow)
+        super().backlogged(flow)
+
+    def idle(self, flow: str) -> None:
+        super().idle(flow)
+        self._idle.add(flow)
+
+    def pick(self) -> str | None:
+        flow = super().pick()
+        if flow is None or not self._elsewhere or self._clock.now() >= self._fresh_until:
+            return flow
+        if self.counters[flow] > min(self._elsewhere.values()) + 2 * self._cost:
+            self.held += 1
+            return None
+        return flow
+
+    def charge(self, flow: str, prompt_tokens: float, output_tokens: float) -> None:
+        before = self.counters.get(flow, 0.0)
+        super().charge(flow, prompt_tokens, output_tokens)
+        amount = self.counters[flow] - before
+        self._charged[flow] = self._charged.get(flow, 0.0) + amount
+        if amount > 0:
+            self._cost = amount if self._cost == 0 else 0.9 * self._cost + 0.1 * amount
+
+    async def sync(self, store: FairnessStore, replica: str, every_s: float) -> None:
+        charged, self._charged = self._charged, {}
+        idle, self._idle = list(self._idle), set()
+        try:
+            fleet = await store.sync_fairness(
+                self.name, replica, charged, list(self._backlog), idle, 3 * every_s
+            )
+        except StoreUnavailable:
+            for flow, amount in charged.items():
+                self._charged[flow] = self._charged.get(flow, 0.0) + amount
+            self._idle.update(idle)
+            return
+        for flow, counter in fleet.items():
+            self.counters[flow] = counter + self._charged.get(flow, 0.0)
+        self._elsewhere = {f: c for f, c in self.counters.items() if f in fleet}
+        for flow in self._backlog:
+            self._elsewhere.pop(flow, None)
+        self._fresh_until = self._clock.now() + 2 * every_s
+        for listener in self._listeners:
+            listener()
+
+
+class FairnessSync:
+    """Syncs every fleet fairness policy each `every_s`, one store call per lane."""
+
+    def __init__(
+        self,
+        policies: Sequence[FleetVirtualTokenCounter],
+        store: FairnessStore,
+        clock: Clock,
+        replica: str,
+        every_s: float,
+    ) -> None:
+        self._policies = tuple(policies)
+        self._store = store
+        self._clock = clock
+        self._replica = replica
+        self._every_s = every_s
+
+    async def run(self) -> None:
+        while True:
+            await self.sync_once()
+            await sleep_until(self._clock, self._clock.now() + self._every_s)
+
+    async def sync_once(self) -> None:
+        calls = [p.sync(self._store, self._replica, self._every_s) for p in self._policies]
+        await asyncio.gather(*calls)

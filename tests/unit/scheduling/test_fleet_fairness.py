@@ -1,0 +1,94 @@
+"""Fleet fairness on a fake clock against a scripted store: a replica holds back while
+its least-served flow is ahead of a flow waiting elsewhere, orders its own flows alone
+when the fleet's view is stale, and hands every charge over exactly once."""
+
+from __future__ import annotations
+
+from sluicegate.core.limits import StoreUnavailable
+from sluicegate.scheduling.fleet_fairness import FairnessSync, FleetVirtualTokenCounter
+from tests.support.clock import FakeClock
+
+SYNC_S = 0.1
+
+
+class ScriptedShares:
+    """Keeps the charges it is sent; answers with them for this replica's waiting flows
+    and with `fleet` for flows waiting elsewhere (set by the test); fails while `down`."""
+
+    def __init__(self) -> None:
+        self.fleet: dict[str, float] = {}
+        self.counters: dict[str, float] = {}
+        self.down = False
+        self.sent: list[tuple[dict[str, float], list[str], list[str]]] = []
+
+    async def sync_fairness(self, name, replica, charged, waiting, idle, ttl_s):
+        if self.down:
+            raise StoreUnavailable("down")
+        self.sent.append((dict(charged), list(waiting), list(idle)))
+        for flow, amount in charged.items():
+            self.counters[flow] = self.counters.get(flow, 0.0) + amount
+        return {**self.fleet, **{flow: self.counters.get(flow, 0.0) for flow in waiting}}
+
+
+def make() -> tuple[FleetVirtualTokenCounter, FairnessSync, ScriptedShares, FakeClock]:
+    clock = FakeClock()
+    policy = FleetVirtualTokenCounter("m:l", clock)
+    store = ScriptedShares()
+    return policy, FairnessSync([policy], store, clock, "me", SYNC_S), store, clock
+
+
+async def test_a_replica_ahead_of_a_flow_waiting_elsewhere_holds_back_until_it_catches_up():
+    policy, sync, store, _ = make()
+    policy.backlogged("a")
+    for _ in range(10):
+        policy.charge("a", 10, 0)
+    store.fleet = {"b": 0.0}
+    await sync.sync_once()
+    assert policy.pick() is None
+    assert policy.held == 1
+    store.fleet = {"b": 100.0}
+    await sync.sync_once()
+    assert policy.pick() == "a"
+
+
+async def test_ahead_by_less_than_two_dispatches_it_goes_on():
+    policy, sync, store, _ = make()
+    policy.backlogged("a")
+    for _ in range(10):
+        policy.charge("a", 10, 0)
+    store.fleet = {"b": 85.0}
+    await sync.sync_once()
+    assert policy.pick() == "a"
+
+
+async def test_with_a_stale_view_it_orders_its_own_flows_alone():
+    policy, sync, store, clock = make()
+    policy.backlogged("a")
+    for _ in range(10):
+        policy.charge("a", 10, 0)
+    store.fleet = {"b": 0.0}
+    await sync.sync_once()
+    assert policy.pick() is None
+    clock.advance(2 * SYNC_S)
+    assert policy.pick() == "a"
+
+
+async def test_charges_and_idle_flows_of_a_failed_sync_go_with_the_next():
+    policy, sync, store, _ = make()
+    policy.backlogged("a")
+    policy.charge("a", 30, 0)
+    policy.idle("a")
+    store.down = True
+    await sync.sync_once()
+    policy.charge("a", 10, 0)
+    store.down = False
+    await sync.sync_once()
+    assert store.sent == [({"a": 40.0}, [], ["a"])]
+
+
+async def test_a_flow_that_starts_waiting_is_lifted_to_the_least_counter_elsewhere():
+    policy, sync, store, _ = make()
+    store.fleet = {"b": 500.0}
+    await sync.sync_once()
+    policy.backlogged("a")
+    assert policy.counters["a"] == 500.0
