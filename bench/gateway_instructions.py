@@ -13,6 +13,8 @@ commit in /tmp/start and this checkout (see docs/benchmarks.md):
     .venv/bin/python bench/gateway_instructions.py src plain 200 1000
 
 usage: gateway_instructions.py SRC MODE N1 N2   (MODE: plain | stream)
+SIM_TIME_SCALE=1 paces the simulator (events arrive apart, as from a real deployment;
+default 0: no latency, a short answer arrives in one or two reads).
 """
 
 from __future__ import annotations
@@ -161,7 +163,7 @@ def main() -> None:
                 "sluicegate",
                 "sim",
                 "--time-scale",
-                "0",
+                os.environ.get("SIM_TIME_SCALE", "0"),
                 "--host",
                 "127.0.0.1",
                 "--port",

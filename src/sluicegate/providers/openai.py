@@ -11,7 +11,7 @@ import orjson
 
 from sluicegate.core.types import Deployment, Endpoint
 from sluicegate.providers.base import classify_status, interrupted
-from sluicegate.providers.sse import EventSplitter, EventTooLarge, events
+from sluicegate.providers.sse import EventSplitter, EventTooLarge, event_start, events
 from sluicegate.providers.transport import AdapterResponse, HttpProvider, UpstreamBody
 
 _DONE = b"data: [DONE]"
@@ -71,8 +71,9 @@ class OpenAIResponse(AdapterResponse):
         try:
             async for data in self._body.chunks():
                 block = splitter.feed(data)
-                if b'"usage"' in block:
-                    block = self._take_usage(block)
+                usage = block.find(b'"usage"')
+                if usage >= 0:
+                    block = self._take_usage(block, event_start(block, usage))
                 if block:
                     yield block
         except EventTooLarge as exc:
@@ -81,9 +82,11 @@ class OpenAIResponse(AdapterResponse):
         if rest:
             yield rest
 
-    def _take_usage(self, block: bytes) -> bytes:
-        kept: list[bytes] = []
-        for raw, data in events(block):
+    def _take_usage(self, block: bytes, start: int) -> bytes:
+        """`block` without the usage event; the events before `start` are not looked at
+        (a whole streamed answer often arrives in one block, its usage event near the end)."""
+        kept = [block[:start]]
+        for raw, data in events(block, start):
             if data is not None and b'"usage"' in data and _NO_CHOICES.search(data):
                 self._read_usage(data)
             else:

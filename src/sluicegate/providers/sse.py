@@ -31,11 +31,11 @@ def frame(data: bytes) -> bytes:
     return b"".join(b"data: " + line + b"\n" for line in lines) + b"\n"
 
 
-def events(block: bytes) -> Iterator[tuple[bytes, bytes | None]]:
-    """Each whole event in `block` as (its bytes, its data or None without data lines)."""
-    start = 0
+def events(block: bytes, start: int = 0) -> Iterator[tuple[bytes, bytes | None]]:
+    """Each whole event in `block` from `start` (an event's first byte) on, as (its bytes,
+    its data or None without data lines)."""
     data: list[bytes] = []
-    for line in _LINE.finditer(block):
+    for line in _LINE.finditer(block, start):
         content = line.group(1)
         if not content:
             yield block[start : line.end()], b"\n".join(data) if data else None
@@ -43,6 +43,18 @@ def events(block: bytes) -> Iterator[tuple[bytes, bytes | None]]:
         elif content.startswith(b"data:"):
             value = content[5:]
             data.append(value[1:] if value.startswith(b" ") else value)
+
+
+def event_start(block: bytes, at: int) -> int:
+    """Where the event holding byte `at` (on a line that is not blank) of `block` begins,
+    so a caller looking for one event splits only from there. Exact for `\\n` endings, a
+    search from `at` backwards; with any `\\r` in `block`, 0 (its start)."""
+    if b"\r" in block:
+        return 0
+    blank = block.rfind(b"\n\n", 0, at)
+    if blank >= 0:
+        return blank + 2
+    return 1 if block.startswith(b"\n") else 0
 
 
 class EventSplitter:

@@ -45,3 +45,11 @@ async def test_a_stream_the_caller_asked_usage_for_passes_unchanged():
     response = OpenAIResponse(Body(stream, 7), "d", hide_usage=False)
     assert b"".join([chunk async for chunk in response.chunks()]) == stream
     assert (response.used_tokens, response.completion_tokens) == (8, 3)
+
+
+async def test_only_the_usage_event_leaves_a_block_with_stray_blank_lines():
+    stream = b"\n" + CHUNK + b"\n\n\n" + CHUNK + b"\nid: 2\n\n" + USAGE + b"\n\n\n" + DONE + b"\n\n"
+    response = OpenAIResponse(Body(stream, 10_000), "d", hide_usage=True)
+    relayed = b"".join([chunk async for chunk in response.chunks()])
+    assert relayed == stream.replace(USAGE + b"\n\n", b"")
+    assert (response.used_tokens, response.completion_tokens) == (8, 3)

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from sluicegate.providers.sse import MAX_EVENT_BYTES, EventSplitter, EventTooLarge, events, frame
+from sluicegate.providers.sse import (
+    MAX_EVENT_BYTES,
+    EventSplitter,
+    EventTooLarge,
+    event_start,
+    events,
+    frame,
+)
 
 STREAMS = {
     "lf": b'data: {"a":1}\n\n: keep-alive\n\ndata: [DONE]\n\n',
@@ -32,6 +39,23 @@ def test_events_come_out_whole_and_unchanged_however_the_bytes_are_cut(name, cut
     assert b"".join(blocks) == stream
     found = [data for block in blocks for _, data in events(block)]
     assert found == DATA[name]
+
+
+@pytest.mark.parametrize(
+    "block", [STREAMS["lf"], STREAMS["multi-line"], b"\ndata: a\n\n\n\ndata: b\nid: 1\n\n"]
+)
+def test_event_start_finds_where_the_framer_starts_the_event_holding_a_byte(block):
+    starts = [0]
+    for raw, _ in events(block):
+        starts.append(starts[-1] + len(raw))
+    for at in range(len(block)):
+        line_start = block.rfind(b"\n", 0, at) + 1
+        if block[line_start : line_start + 1] != b"\n":
+            assert event_start(block, at) == max(s for s in starts if s <= at)
+
+
+def test_event_start_with_a_cr_anywhere_is_the_block_start():
+    assert event_start(STREAMS["crlf"], 30) == 0
 
 
 def test_a_crlf_split_between_chunks_is_one_line_end():
