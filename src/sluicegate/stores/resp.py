@@ -97,15 +97,20 @@ class _Protocol(asyncio.Protocol):
             raise Unreachable(f"{MAX_PENDING} calls already wait on the connection")
         loop = asyncio.get_running_loop()
         future = loop.create_future()
+        idle = not self._waiting and not self._outgoing
         self._waiting.append(future)
+        if idle:
+            self._transport.write(command)
+            return future
         if not self._outgoing:
             loop.call_soon(self._flush)
         self._outgoing.append(command)
         return future
 
     def _flush(self) -> None:
-        """Every command of one loop turn in one write: a system call each would cost more
-        than the rest of the call on a busy machine."""
+        """While calls are in flight, every command of one loop turn leaves in one write:
+        a system call each costs more than the rest of the call on a busy machine. On an
+        idle connection a command leaves at once, since waiting a turn costs latency."""
         outgoing, self._outgoing = self._outgoing, []
         if self._transport is not None and self.lost is None:
             self._transport.write(b"".join(outgoing))
