@@ -409,6 +409,36 @@ async def test_redis_killed_mid_run_each_replica_enforces_its_share_then_converg
             assert resp.status == 200
 
 
+@pytest.mark.parametrize("when_down", ["fail_closed", "fail_open"])
+async def test_redis_killed_with_the_other_policies_refuses_or_stops_enforcing(
+    sim, http, tmp_path, own_redis, when_down
+):
+    async with http.post(f"{sim.url}/sim/reset") as resp:
+        assert resp.status == 200
+    group = Fleet(tmp_path, sim, own_redis.url, "fleet:")
+    try:
+        down = {"concurrency": when_down, "rates": "local_share"}
+        (replica,) = group.start(1, pool={"max_concurrency": 1}, when_down=down)
+        assert code(await chat(http, replica)) == "ok"
+        async with http.post(f"{sim.url}/sim/faults", json={"hang": True}) as resp:
+            assert resp.status == 200
+        own_redis.kill()
+        held = [asyncio.ensure_future(chat(http, replica)) for _ in range(3)]
+        if when_down == "fail_closed":
+            answers = await asyncio.gather(*held)
+            assert {(a[0], code(a)) for a in answers} == {(503, "limit_store_unavailable")}
+            assert all(a[1]["x-sluicegate-degraded"] == "store" for a in answers)
+        else:
+            await wait_for(lambda: _received(http, sim, 4), 5)
+            for task in held:
+                task.cancel()
+            await asyncio.gather(*held, return_exceptions=True)
+    finally:
+        group.stop()
+        async with http.delete(f"{sim.url}/sim/faults") as resp:
+            assert resp.status == 200
+
+
 async def _live(http, proc: Proc, count: int) -> bool:
     return await metric(http, proc, "sluicegate_store_live_replicas") >= count
 
