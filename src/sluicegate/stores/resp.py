@@ -2,17 +2,16 @@
 
 redis-py's asyncio client takes a pooled connection per command and runs each through
 its retry, observability and parsing layers: on this project's 2-core machine it costs
-2.2-2.4x the CPU of this connection per script call (`bench/redis_calls.py`). A request that passes every gate makes five calls, so the library
-alone would cost about as much CPU as the rest of the gateway. Redis answers the
-commands of one connection in order, so one connection carries every concurrent call:
-each call writes its command and waits for the reply in its place in the queue. Replies
-are parsed by hiredis; URLs are parsed by redis-py, which still serves subscriptions,
-start-up checks and tests.
+2.2-2.4x the CPU of this connection per script call (`bench/redis_calls.py`), and a
+request that passes every gate makes five calls. Redis answers the commands of one
+connection in order, so one connection carries every concurrent call: each call writes
+its command and waits for the reply in its place in the queue. Replies are parsed by
+hiredis; URLs are parsed by redis-py, which still serves the release subscription.
 
 Every call is bounded by the caller's timeout. A call that timed out keeps its place in
 the queue (its reply is dropped when it comes); a connection that fails, or that sent
-no reply at all since the timed-out call began (`drop_if_stalled`), is closed
-with every call on it failed, and the next call opens a new one.
+no reply at all since the timed-out call began (`drop_if_stalled`), is closed with
+every call on it failed, and the next call opens a new one.
 """
 
 from __future__ import annotations
