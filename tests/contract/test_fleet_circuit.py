@@ -10,9 +10,8 @@ import pytest
 
 from sluicegate.core.types import BreakerPolicy
 from sluicegate.stores.redis import RedisLimitStore
-from sluicegate.stores.resp import RespConnection
 from tests.support.clock import FakeClock
-from tests.support.redis import REDIS_URL, redis_or_skip
+from tests.support.redis import store_on_clock
 
 POLICY = BreakerPolicy(consecutive_failures=4, window=10, min_attempts=10, open_s=5.0)
 NOTHING = (0, 0, 0, None)
@@ -20,9 +19,8 @@ NOTHING = (0, 0, 0, None)
 
 @pytest.fixture
 async def fleet() -> AsyncIterator[tuple[RedisLimitStore, FakeClock]]:
-    async with redis_or_skip() as (_, prefix):
-        clock = FakeClock()
-        yield RedisLimitStore(RespConnection(REDIS_URL, 5.0), prefix, 5.0, clock=clock), clock
+    async with store_on_clock() as found:
+        yield found
 
 
 async def test_failures_seen_by_two_replicas_open_the_circuit_for_both(fleet):

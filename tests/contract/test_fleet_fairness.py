@@ -9,18 +9,16 @@ from collections.abc import AsyncIterator
 import pytest
 
 from sluicegate.stores.redis import RedisLimitStore
-from sluicegate.stores.resp import RespConnection
 from tests.support.clock import FakeClock
-from tests.support.redis import REDIS_URL, redis_or_skip
+from tests.support.redis import store_on_clock
 
 TTL_S = 0.3
 
 
 @pytest.fixture
 async def fleet() -> AsyncIterator[tuple[RedisLimitStore, FakeClock]]:
-    async with redis_or_skip() as (_, prefix):
-        clock = FakeClock()
-        yield RedisLimitStore(RespConnection(REDIS_URL, 5.0), prefix, 5.0, clock=clock), clock
+    async with store_on_clock() as found:
+        yield found
 
 
 async def test_charges_from_every_replica_add_up_for_the_flows_waiting(fleet):

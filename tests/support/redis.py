@@ -18,6 +18,9 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from sluicegate.stores.redis import RedisLimitStore
+from sluicegate.stores.resp import RespConnection
+from tests.support.clock import FakeClock
 from tests.support.processes import free_port
 
 REDIS_URL = os.environ.get("SLUICEGATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -112,3 +115,15 @@ def redis_server(folder: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.kill()
+
+
+@asynccontextmanager
+async def store_on_clock() -> AsyncIterator[tuple[RedisLimitStore, FakeClock]]:
+    """A Redis limit store under a fresh prefix whose scripts run on a test clock."""
+    async with redis_or_skip() as (_, prefix):
+        clock = FakeClock()
+        store = RedisLimitStore(RespConnection(REDIS_URL, 5.0), prefix, 5.0, clock=clock)
+        try:
+            yield store, clock
+        finally:
+            await store.close()

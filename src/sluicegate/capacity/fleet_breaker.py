@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sluicegate.capacity.breaker import Breaker, BreakerState
-from sluicegate.core.clock import Clock, sleep_until
+from sluicegate.core.clock import Clock, repeat
 from sluicegate.core.limits import StoreUnavailable
 from sluicegate.core.types import BreakerPolicy
 
@@ -160,9 +160,7 @@ class BreakerSync:
         self.failures = 0
 
     async def run(self) -> None:
-        while True:
-            await self.sync_once()
-            await sleep_until(self._clock, self._clock.now() + self._every_s)
+        await repeat(self._clock, self._every_s, self.sync_once)
 
     async def sync_once(self) -> None:
         calls = [self._sync(breaker) for breaker in self._breakers]

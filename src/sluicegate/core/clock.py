@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 
@@ -56,3 +56,10 @@ async def sleep_until(clock: Clock, when_s: float) -> None:
         await future
     finally:
         timer.cancel()
+
+
+async def repeat(clock: Clock, every_s: float, step: Callable[[], Awaitable[None]]) -> None:
+    """Run `step`, then again `every_s` after each run ended, for the caller's lifetime."""
+    while True:
+        await step()
+        await sleep_until(clock, clock.now() + every_s)

@@ -20,7 +20,7 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from sluicegate.core.clock import Clock, sleep_until
+from sluicegate.core.clock import Clock, repeat
 from sluicegate.core.limits import StoreUnavailable
 from sluicegate.scheduling.fairness import VirtualTokenCounter
 
@@ -136,9 +136,7 @@ class FairnessSync:
         self._every_s = every_s
 
     async def run(self) -> None:
-        while True:
-            await self.sync_once()
-            await sleep_until(self._clock, self._clock.now() + self._every_s)
+        await repeat(self._clock, self._every_s, self.sync_once)
 
     async def sync_once(self) -> None:
         calls = [p.sync(self._store, self._replica, self._every_s) for p in self._policies]

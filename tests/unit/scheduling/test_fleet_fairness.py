@@ -37,11 +37,16 @@ def make() -> tuple[FleetVirtualTokenCounter, FairnessSync, ScriptedShares, Fake
     return policy, FairnessSync([policy], store, clock, "me", SYNC_S), store, clock
 
 
-async def test_a_replica_ahead_of_a_flow_waiting_elsewhere_holds_back_until_it_catches_up():
-    policy, sync, store, _ = make()
+def served_a_hundred(policy: FleetVirtualTokenCounter) -> None:
+    """`a` waits here and was served 100 units in dispatches of 10 (the slack is 20)."""
     policy.backlogged("a")
     for _ in range(10):
         policy.charge("a", 10, 0)
+
+
+async def test_a_replica_ahead_of_a_flow_waiting_elsewhere_holds_back_until_it_catches_up():
+    policy, sync, store, _ = make()
+    served_a_hundred(policy)
     store.fleet = {"b": 0.0}
     await sync.sync_once()
     assert policy.pick() is None
@@ -53,9 +58,7 @@ async def test_a_replica_ahead_of_a_flow_waiting_elsewhere_holds_back_until_it_c
 
 async def test_ahead_by_less_than_two_dispatches_it_goes_on():
     policy, sync, store, _ = make()
-    policy.backlogged("a")
-    for _ in range(10):
-        policy.charge("a", 10, 0)
+    served_a_hundred(policy)
     store.fleet = {"b": 85.0}
     await sync.sync_once()
     assert policy.pick() == "a"
@@ -63,9 +66,7 @@ async def test_ahead_by_less_than_two_dispatches_it_goes_on():
 
 async def test_with_a_stale_view_it_orders_its_own_flows_alone():
     policy, sync, store, clock = make()
-    policy.backlogged("a")
-    for _ in range(10):
-        policy.charge("a", 10, 0)
+    served_a_hundred(policy)
     store.fleet = {"b": 0.0}
     await sync.sync_once()
     assert policy.pick() is None
