@@ -320,7 +320,7 @@ async def test_replicas_together_keep_the_backend_queue_within_the_lanes_bound(h
             await asyncio.sleep(1.5)
             answers = await flood(http, replicas, total=1500, width=16, max_tokens=30)
             codes = [code(a) for a in answers]
-            assert codes.count("ok") >= 10
+            assert codes.count("ok") >= 3
             assert codes.count("backend_busy") >= 100
             assert (await sim_stats(http, small))["max_in_flight"] <= 3
         finally:
