@@ -165,6 +165,9 @@ class SharedFake:
         self.inner = MemoryLimitStore(clock)
         self.down = False
         self.slow = False
+        self.adopting_fails = False
+        self.hold: asyncio.Event | None = None
+        """When set, every call that reached the store waits for it before it acts."""
         self.calls = 0
         self._clock = clock
         self._replicas: dict[str, float] = {}
@@ -179,6 +182,8 @@ class SharedFake:
 
         async def call(*args: Any) -> Any:
             self._reached()
+            if self.hold is not None:
+                await self.hold.wait()
             result = await method(*args)
             if self.slow:
                 raise StoreTimeout("applied, but the answer came too late")
@@ -188,6 +193,8 @@ class SharedFake:
 
     async def adopt(self, leases: Sequence[Lease], ttl_s: float) -> None:
         self._reached()
+        if self.adopting_fails:
+            raise StoreUnavailable("connection reset while adopting")
         for lease in leases:
             unbounded = Ask(slots=tuple(Slot(key, sys.maxsize) for key in lease.keys))
             await self.inner.take(unbounded, lease, ttl_s)

@@ -30,6 +30,7 @@ as long as they are cut off.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import sys
@@ -60,6 +61,8 @@ STRIKES = 3
 """Calls in a row without an answer in time that open the circuit."""
 MAX_ORPHANS = 100_000
 """Leases to release in the shared store once it answers again; past this they lapse."""
+ORPHANS_AT_ONCE = 256
+RECOVERY_ROUNDS = 10
 
 
 class SharedStore(LimitStore, Protocol):
@@ -149,34 +152,52 @@ class FailoverStore:
             listener(True)
 
     async def _recover(self) -> None:
-        """Hand over what is still held, then decide there again. Leases taken or
-        released during an await are picked up by the next round; the switch itself
-        happens with nothing left to hand over."""
-        handed = 0
-        while self._orphans or self._local_leases:
-            await self._release_orphans()
-            held = list(self._local_leases.values())
+        """Release there what ended meanwhile and add what is still held, until a round
+        saw nothing change; then switch back, with no await between the check and the
+        switch. Until then every lease stays counted here: a round that fails leaves the
+        store degraded and its state whole (adopting again is harmless). A replica busy
+        enough to change something in every round tries again at its next probe."""
+        for _ in range(RECOVERY_ROUNDS):
+            orphans = list(self._orphans.values())
+            held = dict(self._local_leases)
+            await self._release_orphans(orphans)
             if held:
-                await self._shared.adopt(held, self._ttl_s)
-            for lease in held:
-                if self._local_leases.pop(lease.id, None) is not None:
-                    await self._local.release(lease)
-                    self._shared_leases[lease.id] = lease
-                    handed += 1
+                await self._shared.adopt(list(held.values()), self._ttl_s)
+            if self._local_leases.keys() == held.keys() and len(self._orphans) == 0:
+                break
+        else:
+            return
+        for lease in held.values():
+            await self._local.release(lease)
+        self._shared_leases.update(held)
+        self._local_leases.clear()
         self.degraded = False
         self._strikes = 0
         self.transitions += 1
         log.warning(
             "the limit store is reachable again: shared limits restored (%d leases handed over)",
-            handed,
+            len(held),
         )
         for listener in self._listeners:
             listener(False)
 
-    async def _release_orphans(self) -> None:
-        for lease in list(self._orphans.values()):
-            await self._shared.release(lease)
-            self._orphans.pop(lease.id, None)
+    async def _release_orphans(self, orphans: Sequence[Lease]) -> None:
+        """All at once: the connection carries them in a few writes, not one round trip
+        each."""
+        for start in range(0, len(orphans), ORPHANS_AT_ONCE):
+            batch = orphans[start : start + ORPHANS_AT_ONCE]
+            await asyncio.gather(*(self._shared.release(lease) for lease in batch))
+            for lease in batch:
+                self._orphans.pop(lease.id, None)
+
+    async def _granted_shared(self, lease: Lease) -> None:
+        """A lease the shared store granted; one whose answer came after the switch to
+        local decisions is counted here too, as the ones held at the switch were."""
+        if not self.degraded:
+            self._shared_leases[lease.id] = lease
+            return
+        await self._local.take(_unbounded(lease), lease, self._ttl_s)
+        self._local_leases[lease.id] = lease
 
     def _orphan(self, lease: Lease) -> None:
         if lease.keys and len(self._orphans) < MAX_ORPHANS:
@@ -197,7 +218,7 @@ class FailoverStore:
             if self.degraded:
                 await self._recover()
             elif self._orphans:
-                await self._release_orphans()
+                await self._release_orphans(list(self._orphans.values()))
         except StoreUnavailable as why:
             await self._failed(why)
 
@@ -212,7 +233,7 @@ class FailoverStore:
             else:
                 self._strikes = 0
                 if refused is None and lease.keys:
-                    self._shared_leases[lease.id] = lease
+                    await self._granted_shared(lease)
                 return refused
         local, slots, charges = self._locally(ask)
         keys = tuple([slot.key for slot in local.slots])

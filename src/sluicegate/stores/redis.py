@@ -137,7 +137,6 @@ class RedisLimitStore:
         (a restart, a failover): one round trip, two the first time."""
         sha, text = self._scripts[script]
         command = ("EVALSHA", sha, len(keys), *keys, self._now(), *args)
-        began = asyncio.get_running_loop().time()
         try:
             async with asyncio.timeout(self._timeout_s):
                 try:
@@ -148,7 +147,6 @@ class RedisLimitStore:
                 await self._connection.call("SCRIPT", "LOAD", text)
                 return await self._connection.call(*command)
         except TimeoutError:
-            self._connection.drop_if_stalled(began)
             raise StoreTimeout(f"redis: no answer within {self._timeout_s}s") from None
         except (RespError, OSError) as exc:
             raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from None

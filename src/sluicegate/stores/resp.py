@@ -10,7 +10,7 @@ hiredis; URLs are parsed by redis-py, which still serves the release subscriptio
 
 Every call is bounded by the caller's timeout. A call that timed out keeps its place in
 the queue (its reply is dropped when it comes); a connection that fails, or that sent
-no reply at all since the timed-out call began (`drop_if_stalled`), is closed with
+no reply at all since a call given up after `stall_s` began, is closed with
 every call on it failed, and the next call opens a new one.
 """
 
@@ -121,7 +121,7 @@ class _Protocol(asyncio.Protocol):
 class RespConnection:
     """Calls to one Redis over one connection, opened on first use and after a loss."""
 
-    def __init__(self, url: str, connect_timeout_s: float) -> None:
+    def __init__(self, url: str, connect_timeout_s: float, stall_s: float | None = None) -> None:
         options = parse_url(url)
         self._path: str | None = options.get("path")
         self._host = options.get("host", "127.0.0.1")
@@ -135,16 +135,28 @@ class RespConnection:
         if options.get("db"):
             self._hello.append(["SELECT", options["db"]])
         self._connect_timeout_s = connect_timeout_s
+        self._stall_s = connect_timeout_s / 2 if stall_s is None else stall_s
+        """Half the callers' bound by default: their timeout counts from before the call
+        began (and may include connecting), so the whole bound could never be seen."""
         self._protocol: _Protocol | None = None
         self._opening: asyncio.Future[_Protocol] | None = None
 
     async def call(self, *args: Any) -> Any:
         """One command's reply; `RespError` for an error reply, `Unreachable` (an
-        OSError) when there is no connection. The caller bounds the wait."""
+        OSError) when there is no connection. The caller bounds the wait; a call given
+        up after `stall_s` without any reply on its connection since it began leaves
+        that connection (every call on it fails; the next call opens another), so a
+        server gone mute is not waited on forever. A connection still answering, only
+        late, is kept."""
         protocol = self._protocol
         if protocol is None or protocol.lost is not None:
             protocol = await self._open()
-        return await protocol.send(_encode(args))
+        began = asyncio.get_running_loop().time()
+        try:
+            return await protocol.send(_encode(args))
+        except asyncio.CancelledError:
+            self._leave_if_stalled(protocol, began)
+            raise
 
     async def _open(self) -> _Protocol:
         """One opening at a time: concurrent callers wait for the same one. It is shielded
@@ -170,8 +182,12 @@ class RespConnection:
                     _, protocol = await loop.create_connection(
                         _Protocol, self._host, self._port, ssl=context
                     )
-                for command in self._hello:
-                    await protocol.send(_encode(command))
+                try:
+                    for command in self._hello:
+                        await protocol.send(_encode(command))
+                except BaseException:
+                    protocol.close()
+                    raise
         except RespError as exc:
             raise Unreachable(f"Redis refused the connection's set-up: {exc}") from None
         except TimeoutError:
@@ -180,17 +196,22 @@ class RespConnection:
             raise Unreachable(str(exc)) from None
         return protocol
 
-    def drop_if_stalled(self, since: float) -> None:
-        """After a call begun at `since` (loop time) timed out: close the connection when
-        calls wait on it and no reply came since then (every call on it fails; the next
-        call opens another), so that a server that went mute is left rather than waited
-        on forever. A connection still answering, only late, is kept."""
-        protocol = self._protocol
-        if protocol is not None and protocol.pending and protocol.replied_at <= since:
+    def _leave_if_stalled(self, protocol: _Protocol, began: float) -> None:
+        now = asyncio.get_running_loop().time()
+        if now - began >= self._stall_s and protocol.replied_at <= began and protocol.pending:
             protocol.close()
-            self._protocol = None
+            if self._protocol is protocol:
+                self._protocol = None
 
     async def close(self) -> None:
+        """Close the connection, and one still being opened once it is made."""
+        if self._opening is not None:
+            self._opening.add_done_callback(_close_opened)
         if self._protocol is not None:
             self._protocol.close()
             self._protocol = None
+
+
+def _close_opened(opening: asyncio.Future[_Protocol]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().close()

@@ -212,3 +212,36 @@ async def test_a_take_answered_too_late_is_released_at_the_next_heartbeat():
     await store.run_once()
     assert await shared.inner.in_use("s") == 0
     assert not store.degraded
+
+
+async def test_a_lease_the_shared_store_grants_after_the_switch_is_counted_locally():
+    clock = FakeClock()
+    store, shared = make(clock)
+    shared.hold = asyncio.Event()
+    late = asyncio.ensure_future(take(store, slot(2)))
+    await asyncio.sleep(0)
+    shared.down = True
+    assert isinstance(await take(store, slot(2)), Lease)
+    assert store.degraded
+    shared.down = False
+    shared.hold.set()
+    assert isinstance(await late, Lease)
+    assert await granted(store, slot(2)) == 0
+
+
+async def test_a_recovery_that_fails_half_way_keeps_every_lease_counted_here():
+    clock = FakeClock()
+    store, shared = make(clock)
+    shared.down = True
+    held = [await take(store, slot(2)) for _ in range(2)]
+    shared.down, shared.adopting_fails = False, True
+    await store.run_once()
+    assert store.degraded
+    assert await granted(store, slot(2)) == 0
+    shared.adopting_fails = False
+    await store.run_once()
+    assert not store.degraded
+    assert await shared.inner.in_use("s") == 2
+    for lease in held:
+        await store.release(lease)
+    assert await shared.inner.in_use("s") == 0
