@@ -109,21 +109,21 @@ def build(
     """Wire `settings`; tests may hand in their own clock, providers and limit store.
     `store_down`: the shared store was found unreachable at start (begin degraded)."""
     clock = clock or MonotonicClock()
+    policy = settings.redis
+    ttl_s = policy.lease_ttl_s if policy is not None else LEASE_TTL_S
     shared = redis = None
-    if store is None and settings.redis is not None:
-        redis = redis_store(settings.redis)
-        down = settings.redis.when_down
-        ttl = settings.redis.lease_ttl_s
-        store = shared = FailoverStore(redis, clock, down, ttl, degraded=store_down)
-    ttl_s = settings.redis.lease_ttl_s if settings.redis is not None else LEASE_TTL_S
+    if store is None and policy is not None:
+        redis = redis_store(policy)
+        store = shared = FailoverStore(redis, clock, policy.when_down, ttl_s, degraded=store_down)
+    fleet = redis is not None
     leases = Leases(store or MemoryLimitStore(clock), clock, ttl_s)
     metrics = GatewayMetrics()
     pools = {name: Pool(spec, leases) for name, spec in settings.pools.items()}
     deployments = [d for model in settings.models.values() for d in model.deployments]
     providers = providers or {d.name: make_provider(d) for d in deployments}
-    gates = {d.name: make_gate(d, clock, fleet=settings.redis is not None) for d in deployments}
+    gates = {d.name: make_gate(d, clock, fleet=fleet) for d in deployments}
     monitor = OverloadMonitor(settings.scheduling.overload, clock)
-    breakers = {d.name: make_breaker(d, clock, fleet=redis is not None) for d in deployments}
+    breakers = {d.name: make_breaker(d, clock, fleet=fleet) for d in deployments}
     dispatchers = {
         name: Dispatcher(
             name,
@@ -132,7 +132,7 @@ def build(
                 Target(d, tuple(pools[p] for p in d.pools), gates[d.name], breakers[d.name])
                 for d in model.deployments
             ],
-            fairness_factory(settings, name, clock, fleet=redis is not None),
+            fairness_factory(settings, name, clock, fleet=fleet),
             clock,
             metrics.queue_waited,
             pause_rule(settings, monitor),
@@ -203,10 +203,8 @@ def build(
         if shared is not None:
             await shared.run_once()
             background.append(loop.create_task(shared.run()))
-        if redis is not None and shared is not None and settings.redis is not None:
-            background.extend(
-                loop.create_task(job) for job in fleet_jobs(settings.redis, redis, shared)
-            )
+        if policy is not None and redis is not None and shared is not None:
+            background.extend(loop.create_task(job) for job in fleet_jobs(policy, redis, shared))
         if pollers:
             scrapes.append(aiohttp.ClientSession())
             background.extend(loop.create_task(p.run(scrapes[0])) for p in pollers)

@@ -138,10 +138,9 @@ class FailoverStore:
             return
         self.degraded = True
         self.transitions += 1
-        for lease in self._shared_leases.values():
-            await self._local.take(_unbounded(lease), lease, self._ttl_s)
-        self._local_leases.update(self._shared_leases)
-        self._shared_leases.clear()
+        held, self._shared_leases = self._shared_leases, {}
+        for lease in held.values():
+            await self._hold_here(lease)
         policy = self._policy
         log.warning(
             "the limit store is unreachable (%s): degraded, concurrency %s, rates %s, "
@@ -190,12 +189,9 @@ class FailoverStore:
             for lease in batch:
                 self._orphans.pop(lease.id, None)
 
-    async def _granted_shared(self, lease: Lease) -> None:
-        """A lease the shared store granted; one whose answer came after the switch to
-        local decisions is counted here too, as the ones held at the switch were."""
-        if not self.degraded:
-            self._shared_leases[lease.id] = lease
-            return
+    async def _hold_here(self, lease: Lease) -> None:
+        """Count here a lease the shared store granted: at the switch to local decisions,
+        or when its grant arrives after that switch."""
         await self._local.take(_unbounded(lease), lease, self._ttl_s)
         self._local_leases[lease.id] = lease
 
@@ -233,7 +229,10 @@ class FailoverStore:
             else:
                 self._strikes = 0
                 if refused is None and lease.keys:
-                    await self._granted_shared(lease)
+                    if not self.degraded:
+                        self._shared_leases[lease.id] = lease
+                    else:
+                        await self._hold_here(lease)
                 return refused
         local, slots, charges = self._locally(ask)
         keys = tuple([slot.key for slot in local.slots])
