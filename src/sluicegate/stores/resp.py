@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
-from collections.abc import Sequence
 from typing import Any
 
 import hiredis
@@ -35,21 +34,6 @@ class RespError(Exception):
 
 class Unreachable(ConnectionError):
     """The connection could not be made or was lost."""
-
-
-def _encode(args: Sequence[Any]) -> bytes:
-    parts = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        if isinstance(arg, bytes):
-            data = arg
-        elif isinstance(arg, str):
-            data = arg.encode()
-        elif isinstance(arg, float):
-            data = repr(arg).encode()
-        else:
-            data = str(arg).encode()
-        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(parts)
 
 
 class _Protocol(asyncio.Protocol):
@@ -153,7 +137,7 @@ class RespConnection:
             protocol = await self._open()
         began = asyncio.get_running_loop().time()
         try:
-            return await protocol.send(_encode(args))
+            return await protocol.send(hiredis.pack_command(args))
         except asyncio.CancelledError:
             self._leave_if_stalled(protocol, began)
             raise
@@ -184,7 +168,7 @@ class RespConnection:
                     )
                 try:
                     for command in self._hello:
-                        await protocol.send(_encode(command))
+                        await protocol.send(hiredis.pack_command(tuple(command)))
                 except BaseException:
                     protocol.close()
                     raise
