@@ -110,7 +110,11 @@ class RespConnection:
         self._path: str | None = options.get("path")
         self._host = options.get("host", "127.0.0.1")
         self._port = int(options.get("port", 6379))
-        self._tls = options.get("connection_class") is SSLConnection
+        self._tls: ssl.SSLContext | None = None
+        if options.get("connection_class") is SSLConnection:
+            self._tls = ssl.create_default_context(cafile=options.get("ssl_ca_certs"))
+            """Verified against the system's CAs, or the bundle named by `ssl_ca_certs` in
+            the URL's query (redis-py's name): built once, it reads files."""
         self._hello: list[list[Any]] = []
         if options.get("password") is not None:
             user = options.get("username")
@@ -162,9 +166,8 @@ class RespConnection:
                 if self._path is not None:
                     _, protocol = await loop.create_unix_connection(_Protocol, self._path)
                 else:
-                    context = ssl.create_default_context() if self._tls else None
                     _, protocol = await loop.create_connection(
-                        _Protocol, self._host, self._port, ssl=context
+                        _Protocol, self._host, self._port, ssl=self._tls
                     )
                 try:
                     for command in self._hello:
