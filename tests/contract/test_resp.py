@@ -1,7 +1,7 @@
 """The limit store's own Redis connection against a real `redis-server` of the test's
 own: replies matched to calls in order however many wait, error replies raised, ACL
-credentials from the URL, TLS (`rediss://`), scripts loaded again after a restart, a lost connection failing
-its calls and replaced by the next one, a mute server left."""
+credentials from the URL, TLS (`rediss://`), scripts loaded again after a restart, a
+lost connection failing its calls and replaced by the next one, a mute server left."""
 
 from __future__ import annotations
 

@@ -87,9 +87,9 @@ class RedisServer:
         log = (self._folder / f"redis-{self.port}.log").open("ab")
         listen = ["--port", str(self.port)]
         if self.certificate is not None:
-            key = self.certificate.with_suffix(".key")
+            cert, key = str(self.certificate), str(self.certificate.with_suffix(".key"))
             listen = ["--port", "0", "--tls-port", str(self.port), "--tls-auth-clients", "no",
-                      "--tls-cert-file", str(self.certificate), "--tls-key-file", str(key)]
+                      "--tls-cert-file", cert, "--tls-key-file", key]  # fmt: skip
         self._popen = subprocess.Popen(
             [self._binary, *listen, "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", str(self._folder)],
