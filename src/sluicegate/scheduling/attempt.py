@@ -50,6 +50,15 @@ class Outcome(enum.StrEnum):
     and `failed` are evidence of the deployment's health and speed."""
 
 
+def patience_s(call: Call, wait_s: float, output_token_s: float) -> float:
+    """How long an attempt may go without its first bytes: `wait_s` for a stream (its
+    first token follows the prefill); a non-streamed answer's first bytes come with its
+    whole body, so its wait also grows by `output_token_s` per output token asked for."""
+    if call.stream:
+        return wait_s
+    return wait_s + (call.reserved_tokens - call.prompt_tokens) * output_token_s
+
+
 def outcome_of(error: BaseException | None) -> Outcome:
     """Errors from upstream reach the pipeline classified (`GatewayError`); anything else
     (cancellation, the caller gone, a failure of the gateway's own) is no evidence
