@@ -192,7 +192,10 @@ class TimeoutsConfig(Strict):
     total_s: Seconds = 600.0
     first_byte_s: Seconds | None = None
     output_token_s: float = Field(
-        default=0.1, ge=0, description="a non-streamed answer's extra wait per output token"
+        default=0.1,
+        ge=0,
+        allow_inf_nan=False,
+        description="a non-streamed answer's extra wait per output token",
     )
 
 
@@ -219,7 +222,9 @@ class DeploymentConfig(Strict):
         default=5.0, description="cooldown after a 429 that names no Retry-After"
     )
     max_cooldown_s: Seconds = Field(
-        default=300.0, description="the longest cooldown or Retry-After a deployment may set"
+        default=300.0,
+        allow_inf_nan=False,
+        description="the longest cooldown or Retry-After a deployment may set",
     )
     max_response_bytes: int = Field(
         default=64 * 1024 * 1024, ge=1024, description="a longer upstream answer is a 502"
