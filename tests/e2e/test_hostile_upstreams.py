@@ -14,6 +14,7 @@ import yaml
 from aiohttp import web
 
 from tests.e2e.conftest import ALICE, SIM_KEY
+from tests.support.jobs import JobClient, gateway_config, sqlite_jobs, start_gateway
 from tests.support.processes import Proc, start
 
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -248,3 +249,22 @@ async def test_a_long_non_streamed_answer_is_neither_timed_out_nor_hedged(http, 
     assert orjson.loads(raw)["usage"]["completion_tokens"] == 100
     async with http.get(f"{slow_sim.url}/sim/stats") as resp:
         assert (await resp.json())["received"] == 1
+
+
+async def test_a_lying_answer_never_becomes_a_stored_jobs_result(http, liar, lies, tmp_path):
+    """A cut JSON body once was stored as the job's result, and every poll of the job
+    answered with invalid JSON."""
+    patient = {"backoff_base_s": 0.05, "backoff_cap_s": 0.2, "max_attempts": 50}
+    gateway = start_gateway(tmp_path, gateway_config(liar, sqlite_jobs(tmp_path, **patient)))
+    try:
+        jobs = JobClient(http, gateway, "alice")
+        await lies(body_lie="invalid_json")
+        job = await jobs.accepted()
+        back = await jobs.wait(job["id"], {"queued"}, with_error=True)
+        assert back["last_error"]["code"] == "upstream_malformed"
+        await lies(body_lie=None)
+        done = await jobs.wait(job["id"], {"succeeded"})
+        assert done["result"]["choices"][0]["message"]["content"]
+    finally:
+        gateway.stop()
+    assert "Traceback" not in gateway.output()
