@@ -62,9 +62,14 @@ class UpstreamBody:
         self.ended = True
 
     async def error_text(self) -> bytes:
-        """The start of an error answer, whatever its length."""
+        """The start of an error answer (up to `ERROR_BODY_BYTES`), whatever its length."""
+        parts: list[bytes] = []
+        left = ERROR_BODY_BYTES
         try:
-            return await self._response.content.read(ERROR_BODY_BYTES)
+            while left > 0 and (part := await self._response.content.read(left)):
+                parts.append(part)
+                left -= len(part)
+            return b"".join(parts)
         except TimeoutError:
             raise timed_out(self._deployment) from None
         except aiohttp.ClientError as exc:
