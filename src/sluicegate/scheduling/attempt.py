@@ -44,7 +44,8 @@ class Outcome(enum.StrEnum):
     FAILED = "failed"
     """The deployment's fault: connection, timeout, 5xx, throttling, a broken stream."""
     REJECTED = "rejected"
-    """The caller's own mistake (a 4xx the deployment answered)."""
+    """The caller's own doing: a 4xx the deployment answered, or a deadline too short for
+    the non-streamed answer it asked for (see `patience_s`)."""
     ABANDONED = "abandoned"
     """Nobody waits for it any more: cancelled, a lost hedge, the client gone. Only `ok`
     and `failed` are evidence of the deployment's health and speed."""
