@@ -22,9 +22,10 @@ class Faults:
 
     The hostile ones: `retry_after_header` is the raw `Retry-After` text of an injected
     429 (any string, "inf" or "1000000000" included); `redirect_to` answers every
-    inference request and /metrics with a 307 there; `body_lie` answers an inference
-    request with a body that is not what it claims (see `BODY_LIES`); `metrics_lie`
-    serves a /metrics that is not an exposition (see `METRICS_LIES`).
+    OpenAI inference request and /metrics with a 307 there; `body_lie` answers an
+    OpenAI inference request with a body that is not what it claims (see `BODY_LIES`);
+    `metrics_lie` serves a /metrics that is not an exposition (see `METRICS_LIES`).
+    The Anthropic face (/v1/messages) ignores the last three.
     """
 
     slowdown: float = 1.0
