@@ -179,12 +179,14 @@ class Pipeline:
         return model
 
     def _first_token(self, attempt: Attempt) -> None:
-        """Feed the overload monitor and the model's dispatcher the protected lane's time
-        to first token."""
+        """Feed the model's dispatcher every streamed request's time to first token (its
+        predictor learns each lane's time after dispatch) and the overload monitor the
+        protected lane's."""
         call = attempt.call
-        if call.lane is self._scheduling.top and attempt.first_byte_s is not None:
+        if attempt.first_byte_s is not None:
             ttft_s = attempt.first_byte_s - call.arrived_s
-            self.ttft.add(ttft_s)
+            if call.lane is self._scheduling.top:
+                self.ttft.add(ttft_s)
             self._dispatchers[call.model.name].first_token(attempt, ttft_s)
 
     async def _first_answer(self, call: Call) -> _Started:

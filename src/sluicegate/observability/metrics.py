@@ -252,6 +252,26 @@ class CapacityCollector(Collector):
             "Queued requests dropped before dispatch (deadline or age limit).",
             labels=labels,
         )
+        shed = CounterMetricFamily(
+            "sluicegate_queue_shed",
+            "Queued requests shed because the lane's queue kept them past its promise.",
+            labels=labels,
+        )
+        correction = GaugeMetricFamily(
+            "sluicegate_queue_wait_correction",
+            "Learnt ratio of real to predicted queue waits (1: the predictor is right).",
+            labels=labels,
+        )
+        predicted = CounterMetricFamily(
+            "sluicegate_queue_wait_predicted",
+            "Queued requests whose real wait was compared with the wait predicted for them.",
+            labels=labels,
+        )
+        error = CounterMetricFamily(
+            "sluicegate_queue_wait_prediction_error_seconds",
+            "Sum of |real - predicted| queue waits of those requests.",
+            labels=labels,
+        )
         service = GaugeMetricFamily(
             "sluicegate_tenant_service",
             "Each tenant's weighted service counter in the fair scheduler (tokens).",
@@ -278,9 +298,14 @@ class CapacityCollector(Collector):
                 oldest.add_metric(key, lane.oldest_age_s)
                 dispatched.add_metric(key, lane.dispatched)
                 expired.add_metric(key, lane.expired)
+                shed.add_metric(key, lane.shed)
+                correction.add_metric(key, lane.wait_correction)
+                predicted.add_metric(key, lane.predicted)
+                error.add_metric(key, lane.prediction_error_s_total)
                 for tenant, counter in lane.service.items():
                     service.add_metric([*key, tenant], counter)
-        yield from (depth, oldest, dispatched, expired, service, yield_rate, yield_cuts)
+        yield from (depth, oldest, dispatched, expired, shed, correction, predicted, error)
+        yield from (service, yield_rate, yield_cuts)
 
     def _gate_families(self) -> Iterator[Metric]:
         state = GaugeMetricFamily(

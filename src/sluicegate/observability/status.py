@@ -24,6 +24,9 @@ def snapshot(
                 "in_flight": lane.in_flight,
                 "dispatched": lane.dispatched,
                 "expired": lane.expired,
+                "shed": lane.shed,
+                "wait_correction": round(lane.wait_correction, 3),
+                "after_dispatch_s": round(lane.after_dispatch_s, 3),
             }
             for lane in view.lanes
         }
@@ -38,7 +41,7 @@ def snapshot(
         models[view.model] = {
             "lanes": lanes,
             "deployments": deployments,
-            "dispatch_interval_s": view.dispatch_interval_s,
+            "service_gap_s": view.service_gap_s,
             "checks": view.checks,
         }
     return {

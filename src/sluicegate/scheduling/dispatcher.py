@@ -33,6 +33,7 @@ from sluicegate.core.types import Lane
 from sluicegate.scheduling.attempt import Attempt, Target
 from sluicegate.scheduling.checks import DispatchCheck, NotNow, default_checks
 from sluicegate.scheduling.fairness import FairnessPolicy
+from sluicegate.scheduling.promise import Shedder, WaitPredictor
 from sluicegate.scheduling.queues import LaneQueue, Waiter
 from sluicegate.scheduling.yielding import Yielding
 
@@ -43,6 +44,8 @@ class LaneStats:
 
     dispatched: int = 0
     expired: int = 0
+    shed: int = 0
+    """Queued requests refused by the lane's shedding (CoDel on its queue)."""
     wait_s_total: float = 0.0
     in_flight: int = 0
 
@@ -57,6 +60,14 @@ class LaneView:
     expired: int
     service: Mapping[str, float]
     """Each tenant's service counter in the lane's fair order."""
+    shed: int
+    wait_correction: float
+    """Real over predicted queue waits, as learnt: 1 when the predictor is right."""
+    predicted: int
+    """Queued requests whose real wait was compared with their prediction."""
+    prediction_error_s_total: float
+    after_dispatch_s: float
+    """Smoothed time from dispatch to the first token of the lane's streamed requests."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +84,8 @@ class DispatcherView:
     model: str
     lanes: tuple[LaneView, ...]
     targets: tuple[TargetView, ...]
-    dispatch_interval_s: float | None
+    service_gap_s: float | None
+    """The smoothed gap between dispatches while work waited (the service gap)."""
     yields: bool
     """Whether the lower lanes yield to the top lane's time-to-first-token target."""
     yield_rate_per_s: float | None
@@ -108,6 +120,8 @@ class Dispatcher:
             lane.name: LaneQueue(lane, fairness(lane)) for lane in self.lanes
         }
         self.stats = {lane.name: LaneStats() for lane in self.lanes}
+        self.predictor = WaitPredictor()
+        self._shedders = {lane.name: Shedder() for lane in self.lanes}
         self.targets = list(targets)
         self.checks = tuple(default_checks() if checks is None else checks)
         self._plans: dict[tuple[str, str], tuple[DispatchCheck, ...]] = {}
@@ -116,10 +130,7 @@ class Dispatcher:
         self.clock = clock
         self._on_wait = on_wait
         self._paused = paused
-        self._last_dispatch_s: float | None = None
         self._next_dispatch_s: dict[str, float] = {}
-        self.dispatch_interval_s: float | None = None
-        """Smoothed time between dispatches, to estimate how long a newcomer would wait."""
         self._kicked = asyncio.Event()
         self._retry: tuple[float, Timer] | None = None
         """The pending wake-up for a rate limit's next slot: (clock time, timer), cleared
@@ -138,6 +149,7 @@ class Dispatcher:
         for lane in self.lanes:
             queue, stats = self.queues[lane.name], self.stats[lane.name]
             oldest = queue.oldest_enqueued_s()
+            forecast = self.predictor.lane(lane.name)
             lanes.append(
                 LaneView(
                     lane.name,
@@ -147,6 +159,11 @@ class Dispatcher:
                     stats.dispatched,
                     stats.expired,
                     queue.fairness.service(),
+                    stats.shed,
+                    forecast.correction,
+                    forecast.predicted,
+                    forecast.error_s_total,
+                    forecast.after_dispatch_s,
                 )
             )
         targets = tuple(
@@ -157,7 +174,7 @@ class Dispatcher:
             self.model,
             tuple(lanes),
             targets,
-            self.dispatch_interval_s,
+            self.predictor.gap_s,
             yielding is not None,
             None if yielding is None else yielding.rate_per_s,
             0 if yielding is None else yielding.cuts,
@@ -166,6 +183,9 @@ class Dispatcher:
 
     def first_token(self, attempt: Attempt, ttft_s: float) -> None:
         """A streamed request got its first token `ttft_s` after arrival."""
+        if attempt.dispatched_s is not None and attempt.first_byte_s is not None:
+            after = attempt.first_byte_s - attempt.dispatched_s
+            self.predictor.first_token(attempt.lane.name, after)
         if self.yielding is not None and attempt.lane is self.protected:
             self.yielding.observe(ttft_s)
             self._prefilled(attempt)
@@ -194,7 +214,7 @@ class Dispatcher:
         if not ahead and not self._paused(lane):
             refusal = await self._try(attempt)
             if refusal is None:
-                self._dispatched(attempt, 0.0)
+                self._dispatched(attempt, 0.0, from_queue=False)
                 return
         else:
             refusal = Refusal.LANE_BACKLOGGED.error(
@@ -202,11 +222,11 @@ class Dispatcher:
             )
         if lane.queue_size == 0 or self._outlasts(refusal, call, self.clock.now()):
             raise refusal
-        self._check_promise(lane, self._served_before(call))
+        predicted_s = self._promise(call)
         queue = self.queues[lane.name]
         if queue.full:
             raise Refusal.QUEUE_FULL.error(f"the {lane.name} queue of {self.model} is full")
-        waiter = Waiter(attempt, self.clock.now())
+        waiter = Waiter(attempt, self.clock.now(), predicted_s)
         queue.push(waiter)
         self.kick()
         await self._wait(waiter, queue)
@@ -251,12 +271,11 @@ class Dispatcher:
 
     def _served_before(self, call: Call) -> int:
         """Queued requests that would go before `call`: all of the lanes above, and in
-        its own lane all of them, or only the first attempts when `call` is one too
-        (announced retries queue behind first attempts)."""
+        its own lane those the fair order serves first (`LaneQueue.served_before`)."""
         lane = call.lane
         own = self.queues[lane.name]
         above = self._queued_ahead(lane) - own.size
-        return above + (own.size if call.client_retries else own.fresh)
+        return above + own.served_before(call.tenant.name, bool(call.client_retries))
 
     def _outlasts(self, refusal: GatewayError, call: Call, enqueued_s: float) -> bool:
         """Every deployment named a time (an open circuit, a rate limit's next slot) and
@@ -270,20 +289,50 @@ class Dispatcher:
         )
         return known > leaves_s - self.clock.now()
 
-    def _check_promise(self, lane: Lane, ahead: int) -> None:
-        """Refuse rather than queue when the expected wait already breaks the lane's TTFT
-        promise, or outlasts its queue age limit (the request would only expire, its
-        caller's time spent): an honest 'not now' beats a late answer."""
-        interval = self.dispatch_interval_s
-        if lane.ttft_slo_s is None or interval is None or not ahead:
-            return
-        expected = ahead * interval
-        bound = min(lane.ttft_slo_s, lane.max_queue_age_s)
-        if expected > bound:
+    def _promise(self, call: Call) -> float | None:
+        """The wait predicted for `call` if it queues, or the refusal now when its
+        predicted time to first token breaks its lane's promise or its wait outlasts the
+        lane's age limit (it would only expire): an honest 'not now' beats a late answer.
+        No Retry-After: when capacity comes back is not known."""
+        lane = call.lane
+        predictor = self.predictor
+        wait = predictor.wait_s(lane.name, self._served_before(call), self.clock.now())
+        if wait is None:
+            return None
+        promise = lane.ttft_slo_s
+        if promise is not None and predictor.ttft_s(lane.name, wait) > promise:
             raise Refusal.OVERLOADED.error(
-                f"the {lane.name} lane's expected wait ({expected:.1f}s) exceeds its "
-                f"{bound:g}s limit; retry later"
+                f"the {lane.name} lane's predicted time to first token "
+                f"({predictor.ttft_s(lane.name, wait):.1f}s) exceeds its {promise:g}s "
+                "promise; retry later"
             )
+        if wait > lane.max_queue_age_s:
+            raise Refusal.OVERLOADED.error(
+                f"the {lane.name} lane's predicted wait ({wait:.1f}s) exceeds its "
+                f"{lane.max_queue_age_s:g}s limit; retry later"
+            )
+        return wait
+
+    def _shed(self, waiter: Waiter, queue: LaneQueue) -> bool:
+        """Shed `waiter`, at its queue's head, when its lane's CoDel says so: its queue
+        has kept requests waiting past what the promise allows for an interval."""
+        lane = waiter.lane
+        promise = lane.ttft_slo_s
+        if promise is None:
+            return False
+        now = self.clock.now()
+        target = self.predictor.budget_s(lane.name, promise)
+        if not self._shedders[lane.name].should_shed(now, now - waiter.enqueued_s, target):
+            return False
+        if queue.remove(waiter) and not waiter.future.done():
+            self.stats[lane.name].shed += 1
+            waiter.future.set_result(
+                Refusal.OVERLOADED.error(
+                    f"the {lane.name} queue is shedding: its requests wait longer than its "
+                    f"{promise:g}s promise allows; retry later"
+                )
+            )
+        return True
 
     async def _wait(self, waiter: Waiter, queue: LaneQueue) -> None:
         """The intentional wait point: bounded by the lane's age limit and the deadline,
@@ -333,6 +382,8 @@ class Dispatcher:
                 waiter = queue.head()
                 if waiter is None:
                     continue
+                if self._shed(waiter, queue):
+                    break
                 attempt = waiter.attempt
                 refusal = await self._try(attempt)
                 if refusal is not None:
@@ -344,7 +395,10 @@ class Dispatcher:
                 if not queue.remove(waiter) or waiter.future.done():
                     await self.release(attempt)
                 else:
-                    self._dispatched(attempt, self.clock.now() - waiter.enqueued_s)
+                    wait_s = self.clock.now() - waiter.enqueued_s
+                    if waiter.predicted_s is not None:
+                        self.predictor.waited(lane.name, waiter.predicted_s, wait_s)
+                    self._dispatched(attempt, wait_s, from_queue=True)
                     waiter.future.set_result(None)
                 break
             else:
@@ -455,7 +509,7 @@ class Dispatcher:
             return self.yielding
         return None
 
-    def _dispatched(self, attempt: Attempt, wait_s: float) -> None:
+    def _dispatched(self, attempt: Attempt, wait_s: float, from_queue: bool) -> None:
         """The attempt is the caller's now: charge its tenant and note the dispatch."""
         call, lane = attempt.call, attempt.lane
         output = call.reserved_tokens - call.prompt_tokens
@@ -477,11 +531,8 @@ class Dispatcher:
         if rate is not None:
             earliest = max(self._next_dispatch_s.get(lane.name, now), now)
             self._next_dispatch_s[lane.name] = earliest + 1.0 / rate
-        if self._last_dispatch_s is not None:
-            gap = now - self._last_dispatch_s
-            previous = self.dispatch_interval_s
-            self.dispatch_interval_s = gap if previous is None else 0.8 * previous + 0.2 * gap
-        self._last_dispatch_s = now
+        still_queued = any(queue.size for queue in self.queues.values())
+        self.predictor.dispatched(now, from_queue, still_queued)
 
     def _retry_after(self, delay_s: float | None) -> None:
         """Wake when a rate limit's next slot or a cooldown's end comes."""

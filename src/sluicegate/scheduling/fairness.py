@@ -32,6 +32,10 @@ class FairnessPolicy(Protocol):
         corrects an estimate once the real usage is known."""
         ...
 
+    def weight(self, flow: str) -> float:
+        """`flow`'s share of service relative to the others (1 for an equal share)."""
+        ...
+
 
 class RoundRobin:
     """Visit backlogged flows in turn, one request each: fair by count, blind to cost."""
@@ -56,6 +60,9 @@ class RoundRobin:
         if (prompt_tokens > 0 or output_tokens > 0) and flow in self._order:
             del self._order[flow]
             self._order[flow] = None
+
+    def weight(self, flow: str) -> float:
+        return 1.0
 
 
 class VirtualTokenCounter:
@@ -101,3 +108,6 @@ class VirtualTokenCounter:
     def charge(self, flow: str, prompt_tokens: float, output_tokens: float) -> None:
         cost = prompt_tokens * self._input_weight + output_tokens * self._output_weight
         self.counters[flow] = self.counters.get(flow, 0.0) + cost / self._weights.get(flow, 1.0)
+
+    def weight(self, flow: str) -> float:
+        return self._weights.get(flow, 1.0)

@@ -11,6 +11,7 @@ once and never dispatched.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
 
 from sluicegate.core.errors import GatewayError
@@ -25,13 +26,15 @@ class Waiter:
     frame, which can reach this future, would leave a reference cycle (raise
     `renewed()` instead)."""
 
-    __slots__ = ("attempt", "call", "enqueued_s", "future", "lane")
+    __slots__ = ("attempt", "call", "enqueued_s", "future", "lane", "predicted_s")
 
-    def __init__(self, attempt: Attempt, enqueued_s: float) -> None:
+    def __init__(self, attempt: Attempt, enqueued_s: float, predicted_s: float | None) -> None:
         self.attempt = attempt
         self.call = attempt.call
         self.lane = attempt.lane
         self.enqueued_s = enqueued_s
+        self.predicted_s = predicted_s
+        """The wait it was admitted on, to learn from once it is dispatched."""
         self.future: asyncio.Future[GatewayError | None] = (
             asyncio.get_running_loop().create_future()
         )
@@ -110,6 +113,23 @@ class LaneQueue:
         if not flow:
             self.fairness.idle(waiter.flow)
         return True
+
+    def served_before(self, flow: str, retried: bool) -> int:
+        """How many queued now would be served before a newcomer of `flow`: its own
+        flow's first attempts (and its retries, if it is one), and of every other
+        backlogged flow as many as that flow's weight lets it send while `flow` sends
+        those and the newcomer, at most all it has. Costs are taken as equal, so this is
+        the fair order's count, not its tokens."""
+        own = self._flows.get(flow)
+        mine = 0 if own is None else len(own.fresh) + (len(own.retried) if retried else 0)
+        weight = self.fairness.weight
+        turns = (mine + 1) / weight(flow)
+        ahead = mine
+        for name, other in self._flows.items():
+            if name != flow and other:
+                queued = len(other.fresh) + len(other.retried)
+                ahead += min(queued, math.ceil(turns * weight(name)))
+        return ahead
 
     def oldest_enqueued_s(self) -> float | None:
         heads = [flow.oldest_enqueued_s() for flow in self._flows.values() if flow]

@@ -277,7 +277,8 @@ async def test_a_starving_lane_goes_before_higher_ones(setup, clock):
 async def test_a_lane_whose_expected_wait_breaks_its_promise_refuses(
     setup, clock, ttft_slo_s, age_s
 ):
-    """Expected wait 1.5 s: beyond the TTFT promise, or beyond the queue's age limit."""
+    """Predicted wait 2 s (three ahead and its own turn, 0.5 s each): beyond the TTFT
+    promise, or beyond the queue's age limit."""
     dispatcher, _, _ = setup
     promised = Lane(
         "promised", priority=100, queue_size=100, max_queue_age_s=age_s, ttft_slo_s=ttft_slo_s
@@ -286,7 +287,7 @@ async def test_a_lane_whose_expected_wait_breaks_its_promise_refuses(
     grant = await granted(dispatcher, attempt(clock))
     waiters = [asyncio.create_task(granted(dispatcher, attempt(clock))) for _ in range(3)]
     await settle()
-    dispatcher.dispatch_interval_s = 0.5
+    dispatcher.predictor.gap_s = 0.5
     with pytest.raises(GatewayError) as info:
         await granted(dispatcher, attempt(clock, lane=promised))
     assert (info.value.status, info.value.code) == (503, "overloaded")
@@ -434,8 +435,9 @@ async def test_lower_lanes_hold_while_a_top_lane_stream_awaits_its_first_token(c
 async def test_announced_retries_do_not_count_against_a_first_attempts_promise(
     clock, retries, refused
 ):
-    """Three retries queued at 0.5 s per dispatch: 1.5 s, beyond a 1 s promise, for a
-    newcomer that queues behind them (a retry), not for one that goes before them."""
+    """Three retries queued at 0.5 s per dispatch: 2 s with its own turn, beyond a 1 s
+    promise, for a newcomer that queues behind them (a retry), not for one that goes
+    before them."""
     pool = Pool(PoolSpec("p", 1), leases(clock))
     lane = Lane("promised", queue_size=10, max_queue_age_s=5, ttft_slo_s=1.0)
     dispatcher = dispatcher_for([lane], pool, clock)
@@ -447,7 +449,7 @@ async def test_announced_retries_do_not_count_against_a_first_attempts_promise(
         for _ in range(3)
     ]
     await settle()
-    dispatcher.dispatch_interval_s = 0.5
+    dispatcher.predictor.gap_s = 0.5
     newcomer = asyncio.create_task(
         dispatcher.acquire(Attempt(call(clock, lane=lane)._replace(client_retries=retries)))
     )

@@ -1,0 +1,169 @@
+"""What the dispatcher can promise a request before it queues, and when a queue sheds.
+
+A queued request's wait is predicted from its place in the fair order (`LaneQueue.
+served_before`) and the dispatcher's measured service gap: the time between dispatches
+while work was waiting, so idle time never makes a busy backend look slow, and never
+less than the time since the last dispatch, so a stalled backend is seen at once. Each
+request dispatched from a queue compares its real wait with the prediction it was
+admitted on; the ratio, smoothed in log space and bounded, corrects later predictions,
+so an estimate that is wrong in one direction cannot stay wrong. The time from dispatch
+to the first token (the backend's own queue and prefill) is measured per lane too, and
+a request is queued only when both together fit its lane's `ttft_slo_s`.
+
+Shedding is the second line: CoDel (RFC 8289) on each lane's queue, with the lane's
+whole queue budget (the promise less the time after dispatch) as its target. A backend
+that slows down suddenly leaves requests waiting past that budget; once they have for an
+interval, the queue sheds from its head at CoDel's rising rate, instead of letting every
+queued request miss its promise and wait out `max_queue_age_s`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+GAP_SMOOTHING = 0.2
+"""Weight of the newest gap between dispatches in the smoothed service gap."""
+CORRECTION_SMOOTHING = 0.1
+"""Weight of the newest real-over-predicted wait ratio (in log space)."""
+MAX_CORRECTION = 8.0
+"""The correction stays within [1/8, 8]: one odd wait cannot make the predictor absurd."""
+SOONEST_S = 0.005
+"""Waits below this are noise for the ratio (a request dispatched on the next turn)."""
+AFTER_DISPATCH_SMOOTHING = 0.2
+MIN_INTERVAL_S = 0.1
+"""CoDel's interval: the budget's half, but never shorter than this."""
+
+
+@dataclass(slots=True)
+class LaneForecast:
+    """One lane's learnt state: how wrong the predictions were, and how long the
+    backend takes from dispatch to the first token."""
+
+    log_correction: float = 0.0
+    after_dispatch_s: float = 0.0
+    predicted: int = 0
+    """Dispatched requests whose real wait was compared with their prediction."""
+    error_s_total: float = 0.0
+    """Sum of |real - predicted| waits (before correction of later ones), for operators."""
+
+    @property
+    def correction(self) -> float:
+        return math.exp(self.log_correction)
+
+
+class WaitPredictor:
+    """The dispatcher's service gap and each lane's correction; times on its clock."""
+
+    def __init__(self) -> None:
+        self.gap_s: float | None = None
+        self._last_dispatch_s: float | None = None
+        self._backlogged = False
+        self.lanes: dict[str, LaneForecast] = {}
+
+    def lane(self, name: str) -> LaneForecast:
+        forecast = self.lanes.get(name)
+        if forecast is None:
+            forecast = self.lanes[name] = LaneForecast()
+        return forecast
+
+    def dispatched(self, now: float, from_queue: bool, still_queued: bool) -> None:
+        """A dispatch: its gap counts only when work waited across it (the previous one
+        left a queue behind and this one came from a queue)."""
+        last = self._last_dispatch_s
+        if from_queue and self._backlogged and last is not None:
+            gap = now - last
+            smoothed = self.gap_s
+            self.gap_s = gap if smoothed is None else smoothed + GAP_SMOOTHING * (gap - smoothed)
+        self._last_dispatch_s = now
+        self._backlogged = still_queued
+
+    def wait_s(self, lane: str, ahead: int, now: float) -> float | None:
+        """The predicted wait of a request with `ahead` requests served before it; None
+        before any gap was measured (nothing to go on: the lane's limits decide)."""
+        gap = self.gap_s
+        if gap is None:
+            return None
+        last = self._last_dispatch_s
+        if self._backlogged and last is not None:
+            gap = max(gap, now - last)
+        return (ahead + 1) * gap * self.lane(lane).correction
+
+    def ttft_s(self, lane: str, wait_s: float) -> float:
+        """The predicted time to first token of a request that waits `wait_s`."""
+        return wait_s + self.lane(lane).after_dispatch_s
+
+    def waited(self, lane: str, predicted_s: float, real_s: float) -> None:
+        """A queued request was dispatched: learn how far off its prediction was."""
+        forecast = self.lane(lane)
+        forecast.predicted += 1
+        forecast.error_s_total += abs(real_s - predicted_s)
+        step = math.log(max(real_s, SOONEST_S) / max(predicted_s, SOONEST_S))
+        learnt = forecast.log_correction + CORRECTION_SMOOTHING * _bounded(step)
+        forecast.log_correction = _bounded(learnt)
+
+    def first_token(self, lane: str, after_dispatch_s: float) -> None:
+        """A streamed request's first token came `after_dispatch_s` after its dispatch."""
+        forecast = self.lane(lane)
+        if forecast.after_dispatch_s == 0.0:
+            forecast.after_dispatch_s = after_dispatch_s
+        else:
+            forecast.after_dispatch_s += AFTER_DISPATCH_SMOOTHING * (
+                after_dispatch_s - forecast.after_dispatch_s
+            )
+
+    def budget_s(self, lane: str, ttft_slo_s: float) -> float:
+        """How long a request of `lane` may wait in its queue and still meet the promise."""
+        return max(ttft_slo_s - self.lane(lane).after_dispatch_s, ttft_slo_s * 0.1)
+
+
+def _bounded(log_ratio: float) -> float:
+    bound = math.log(MAX_CORRECTION)
+    return max(-bound, min(bound, log_ratio))
+
+
+class Shedder:
+    """CoDel on one lane's queue: told each head's sojourn when the dispatcher looks at
+    it, it says whether to shed that head instead."""
+
+    def __init__(self) -> None:
+        self._first_above_s: float | None = None
+        self.dropping = False
+        self._drop_next_s = 0.0
+        self._count = 0
+        self._last_count = 0
+        self.shed = 0
+
+    def should_shed(self, now: float, sojourn_s: float, target_s: float) -> bool:
+        interval = max(MIN_INTERVAL_S, target_s / 2)
+        ok_to_drop = self._above_for_an_interval(now, sojourn_s, target_s, interval)
+        if self.dropping:
+            if not ok_to_drop:
+                self.dropping = False
+                return False
+            if now < self._drop_next_s:
+                return False
+            self._count += 1
+            self._drop_next_s = now + interval / math.sqrt(self._count)
+            self.shed += 1
+            return True
+        if not ok_to_drop:
+            return False
+        self.dropping = True
+        recent = self._count - self._last_count
+        self._count = recent if recent > 1 and now - self._drop_next_s < 16 * interval else 1
+        self._last_count = self._count
+        self._drop_next_s = now + interval / math.sqrt(self._count)
+        self.shed += 1
+        return True
+
+    def _above_for_an_interval(
+        self, now: float, sojourn_s: float, target_s: float, interval_s: float
+    ) -> bool:
+        if sojourn_s < target_s:
+            self._first_above_s = None
+            return False
+        if self._first_above_s is None:
+            self._first_above_s = now + interval_s
+            return False
+        return now >= self._first_above_s

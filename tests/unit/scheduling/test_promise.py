@@ -1,0 +1,183 @@
+"""The wait predictor, its correction and the lanes' shedding, on a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sluicegate.capacity.pools import Pool
+from sluicegate.core.errors import GatewayError
+from sluicegate.core.types import Lane, PoolSpec
+from sluicegate.scheduling.fairness import RoundRobin, VirtualTokenCounter
+from sluicegate.scheduling.promise import MAX_CORRECTION, Shedder, WaitPredictor
+from sluicegate.scheduling.queues import LaneQueue, Waiter
+from tests.support.clock import FakeClock
+from tests.unit.scheduling.test_dispatcher import (
+    attempt,
+    dispatcher_for,
+    granted,
+    leases,
+    settle,
+)
+
+PROMISED = Lane("promised", queue_size=100, max_queue_age_s=10, ttft_slo_s=2.0)
+
+
+def test_the_service_gap_counts_only_gaps_across_which_work_waited():
+    predictor = WaitPredictor()
+    predictor.dispatched(0.0, from_queue=False, still_queued=False)
+    predictor.dispatched(10.0, from_queue=True, still_queued=True)
+    assert predictor.gap_s is None, "ten idle seconds are no measure of the backend"
+    predictor.dispatched(10.5, from_queue=True, still_queued=True)
+    assert predictor.gap_s == pytest.approx(0.5)
+    predictor.dispatched(11.0, from_queue=True, still_queued=False)
+    predictor.dispatched(30.0, from_queue=False, still_queued=False)
+    assert predictor.gap_s == pytest.approx(0.5)
+
+
+def test_a_stalled_backend_lengthens_predictions_at_once():
+    predictor = WaitPredictor()
+    for now in (0.0, 0.5, 1.0):
+        predictor.dispatched(now, from_queue=True, still_queued=True)
+    assert predictor.wait_s("l", 3, 1.0) == pytest.approx(4 * 0.5)
+    assert predictor.wait_s("l", 3, 4.0) == pytest.approx(4 * 3.0)
+
+
+def test_predictions_that_were_too_short_are_corrected_and_the_correction_is_bounded():
+    """Each request is admitted on the corrected prediction and compared with it."""
+    predictor = WaitPredictor()
+    for now in (0.0, 1.0):
+        predictor.dispatched(now, from_queue=True, still_queued=True)
+    for _ in range(200):
+        predictor.waited("l", predictor.wait_s("l", 0, 1.0), real_s=2.0)
+    assert predictor.lane("l").correction == pytest.approx(2.0, rel=0.01)
+    for _ in range(200):
+        predictor.waited("l", predictor.wait_s("l", 0, 1.0), real_s=1000.0)
+    assert predictor.lane("l").correction == pytest.approx(MAX_CORRECTION)
+
+
+def test_a_correction_follows_the_backend_back_when_it_speeds_up():
+    """The ratio is of real waits to corrected predictions: once the backend is fast
+    again, real waits fall below them and the correction comes back down."""
+    predictor = WaitPredictor()
+    for now in (0.0, 1.0):
+        predictor.dispatched(now, from_queue=True, still_queued=True)
+    for _ in range(100):
+        predictor.waited("l", predictor.wait_s("l", 0, 1.0), 3.0)
+    assert predictor.wait_s("l", 0, 1.0) == pytest.approx(3.0, rel=0.05)
+    for _ in range(100):
+        predictor.waited("l", predictor.wait_s("l", 0, 1.0), 1.0)
+    assert predictor.wait_s("l", 0, 1.0) == pytest.approx(1.0, rel=0.05)
+
+
+def test_the_time_after_dispatch_shortens_the_queue_budget():
+    predictor = WaitPredictor()
+    predictor.first_token("l", 0.5)
+    predictor.first_token("l", 0.5)
+    assert predictor.ttft_s("l", 1.0) == pytest.approx(1.5)
+    assert predictor.budget_s("l", 2.0) == pytest.approx(1.5)
+    predictor.first_token("other", 5.0)
+    assert predictor.budget_s("other", 2.0) == pytest.approx(0.2), "never below a tenth"
+
+
+def test_codel_sheds_only_after_an_interval_above_target_and_then_faster():
+    shedder = Shedder()
+    target = 1.0
+    interval = 0.5
+    assert not shedder.should_shed(0.0, 0.9, target)
+    assert not shedder.should_shed(0.1, 1.2, target), "first time above: start the interval"
+    assert not shedder.should_shed(0.1 + interval - 0.01, 1.2, target)
+    assert shedder.should_shed(0.1 + interval, 1.2, target)
+    now = 0.1 + interval
+    assert not shedder.should_shed(now + 0.01, 1.2, target), "next drop an interval later"
+    assert shedder.should_shed(now + interval, 1.2, target)
+    second = now + interval
+    assert not shedder.should_shed(second + interval / 2**0.5 - 0.01, 1.2, target)
+    assert shedder.should_shed(second + interval / 2**0.5, 1.2, target)
+    assert not shedder.should_shed(5.0, 0.5, target), "below target: shedding stops"
+    assert not shedder.dropping
+    assert shedder.shed == 3
+
+
+def queue_of(fairness, lane=PROMISED) -> LaneQueue:
+    return LaneQueue(lane, fairness)
+
+
+async def test_a_newcomers_place_in_the_fair_order_counts_others_only_up_to_its_turn(clock):
+    queue = queue_of(VirtualTokenCounter({"b": 2.0}))
+    for tenant, count in (("a", 3), ("b", 3)):
+        for _ in range(count):
+            queue.push(Waiter(attempt(clock, tenant=tenant, lane=PROMISED), clock.now(), None))
+    assert queue.served_before("c", retried=False) == 1 + 2, "a's first, b's first two"
+    assert queue.served_before("a", retried=False) == 3 + 3, "behind its own three"
+    assert queue_of(RoundRobin()).served_before("a", retried=False) == 0
+
+
+async def test_the_tenant_above_its_share_is_refused_and_the_one_below_it_queues(clock):
+    """A heavy tenant with 3 queued and a light one with none, 0.4 s per dispatch and a
+    2 s promise: the heavy newcomer waits its own three turns and its fourth (1.6 s)
+    plus 0.6 s after dispatch: refused; the light one goes after one of them: queued."""
+    pool = Pool(PoolSpec("p", 1), leases(clock))
+    dispatcher = dispatcher_for([PROMISED], pool, clock)
+    dispatcher.predictor.first_token("promised", 0.6)
+    grant = await granted(dispatcher, attempt(clock, tenant="heavy", lane=PROMISED))
+    queued = [
+        asyncio.create_task(granted(dispatcher, attempt(clock, tenant="heavy", lane=PROMISED)))
+        for _ in range(3)
+    ]
+    await settle()
+    dispatcher.predictor.gap_s = 0.4
+    with pytest.raises(GatewayError) as info:
+        await granted(dispatcher, attempt(clock, tenant="heavy", lane=PROMISED))
+    assert (info.value.status, info.value.code, info.value.retry_after_s) == (
+        503,
+        "overloaded",
+        None,
+    )
+    light = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="light", lane=PROMISED)))
+    await settle()
+    assert not light.done()
+    assert dispatcher.queues["promised"].size == 4
+    for task in [*queued, light]:
+        task.cancel()
+    await dispatcher.release(grant)
+
+
+async def test_a_backend_that_stops_makes_its_queue_shed_from_the_head(clock):
+    """Nothing is released: once the head has waited past the budget (the 2 s promise)
+    for an interval (1 s), the next look at the queue sheds it, with no Retry-After."""
+    pool = Pool(PoolSpec("p", 1), leases(clock))
+    dispatcher = dispatcher_for([PROMISED], pool, clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        grant = await granted(dispatcher, attempt(clock, lane=PROMISED))
+        waiters = [
+            asyncio.create_task(granted(dispatcher, attempt(clock, lane=PROMISED)))
+            for _ in range(3)
+        ]
+        await settle()
+        for step_s in (2.1, 0.9):
+            clock.advance(step_s)
+            dispatcher.kick()
+            await settle()
+            assert not any(w.done() for w in waiters)
+        clock.advance(0.2)
+        dispatcher.kick()
+        await settle()
+        shed = [w for w in waiters if w.done()]
+        assert len(shed) == 1
+        error = shed[0].exception()
+        assert isinstance(error, GatewayError)
+        assert (error.code, error.retry_after_s) == ("overloaded", None)
+        assert dispatcher.view().lanes[0].shed == 1
+        for waiter in waiters:
+            waiter.cancel()
+        await dispatcher.release(grant)
+    finally:
+        runner.cancel()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
