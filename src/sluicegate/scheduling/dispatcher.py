@@ -259,10 +259,11 @@ class Dispatcher:
         produced = attempt.completion_tokens
         if produced is None and attempt.used_tokens is not None:
             produced = max(0, attempt.used_tokens - attempt.call.prompt_tokens)
+        fairness = self.queues[lane.name].fairness
+        tenant = attempt.call.tenant.name
+        fairness.in_flight(tenant, -1)
         if produced is not None:
-            call = attempt.call
-            fairness = self.queues[lane.name].fairness
-            fairness.charge(call.tenant.name, 0, produced - attempt.charged_output)
+            fairness.charge(tenant, 0, produced - attempt.charged_output)
 
     def _queued_ahead(self, lane: Lane) -> int:
         return sum(
@@ -514,7 +515,9 @@ class Dispatcher:
         call, lane = attempt.call, attempt.lane
         output = call.reserved_tokens - call.prompt_tokens
         attempt.charged_output = output
-        self.queues[lane.name].fairness.charge(call.tenant.name, call.prompt_tokens, output)
+        fairness = self.queues[lane.name].fairness
+        fairness.charge(call.tenant.name, call.prompt_tokens, output)
+        fairness.in_flight(call.tenant.name, 1)
         stats = self.stats[lane.name]
         stats.dispatched += 1
         stats.in_flight += 1

@@ -36,6 +36,10 @@ class FairnessPolicy(Protocol):
         """`flow`'s share of service relative to the others (1 for an equal share)."""
         ...
 
+    def in_flight(self, flow: str, change: int) -> None:
+        """`flow` has `change` more (or, negative, fewer) requests at the backend."""
+        ...
+
 
 class RoundRobin:
     """Visit backlogged flows in turn, one request each: fair by count, blind to cost."""
@@ -64,14 +68,24 @@ class RoundRobin:
     def weight(self, flow: str) -> float:
         return 1.0
 
+    def in_flight(self, flow: str, change: int) -> None:
+        """A round gives each flow one request whatever it has in flight."""
+
 
 class VirtualTokenCounter:
-    """Serve the backlogged flow that has received the least weighted service.
+    """Serve the backlogged flow with the fewest requests in flight for its weight, and
+    of those the one that has received the least weighted service.
 
-    Service is prompt tokens x `input_weight` plus output tokens x `output_weight`,
-    divided by the flow's weight (Sheng et al., OSDI 2024). A flow that becomes
-    backlogged is lifted to the least counter among the backlogged ones, so time spent
-    idle is not banked as credit to monopolise the backend later.
+    The first key makes the allocation of the backend's sequences max-min fair: a flow
+    using less than its weight's share of what is in flight (a small closed loop, a
+    tenant that just arrived) goes before every flow using more, whatever their
+    counters, so it is never queued behind one above its share. The second is the
+    Virtual Token Counter (Sheng et al., OSDI 2024): service is prompt tokens x
+    `input_weight` plus output tokens x `output_weight`, divided by the flow's weight,
+    and a flow that becomes backlogged is lifted to the least counter among the
+    backlogged ones, so time spent idle is not banked as credit to monopolise the
+    backend later. It orders flows with as many in flight, which under load is most
+    picks: every flow at its share.
     """
 
     def __init__(
@@ -85,6 +99,7 @@ class VirtualTokenCounter:
         self._output_weight = output_weight
         self.counters: dict[str, float] = {}
         self._backlog: dict[str, None] = {}
+        self._in_flight: dict[str, int] = {}
 
     def backlogged(self, flow: str) -> None:
         if flow in self._backlog:
@@ -102,8 +117,17 @@ class VirtualTokenCounter:
         return dict(self.counters)
 
     def pick(self) -> str | None:
-        counters = self.counters
-        return min(self._backlog, key=counters.__getitem__, default=None)
+        return min(self._backlog, key=self._order, default=None)
+
+    def _order(self, flow: str) -> tuple[float, float]:
+        return self._in_flight.get(flow, 0) / self._weights.get(flow, 1.0), self.counters[flow]
+
+    def in_flight(self, flow: str, change: int) -> None:
+        now = self._in_flight.get(flow, 0) + change
+        if now:
+            self._in_flight[flow] = now
+        else:
+            self._in_flight.pop(flow, None)
 
     def charge(self, flow: str, prompt_tokens: float, output_tokens: float) -> None:
         cost = prompt_tokens * self._input_weight + output_tokens * self._output_weight

@@ -116,3 +116,34 @@ def test_negative_charge_corrects_an_estimate():
     vtc.charge("a", 10, 100)
     vtc.charge("a", 0, -90)
     assert vtc.counters["a"] == pytest.approx(10 + 2 * 10)
+
+
+def test_a_flow_below_its_share_in_flight_goes_before_one_above_it_whatever_the_counters():
+    """b has been served far more (its counter is higher) but has nothing in flight,
+    while a holds 8: b's newcomer goes first; once they hold the same for their weights,
+    the counters decide again."""
+    vtc = VirtualTokenCounter(weights={"a": 1, "b": 2})
+    vtc.backlogged("a")
+    vtc.backlogged("b")
+    vtc.charge("b", 10_000, 0)
+    for _ in range(8):
+        vtc.in_flight("a", 1)
+    assert vtc.pick() == "b"
+    for _ in range(16):
+        vtc.in_flight("b", 1)
+    assert vtc.pick() == "a", "4 per weight unit each: the counters decide"
+    vtc.in_flight("b", 2)
+    assert vtc.pick() == "a"
+
+
+def test_a_returning_flow_lifted_level_with_one_above_its_share_wins_the_tie():
+    """b comes back with nothing in flight and is lifted to a's counter, a holds 16: the
+    tie goes to b (by insertion order it went to a, which was backlogged first)."""
+    vtc = VirtualTokenCounter()
+    vtc.backlogged("a")
+    serve(vtc, 50, {"a": (100, 100)})
+    for _ in range(16):
+        vtc.in_flight("a", 1)
+    vtc.backlogged("b")
+    assert vtc.counters["b"] == vtc.counters["a"]
+    assert vtc.pick() == "b"
