@@ -12,12 +12,14 @@ on SIGTERM or SIGINT stops every worker gracefully. Workers are started with
 from __future__ import annotations
 
 import collections
+import contextlib
+import os
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,7 +32,7 @@ RESTARTS = 5
 more and the server stops, since it would only crash again."""
 RESTART_WINDOW_S = 60.0
 CHECK_S = 1.0
-"""The longest the parent sleeps between checks, in case a SIGCHLD was missed."""
+"""The longest the parent sleeps between checks of its workers, signal or not."""
 
 
 def run_directory() -> Path:
@@ -48,35 +50,45 @@ class Supervisor:
         self._count = count
         self._directory = directory
         self._grace_s = grace_s
-        self._woken = threading.Event()
         self._stopping = False
         self._deaths: collections.deque[float] = collections.deque()
         self._workers: dict[int, subprocess.Popen[bytes]] = {}
 
     def run(self) -> int:
-        """Until SIGTERM/SIGINT (0) or a worker that keeps dying (1)."""
+        """Until SIGTERM/SIGINT (0) or a worker that keeps dying (1).
+
+        Signals wake the loop through `signal.set_wakeup_fd` (written by the
+        interpreter's C handler), so the Python handlers only set a flag and never take
+        a lock the interrupted code may hold."""
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        previous_fd = signal.set_wakeup_fd(wake_w)
         previous = {
             sig: signal.signal(sig, self._signalled)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)
         }
         try:
             self._workers = {i: self._spawn(i) for i in range(self._count)}
-            return self._watch()
+            return self._watch(wake_r)
         finally:
             self._stop_all()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            signal.set_wakeup_fd(previous_fd)
+            os.close(wake_r)
+            os.close(wake_w)
             shutil.rmtree(self._directory, ignore_errors=True)
 
     def _signalled(self, signum: int, frame: FrameType | None) -> None:
         if signum != signal.SIGCHLD:
             self._stopping = True
-        self._woken.set()
 
-    def _watch(self) -> int:
+    def _watch(self, wake: int) -> int:
         while not self._stopping:
-            self._woken.wait(CHECK_S)
-            self._woken.clear()
+            readable, _, _ = select.select([wake], [], [], CHECK_S)
+            if readable:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake, 512)
             if self._stopping:
                 break
             for index, worker in list(self._workers.items()):
@@ -85,8 +97,8 @@ class Supervisor:
                     continue
                 if not self._may_restart():
                     print(
-                        f"sluicegate: worker {index} exited with {code}, and workers died "
-                        f"{RESTARTS} times within {RESTART_WINDOW_S:g}s; stopping the server",
+                        f"sluicegate: worker {index} exited with {code}, and workers died more "
+                        f"than {RESTARTS} times within {RESTART_WINDOW_S:g}s; stopping the server",
                         file=sys.stderr,
                         flush=True,
                     )
