@@ -126,7 +126,10 @@ def script_names() -> dict[str, str]:
     return names
 
 
-async def round_trips(http: aiohttp.ClientSession, redis: Child, key: str, requests: int) -> None:
+async def round_trips(
+    http: aiohttp.ClientSession, redis: Child, key: str, requests: int, prefix: str
+) -> None:
+    """Scripts run on this run's keys only: the Redis may be shared."""
     client = Redis.from_url(REDIS_URL)
     names = script_names()
     seen: Counter[str] = Counter()
@@ -135,7 +138,7 @@ async def round_trips(http: aiohttp.ClientSession, redis: Child, key: str, reque
         async def listen() -> None:
             async for command in monitor.listen():
                 words = command["command"].split()
-                if words and words[0] == "EVALSHA":
+                if words and words[0] == "EVALSHA" and prefix in command["command"]:
                     seen[names.get(words[1].strip("'\""), "?")] += 1
 
         listening = asyncio.ensure_future(listen())
@@ -196,7 +199,7 @@ async def main(requests: int) -> None:
             gateways[name] = stack.enter_context(service(name, args, "/ready", logs, env))
         async with aiohttp.ClientSession() as http:
             await latency(http, gateways["memory"], gateways["redis-a"], key, requests)
-            await round_trips(http, gateways["redis-a"], key, 200)
+            await round_trips(http, gateways["redis-a"], key, 200, prefix)
             await propagation(http, sim, gateways["redis-a"], gateways["redis-b"], key)
     client = Redis.from_url(REDIS_URL)
     stale = [k async for k in client.scan_iter(match=f"{prefix}*")]

@@ -76,6 +76,8 @@ from sluicegate.supervisor import Supervisor, run_directory
 from sluicegate.worker import Workers
 
 DEMO_KEYS = {"demo-alice": "sk-demo-alice", "demo-bob": "sk-demo-bob"}
+DRAIN_S = 1.0
+"""How long a stopping replica waits for the releases still on their way to Redis."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -134,7 +136,7 @@ def build(
         redis = redis_store(policy)
         store = shared = FailoverStore(redis, clock, policy.when_down, ttl_s, degraded=store_down)
     fleet = redis is not None
-    leases = Leases(store or MemoryLimitStore(clock), clock, ttl_s)
+    leases = Leases(store or MemoryLimitStore(clock), clock, ttl_s, detached=fleet)
     metrics = GatewayMetrics()
     pools = {name: Pool(spec, leases) for name, spec in settings.pools.items()}
     deployments = [d for model in settings.models.values() for d in model.deployments]
@@ -222,6 +224,7 @@ def build(
         if shares:
             yield FairnessSync(shares, redis, clock, shared.replica, policy.sync_s).run()
         by_slot = {pool.slot.key: pool for pool in pools.values()}
+        redis.announce(by_slot)
         listeners.append(listener(policy.url, policy.timeout_s))
 
         def freed(key: str) -> None:
@@ -263,6 +266,7 @@ def build(
         for provider in providers.values():
             await provider.close()
         if shared is not None:
+            await leases.drain(DRAIN_S)
             await shared.close()
         for client in listeners:
             await client.aclose()

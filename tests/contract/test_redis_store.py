@@ -139,13 +139,16 @@ async def test_a_redis_that_never_answers_is_unavailable_within_the_timeout():
 
 
 async def test_a_freed_slot_is_announced_to_every_listener_once(redis):
+    """Only the slots announced: nobody queues for the others."""
     _, prefix = redis
     store = shared(prefix)
+    store.announce(["{p}s", "{p}t"])
     subscriber = listener(REDIS_URL, 5.0)
     heard: list[str] = []
     watching = asyncio.ensure_future(store.watch_releases(subscriber, heard.append, 0.1))
-    held = lease("a", "{p}s", "{p}t")
-    assert await store.take(Ask(slots=(Slot("{p}s", 1), Slot("{p}t", 1))), held, TTL_S) is None
+    held = lease("a", "{p}u", "{p}s", "{p}t")
+    slots = (Slot("{p}u", 1), Slot("{p}s", 1), Slot("{p}t", 1))
+    assert await store.take(Ask(slots=slots), held, TTL_S) is None
     await asyncio.sleep(0.2)
     await store.release(held)
     await store.release(held)

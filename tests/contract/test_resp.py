@@ -1,7 +1,7 @@
 """The limit store's own Redis connection against a real `redis-server` of the test's
 own: replies matched to calls in order however many wait, error replies raised, ACL
-credentials from the URL, scripts loaded again after a restart, a lost connection failing
-its calls and replaced by the next one, a mute server left."""
+credentials from the URL, TLS (`rediss://`), scripts loaded again after a restart, a
+lost connection failing its calls and replaced by the next one, a mute server left."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sluicegate.core.limits import Ask, Lease, Slot, StoreTimeout, StoreUnavailable
-from sluicegate.stores.redis import RedisLimitStore
+from sluicegate.stores.redis import RedisLimitStore, listener
 from sluicegate.stores.resp import RespConnection, RespError, Unreachable
 from tests.support.redis import RedisServer, redis_server
 
@@ -45,6 +45,37 @@ async def test_acl_user_and_password_and_database_come_from_the_url(server):
         await wrong.call("PING")
     for connection in (admin, user, wrong):
         await connection.close()
+
+
+async def test_rediss_urls_speak_tls_verified_against_the_ca_named_in_the_url(tmp_path):
+    """The store's own connection and the release subscription (redis-py) alike; a
+    server whose certificate the CA bundle does not vouch for is refused."""
+    with redis_server(tmp_path / "tls", tls=True) as server:
+        store = RedisLimitStore(RespConnection(server.url, 5.0), "tls:", 5.0)
+        subscriber = listener(server.url, 5.0)
+        heard: list[str] = []
+        watching = asyncio.ensure_future(store.watch_releases(subscriber, heard.append, 0.1))
+        store.announce(["s"])
+        held = Lease("a", ("s",))
+        assert await store.take(Ask(slots=(Slot("s", 1),)), held, 30.0) is None
+        assert await store.take(Ask(slots=(Slot("s", 1),)), Lease("b", ("s",)), 30.0)
+        await asyncio.sleep(0.3)
+        await store.release(held)
+        for _ in range(100):
+            if heard:
+                break
+            await asyncio.sleep(0.02)
+        assert heard == ["s"]
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+        await subscriber.aclose()
+        await store.close()
+        with redis_server(tmp_path / "other", tls=True) as other:
+            stranger = f"rediss://127.0.0.1:{server.port}/0?ssl_ca_certs={other.certificate}"
+            wrong = RespConnection(stranger, 5.0)
+            with pytest.raises(Unreachable, match="CERTIFICATE_VERIFY_FAILED"):
+                await wrong.call("PING")
+            await wrong.close()
 
 
 async def test_a_restarted_server_loses_its_scripts_and_the_store_loads_them_again(server):

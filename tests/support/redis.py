@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import time
 import uuid
@@ -64,29 +65,39 @@ class RedisServer:
     """A `redis-server` of the test's own on a free loopback port: it can be killed and
     started again on the same port."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *, tls: bool = False) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             _unavailable("redis-server is not installed")
         self._binary = str(binary)
+        folder.mkdir(parents=True, exist_ok=True)
         self._folder = folder
         self.port = free_port()
         self._popen: subprocess.Popen[bytes] | None = None
+        self.certificate = _self_signed(folder) if tls else None
+        """Served over TLS only, under this certificate (its own CA) for 127.0.0.1."""
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        if self.certificate is None:
+            return f"redis://127.0.0.1:{self.port}/0"
+        return f"rediss://127.0.0.1:{self.port}/0?ssl_ca_certs={self.certificate}"
 
     def start(self) -> None:
         log = (self._folder / f"redis-{self.port}.log").open("ab")
+        listen = ["--port", str(self.port)]
+        if self.certificate is not None:
+            cert, key = str(self.certificate), str(self.certificate.with_suffix(".key"))
+            listen = ["--port", "0", "--tls-port", str(self.port), "--tls-auth-clients", "no",
+                      "--tls-cert-file", cert, "--tls-key-file", key]  # fmt: skip
         self._popen = subprocess.Popen(
-            [self._binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            [self._binary, *listen, "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", str(self._folder)],
             stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            if _pongs(self.port):
+            if _pongs(self.port, self.certificate):
                 return
             time.sleep(0.05)
         raise RuntimeError(f"redis-server on port {self.port} did not start")
@@ -98,18 +109,40 @@ class RedisServer:
             self._popen = None
 
 
-def _pongs(port: int) -> bool:
+def _pongs(port: int, certificate: Path | None) -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as plain:
+            if certificate is None:
+                return _ping(plain)
+            context = ssl.create_default_context(cafile=str(certificate))
+            with context.wrap_socket(plain, server_hostname="127.0.0.1") as sock:
+                return _ping(sock)
     except OSError:
         return False
 
 
+def _ping(sock: socket.socket) -> bool:
+    sock.sendall(b"PING\r\n")
+    return sock.recv(16).startswith(b"+PONG")
+
+
+def _self_signed(folder: Path) -> Path:
+    """A certificate for 127.0.0.1 that is its own CA, made by the openssl command."""
+    if shutil.which("openssl") is None:
+        _unavailable("openssl is not installed (needed for a TLS redis-server)")
+    certificate = folder / "redis-tls.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(certificate.with_suffix(".key")), "-out", str(certificate)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return certificate
+
+
 @contextmanager
-def redis_server(folder: Path) -> Iterator[RedisServer]:
-    server = RedisServer(folder)
+def redis_server(folder: Path, *, tls: bool = False) -> Iterator[RedisServer]:
+    server = RedisServer(folder, tls=tls)
     server.start()
     try:
         yield server

@@ -34,9 +34,21 @@ class Leases:
     """The only way policy code takes and frees slots: it remembers what to renew."""
 
     def __init__(
-        self, store: LimitStore, clock: Clock, ttl_s: float = LEASE_TTL_S, owner: str = ""
+        self,
+        store: LimitStore,
+        clock: Clock,
+        ttl_s: float = LEASE_TTL_S,
+        owner: str = "",
+        *,
+        detached: bool = False,
     ) -> None:
+        """`detached` for a networked store: a request that ends does not wait a round
+        trip for its releases and refunds. Their task's first turn comes before any
+        decision this process starts later, so the release is written first on the one
+        connection; another replica sees it before a request the caller sends it after
+        reading this answer (that request travels through the caller), in practice."""
         self.store = store
+        self._detached = detached
         self._owner = owner or uuid.uuid4().hex[:12]
         self._ids = itertools.count(1)
         self.ttl_s = ttl_s
@@ -70,30 +82,24 @@ class Leases:
         cancellation mid-way hands the remaining steps to a task owned here (the step
         cut short is done again; a release is idempotent). With the store away, a lease
         lapses by its TTL and a refund is lost (the reservation stands): neither fails
-        the request that ends."""
-        releasing = lease if lease is not None and lease.keys else None
+        the request that ends. Detached, every step runs in such a task from the start."""
         if lease is not None:
             self._held.discard(lease)
-        done = 0
-        try:
-            if releasing is not None:
-                try:
-                    await self.store.release(releasing)
-                except StoreUnavailable:
-                    _lost()
-                releasing = None
-            for charge, amount in refunds:
-                try:
-                    await self.store.refund(charge, amount)
-                except StoreUnavailable:
-                    _lost()
-                done += 1
-        except asyncio.CancelledError:
-            steps = [] if releasing is None else [functools.partial(self.store.release, releasing)]
-            rest = refunds[done:]
-            steps += [functools.partial(self.store.refund, c, amount) for c, amount in rest]
-            self._finish(steps)
-            raise
+        releasing = lease is not None and lease.keys
+        steps = [functools.partial(self.store.release, lease)] if releasing else []
+        steps += [functools.partial(self.store.refund, c, amount) for c, amount in refunds]
+        if self._detached:
+            if steps:
+                self._finish(steps)
+            return
+        for done, step in enumerate(steps):
+            try:
+                await step()
+            except StoreUnavailable:
+                _lost()
+            except asyncio.CancelledError:
+                self._finish(steps[done:])
+                raise
 
     def _finish(self, steps: list[Callable[[], Awaitable[None]]]) -> None:
         async def rest() -> None:
@@ -103,6 +109,12 @@ class Leases:
         task = asyncio.ensure_future(rest())
         self._finishing.add(task)
         task.add_done_callback(self._finishing.discard)
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait, up to `timeout_s`, for the steps handed to tasks: at shutdown, so that
+        a stopping process frees what it held instead of leaving it to the TTL."""
+        if self._finishing:
+            await asyncio.wait(set(self._finishing), timeout=timeout_s)
 
     @property
     def held(self) -> int:

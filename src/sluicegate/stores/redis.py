@@ -19,7 +19,7 @@ import asyncio
 import hashlib
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import resources
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
@@ -122,6 +122,7 @@ class RedisLimitStore:
         self._clock = clock
         self._names: dict[str, str] = {}
         self._scripts = _scripts()
+        self._announced: frozenset[str] = frozenset()
 
     def _key(self, key: str) -> str:
         name = self._names.get(key)
@@ -188,9 +189,15 @@ class RedisLimitStore:
                 args += [len(ids), *ids]
             await self._run("renew", keys, args)
 
+    def announce(self, keys: Iterable[str]) -> None:
+        """Announce the release of these slots only: slots nobody queues for (the
+        edge's, the backend's) would cost every replica a message per request."""
+        self._announced = frozenset(keys)
+
     async def release(self, lease: Lease) -> None:
-        keys = [self._key(k) for k in lease.keys]
-        await self._run("release", keys, [lease.id, self._channel])
+        announced = [self._key(k) for k in lease.keys if k in self._announced]
+        keys = announced + [self._key(k) for k in lease.keys if k not in self._announced]
+        await self._run("release", keys, [lease.id, self._channel, len(announced)])
 
     async def watch_releases(
         self, listener: Redis, released: Callable[[str], None], retry_s: float

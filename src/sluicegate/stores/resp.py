@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
-from collections.abc import Sequence
 from typing import Any
 
 import hiredis
@@ -35,21 +34,6 @@ class RespError(Exception):
 
 class Unreachable(ConnectionError):
     """The connection could not be made or was lost."""
-
-
-def _encode(args: Sequence[Any]) -> bytes:
-    parts = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        if isinstance(arg, bytes):
-            data = arg
-        elif isinstance(arg, str):
-            data = arg.encode()
-        elif isinstance(arg, float):
-            data = repr(arg).encode()
-        else:
-            data = str(arg).encode()
-        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(parts)
 
 
 class _Protocol(asyncio.Protocol):
@@ -126,7 +110,11 @@ class RespConnection:
         self._path: str | None = options.get("path")
         self._host = options.get("host", "127.0.0.1")
         self._port = int(options.get("port", 6379))
-        self._tls = options.get("connection_class") is SSLConnection
+        self._tls: ssl.SSLContext | None = None
+        if options.get("connection_class") is SSLConnection:
+            self._tls = ssl.create_default_context(cafile=options.get("ssl_ca_certs"))
+            """Verified against the system's CAs, or the bundle named by `ssl_ca_certs` in
+            the URL's query (redis-py's name): built once, it reads files."""
         self._hello: list[list[Any]] = []
         if options.get("password") is not None:
             user = options.get("username")
@@ -153,7 +141,7 @@ class RespConnection:
             protocol = await self._open()
         began = asyncio.get_running_loop().time()
         try:
-            return await protocol.send(_encode(args))
+            return await protocol.send(hiredis.pack_command(args))
         except asyncio.CancelledError:
             self._leave_if_stalled(protocol, began)
             raise
@@ -178,13 +166,12 @@ class RespConnection:
                 if self._path is not None:
                     _, protocol = await loop.create_unix_connection(_Protocol, self._path)
                 else:
-                    context = ssl.create_default_context() if self._tls else None
                     _, protocol = await loop.create_connection(
-                        _Protocol, self._host, self._port, ssl=context
+                        _Protocol, self._host, self._port, ssl=self._tls
                     )
                 try:
                     for command in self._hello:
-                        await protocol.send(_encode(command))
+                        await protocol.send(hiredis.pack_command(tuple(command)))
                 except BaseException:
                     protocol.close()
                     raise

@@ -70,3 +70,52 @@ async def test_a_give_back_cut_short_by_a_cancel_is_finished_by_the_leases():
         await asyncio.sleep(0)
     assert releaser.cancelled()
     assert await store.in_use("s") == 0
+
+
+class HeldReleases(YieldingStore):
+    """Releases wait until `answer` is set: a networked store's slow reply."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.answer = asyncio.Event()
+
+    async def release(self, lease):
+        await self.answer.wait()
+        await self.inner.release(lease)
+
+
+async def test_a_detached_give_back_does_not_wait_for_the_store_and_drain_finishes_it():
+    clock = FakeClock()
+    store = MemoryLimitStore(clock)
+    slow = HeldReleases(store)
+    leases = Leases(slow, clock, detached=True)
+    lease = await leases.take(ONE_SLOT)
+    assert isinstance(lease, Lease)
+    releaser = asyncio.create_task(leases.give_back(lease))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert releaser.done()
+    assert leases.held == 0
+    assert await store.in_use("s") == 1
+    draining = asyncio.create_task(leases.drain(timeout_s=60))
+    await asyncio.sleep(0)
+    assert not draining.done()
+    slow.answer.set()
+    await draining
+    assert await store.in_use("s") == 0
+
+
+async def test_an_attached_give_back_waits_for_the_release():
+    clock = FakeClock()
+    store = MemoryLimitStore(clock)
+    slow = HeldReleases(store)
+    leases = Leases(slow, clock)
+    lease = await leases.take(ONE_SLOT)
+    assert isinstance(lease, Lease)
+    releaser = asyncio.create_task(leases.give_back(lease))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not releaser.done()
+    slow.answer.set()
+    await releaser
+    assert await store.in_use("s") == 0
