@@ -165,7 +165,7 @@ def build(
     if shared is not None:
         metrics.watch_store(shared)
     pollers = [
-        MetricsPoller(d.metrics, gate, leases.store.in_use)
+        MetricsPoller(d.metrics, gate, leases.store.in_use, metrics.scrape_failed(d.name))
         for d in deployments
         if d.metrics is not None and isinstance(gate := gates[d.name], MetricsGate)
     ]

@@ -22,14 +22,20 @@ from typing import Any, NamedTuple
 from sluicegate.admission.boundary import Boundary
 from sluicegate.admission.estimate import Tokenizer, chars_over_four, output_tokens, prompt_tokens
 from sluicegate.core.call import Call, Tally
-from sluicegate.core.clock import Clock, sleep_until
-from sluicegate.core.errors import CONTEXT_LENGTH, CallerGone, GatewayError
+from sluicegate.core.clock import Clock, sleep_until, timeout_at
+from sluicegate.core.errors import (
+    CONTEXT_LENGTH,
+    CallerGone,
+    GatewayError,
+    Upstream,
+    bounded_retry_after,
+)
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Deployment, Endpoint, Lane, Model, OverloadState, Settings, Tenant
 from sluicegate.hedging import Hedging
 from sluicegate.observability.metrics import UNKNOWN_MODEL, GatewayMetrics
 from sluicegate.providers.base import Provider, UpstreamResponse, timed_out
-from sluicegate.scheduling.attempt import Attempt, Target
+from sluicegate.scheduling.attempt import Attempt, Target, patience_s
 from sluicegate.scheduling.dispatcher import Dispatcher
 from sluicegate.scheduling.ladder import degrade
 from sluicegate.scheduling.lanes import Demand, classify
@@ -220,8 +226,11 @@ class Pipeline:
         hedge_after = call.route.hedge_after_s
         if hedge_after is None or len(call.model.deployments) < 2:
             return await self._start(call, number, tried)
+        per_token = max(d.timeouts.output_token_s for d in call.model.deployments)
         return await self._hedging.race(
-            lambda: self._start(call, number, tried), hedge_after, _Started.discard
+            lambda: self._start(call, number, tried),
+            patience_s(call, hedge_after, per_token),
+            _Started.discard,
         )
 
     async def _start(self, call: Call, number: int, tried: set[str]) -> _Started:
@@ -250,9 +259,13 @@ class Pipeline:
     async def _first_bytes(self, stack: AsyncExitStack, attempt: Attempt, target: Target) -> Answer:
         call, deployment = attempt.call, target.deployment
         attempt.body = body_for(call, deployment, self._top_priority)
-        limit = call.route.first_byte_s or deployment.timeouts.first_byte_s
+        t = deployment.timeouts
+        wait = call.route.first_byte_s or t.first_byte_s
+        if not call.stream:
+            wait = patience_s(call, wait or t.read_s, t.output_token_s)
+        started = self._clock.now()
         try:
-            async with asyncio.timeout(limit):
+            async with timeout_at(self._clock, None if wait is None else started + wait):
                 upstream = await stack.enter_async_context(
                     self._open(attempt, deployment, self._budget_s(call))
                 )
@@ -260,6 +273,10 @@ class Pipeline:
                 await answer.prime()
         except TimeoutError:
             raise timed_out(deployment.name) from None
+        except GatewayError as err:
+            if err.code == Upstream.TIMEOUT and not call.stream and wait is not None:
+                raise _cut_by_deadline(err, call, self._clock.now(), started + wait) from None
+            raise
         return answer
 
     async def _worth_another(self, attempt: Attempt, err: GatewayError, tried: set[str]) -> bool:
@@ -268,8 +285,13 @@ class Pipeline:
         target = attempt.target
         assert target is not None
         deployment = target.deployment
-        if err.code == "upstream_throttled":
-            cooldown = err.retry_after_s or deployment.throttle_cooldown_s
+        # A peer's Retry-After is a claim, not a fact: no deployment cools its pools, or
+        # tells callers to wait, longer than its own `max_cooldown_s`.
+        err.retry_after_s = bounded_retry_after(err.retry_after_s, deployment.max_cooldown_s)
+        if err.code == Upstream.THROTTLED:
+            cooldown = min(
+                err.retry_after_s or deployment.throttle_cooldown_s, deployment.max_cooldown_s
+            )
             for pool in target.pools:
                 await pool.cool(cooldown)
                 self._metrics.throttled(pool.name)
@@ -375,6 +397,20 @@ def _larger_context_left(call: Call, failed: Deployment, tried: set[str]) -> boo
         else:
             tried.add(d.name)
     return larger
+
+
+def _cut_by_deadline(
+    err: GatewayError, call: Call, now: float, allowed_until: float
+) -> GatewayError:
+    """A non-streamed attempt cut by the request's own deadline before the deployment's
+    allowance ran out: the caller asked for more output than its time covers, which
+    is no failure of the deployment (no breaker learns from it, no retry is tried)."""
+    if now >= allowed_until or call.deadline_s - now >= call.route.min_attempt_s:
+        return err
+    return Refusal.DEADLINE.error(
+        "the request's deadline passed before its non-streamed answer was due: ask for "
+        "fewer output tokens, stream, or allow more time"
+    )
 
 
 def _cap_output(lane: Lane, payload: dict[str, Any], output: int) -> int:

@@ -76,6 +76,18 @@ def test_interpolation_default_and_typed_values():
             lambda c: c["models"][0]["deployments"][0].update(timeouts={"read_s": -1}),
             "models[0].deployments[0].timeouts.read_s: Input should be greater than 0",
         ),
+        (
+            lambda c: c["models"][0]["deployments"][0].update(timeouts={"output_token_s": -1}),
+            "models[0].deployments[0].timeouts.output_token_s: Input should be greater than",
+        ),
+        (
+            lambda c: c["models"][0]["deployments"][0].update(max_cooldown_s=float("inf")),
+            "models[0].deployments[0].max_cooldown_s: Input should be a finite number",
+        ),
+        (
+            lambda c: c["models"][0]["deployments"][0].update(max_response_bytes=10),
+            "models[0].deployments[0].max_response_bytes: Input should be greater than",
+        ),
         (lambda c: c["models"][0].update(deployments=[]), "models[0].deployments"),
         (lambda c: c["models"][0].update(colour="red"), "models[0].colour: Extra inputs"),
         (lambda c: c["tenants"][0]["keys"][0].update(sha256="abc"), "tenants[0].keys[0]"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import aiohttp
@@ -51,6 +52,10 @@ async def test_fault_routes_show_merge_and_reset(sim: Proc, http: aiohttp.Client
             "hang": False,
             "drop_after_tokens": None,
             "down": False,
+            "retry_after_header": None,
+            "redirect_to": None,
+            "body_lie": None,
+            "metrics_lie": None,
         }
     await set_faults(http, sim, slowdown=2)
     shown = await set_faults(http, sim, error_status=503)
@@ -155,3 +160,27 @@ async def test_slowdown_stretches_every_step(
     await client.chat.completions.create(model="sim-model", messages=MESSAGES, max_tokens=5)
     # 5 steps of 0.86 ms (time scale 0.1) times 30; unslowed the request takes ~5 ms.
     assert time.monotonic() - began >= 5 * 0.86e-3 * 30 * 0.95
+
+
+async def test_lying_faults_answer_as_a_hostile_upstream_would(
+    sim: Proc, http: aiohttp.ClientSession
+) -> None:
+    chat = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}
+    url = sim.url + "/v1/chat/completions"
+    await set_faults(http, sim, throttle_rate=1, retry_after_header="inf")
+    async with http.post(url, json=chat) as resp:
+        assert (resp.status, resp.headers["retry-after"]) == (429, "inf")
+    await set_faults(http, sim, throttle_rate=0, redirect_to="http://127.0.0.1:9/x")
+    async with http.post(url, json=chat, allow_redirects=False) as resp:
+        assert (resp.status, resp.headers["location"]) == (307, "http://127.0.0.1:9/x")
+    async with http.get(sim.url + "/metrics", allow_redirects=False) as resp:
+        assert resp.status == 307
+    await set_faults(http, sim, redirect_to=None, body_lie="invalid_json", metrics_lie="nan")
+    async with http.post(url, json=chat) as resp:
+        assert resp.status == 200
+        with pytest.raises(json.JSONDecodeError, match="char"):
+            json.loads(await resp.read())
+    async with http.get(sim.url + "/metrics") as resp:
+        assert b"num_requests_waiting{" in await resp.read()
+    async with http.post(sim.url + "/sim/faults", json={"body_lie": "lies"}) as resp:
+        assert resp.status == 400

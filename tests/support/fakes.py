@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+from sluicegate.core.clock import sleep_until
+from sluicegate.core.errors import GatewayError
 from sluicegate.core.limits import (
     Ask,
     Charge,
@@ -47,8 +49,10 @@ class FakeResponse:
 
 class ScriptedProvider:
     """A `Provider` that answers as told: `answer` (with `used_tokens`), `fail` (a
-    failover error), or `hang` (until cancelled). Records every body it was sent and
-    how many calls are still open."""
+    failover error), `hang` (until cancelled), `raise` (the `error` set on it) or
+    `slow` (answers after `delay_s` on `clock`, or times out as a real transport
+    does once its `budget_s` is spent). Records every body it was sent and how many
+    calls are still open."""
 
     def __init__(self, deployment: Deployment, mode: str = "answer", used_tokens: int = 7):
         self.deployment = deployment
@@ -57,6 +61,9 @@ class ScriptedProvider:
         self.bodies: list[dict[str, Any]] = []
         self.open_calls = 0
         self.cancelled = 0
+        self.error: GatewayError | None = None
+        self.clock: FakeClock | None = None
+        self.delay_s = 0.0
 
     async def start(self) -> None: ...
 
@@ -73,6 +80,14 @@ class ScriptedProvider:
                 raise timed_out(self.deployment.name)
             if self.mode == "hang":
                 await asyncio.Event().wait()
+            if self.mode == "raise":
+                assert self.error is not None
+                raise self.error
+            if self.mode == "slow":
+                assert self.clock is not None
+                await sleep_until(self.clock, self.clock.now() + min(self.delay_s, budget_s))
+                if budget_s < self.delay_s:
+                    raise timed_out(self.deployment.name)
             yield FakeResponse(self.used_tokens, [b"data: {}\n\n", b"data: [DONE]\n\n"])
         except asyncio.CancelledError:
             self.cancelled += 1

@@ -288,7 +288,7 @@ def _deployment(
         base_url=base_url,
         upstream_model=spec.model or model,
         api_key=api_key,
-        timeouts=Timeouts(t.connect_s, t.read_s, t.total_s, t.first_byte_s),
+        timeouts=Timeouts(t.connect_s, t.read_s, t.total_s, t.first_byte_s, t.output_token_s),
         max_connections=spec.max_connections,
         pools=tuple(spec.pools) or (spec.name,),
         cancel_grace_s=spec.cancel_grace_s,
@@ -297,6 +297,8 @@ def _deployment(
         pass_priority=spec.pass_priority,
         breaker=BreakerPolicy(**spec.breaker.model_dump()),
         throttle_cooldown_s=spec.throttle_cooldown_s,
+        max_cooldown_s=spec.max_cooldown_s,
+        max_response_bytes=spec.max_response_bytes,
         context_window=spec.context_window,
     )
 

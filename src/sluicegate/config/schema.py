@@ -191,6 +191,12 @@ class TimeoutsConfig(Strict):
     read_s: Seconds = 60.0
     total_s: Seconds = 600.0
     first_byte_s: Seconds | None = None
+    output_token_s: float = Field(
+        default=0.1,
+        ge=0,
+        allow_inf_nan=False,
+        description="a non-streamed answer's extra wait per output token",
+    )
 
 
 class DeploymentConfig(Strict):
@@ -214,6 +220,14 @@ class DeploymentConfig(Strict):
     breaker: BreakerConfig = BreakerConfig()
     throttle_cooldown_s: Seconds = Field(
         default=5.0, description="cooldown after a 429 that names no Retry-After"
+    )
+    max_cooldown_s: Seconds = Field(
+        default=300.0,
+        allow_inf_nan=False,
+        description="the longest cooldown or Retry-After a deployment may set",
+    )
+    max_response_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1024, description="a longer upstream answer is a 502"
     )
     context_window: int | None = Field(
         default=None, ge=1, description="tokens; a context-length error falls back to a larger one"

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Protocol
 
 
@@ -56,6 +57,22 @@ async def sleep_until(clock: Clock, when_s: float) -> None:
         await future
     finally:
         timer.cancel()
+
+
+@asynccontextmanager
+async def timeout_at(clock: Clock, when_s: float | None) -> AsyncIterator[None]:
+    """`asyncio.timeout` driven by `clock`: the block raises TimeoutError once the clock
+    reads `when_s` (None: no limit)."""
+    async with asyncio.timeout(None) as scope:
+        if when_s is None:
+            yield
+            return
+        loop = asyncio.get_running_loop()
+        timer = clock.call_at(when_s, lambda: scope.reschedule(loop.time()))
+        try:
+            yield
+        finally:
+            timer.cancel()
 
 
 async def repeat(clock: Clock, every_s: float, step: Callable[[], Awaitable[None]]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 
 
 class ErrorType(enum.StrEnum):
@@ -20,6 +21,27 @@ class ErrorType(enum.StrEnum):
 
 
 CONTEXT_LENGTH = "context_length_exceeded"
+
+
+class Upstream(enum.StrEnum):
+    """The closed list of upstream failures: the wire's error `code` and the metric's
+    label. Each is the deployment's failure, so another attempt may do better."""
+
+    ERROR = "upstream_error"
+    UNREACHABLE = "upstream_unreachable"
+    INTERRUPTED = "upstream_interrupted"
+    MISCONFIGURED = "upstream_misconfigured"
+    """It refused the gateway's credentials or model, or redirected it elsewhere."""
+    MALFORMED = "upstream_malformed"
+    """Its answer is not what it claims: invalid JSON, a wrong content type or
+    encoding, a body over the bound or shorter than its length."""
+    THROTTLED = "upstream_throttled"
+    UNAVAILABLE = "upstream_unavailable"
+    TIMEOUT = "upstream_timeout"
+
+
+MAX_RETRY_AFTER_S = 86_400.0
+"""No Retry-After the gateway writes is longer than a day, whatever a limit or a peer said."""
 
 
 class CallerGone(Exception):
@@ -51,7 +73,7 @@ class GatewayError(Exception):
         self.code = code
         self.message = message
         self.error_type = error_type
-        self.retry_after_s = retry_after_s
+        self.retry_after_s = bounded_retry_after(retry_after_s, MAX_RETRY_AFTER_S)
         self.should_retry = should_retry
         self.failover = failover
 
@@ -68,6 +90,14 @@ class GatewayError(Exception):
             should_retry=self.should_retry,
             failover=self.failover,
         )
+
+
+def bounded_retry_after(seconds: float | None, ceiling_s: float) -> float | None:
+    """`seconds` held to [0, `ceiling_s`]; None for no time or a time that is no number
+    (NaN, infinity): a Retry-After is only ever a real, finite wait."""
+    if seconds is None or not math.isfinite(seconds):
+        return None
+    return min(max(seconds, 0.0), ceiling_s)
 
 
 def bad_request(message: str, code: str = "invalid_request") -> GatewayError:

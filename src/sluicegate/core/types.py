@@ -35,12 +35,15 @@ _PATHS = {
 @dataclass(frozen=True, slots=True)
 class Timeouts:
     """`read_s` bounds each wait for upstream bytes (the gap between stream chunks);
-    `first_byte_s`, when set, bounds dispatch to the answer's first bytes."""
+    `first_byte_s`, when set, bounds dispatch to the answer's first bytes. A non-streamed
+    answer's first bytes come with its whole body, so its wait (`first_byte_s`, else
+    `read_s`) grows by `output_token_s` for each output token asked for."""
 
     connect_s: float
     read_s: float
     total_s: float
     first_byte_s: float | None = None
+    output_token_s: float = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +114,8 @@ class Deployment:
     pass_priority: bool = False
     breaker: BreakerPolicy = BreakerPolicy()
     throttle_cooldown_s: float = 5.0
+    max_cooldown_s: float = 300.0
+    max_response_bytes: int = 64 * 1024 * 1024
     context_window: int | None = None
 
     def __repr__(self) -> str:

@@ -464,6 +464,13 @@ class GatewayMetrics:
             ["deployment", "code"],
             registry=r,
         )
+        self._scrape_failures = Counter(
+            "sluicegate_backend_scrape_failures",
+            "Backend metric scrapes that gave no sample, by deployment and reason "
+            "(unreachable, timeout, status, too_large, malformed).",
+            ["deployment", "reason"],
+            registry=r,
+        )
         self._job_backlog = Gauge(
             "sluicegate_job_backlog",
             "Queued jobs per lane, all replicas together (refreshed by the expiry sweep).",
@@ -579,6 +586,10 @@ class GatewayMetrics:
 
     def upstream_error(self, deployment: str, code: str) -> None:
         self._upstream_errors.labels(deployment, code).inc()
+
+    def scrape_failed(self, deployment: str) -> Callable[[str], None]:
+        """What a deployment's metrics poller calls with the reason of each failed scrape."""
+        return lambda reason: self._scrape_failures.labels(deployment, reason).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -14,11 +14,11 @@ from typing import Any
 import orjson
 
 from sluicegate.core.types import Deployment, Endpoint
-from sluicegate.providers.anthropic_errors import classify, malformed, unsupported
+from sluicegate.providers.anthropic_errors import classify, unsupported
 from sluicegate.providers.anthropic_request import include_usage, messages_request
 from sluicegate.providers.anthropic_response import chat_completion
 from sluicegate.providers.anthropic_stream import StreamBroken, StreamTranslator
-from sluicegate.providers.base import interrupted
+from sluicegate.providers.base import interrupted, malformed
 from sluicegate.providers.transport import AdapterResponse, HttpProvider, UpstreamBody
 
 API_VERSION = "2023-06-01"
@@ -80,5 +80,6 @@ class AnthropicProvider(HttpProvider):
             raise unsupported(f"the {endpoint.value} endpoint")
         body = orjson.dumps(messages_request(payload, self.deployment.upstream_model))
         name = self.deployment.name
-        async with self._transport.post(self._url, body, budget_s, classify) as upstream:
+        streamed = payload.get("stream") is True
+        async with self._transport.post(self._url, body, budget_s, classify, streamed) as upstream:
             yield AnthropicResponse(upstream, name, include_usage(payload))

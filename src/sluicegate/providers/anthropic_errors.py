@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sluicegate.core.errors import CONTEXT_LENGTH, ErrorType, GatewayError, bad_request
+from sluicegate.core.errors import CONTEXT_LENGTH, GatewayError, bad_request
 from sluicegate.providers.base import classify_status
 
 OVERLOADED = 529
@@ -30,8 +30,3 @@ def unsupported(what: str) -> GatewayError:
     return bad_request(
         f"an Anthropic deployment does not support {what}", "unsupported_by_provider"
     )
-
-
-def malformed(deployment: str) -> GatewayError:
-    message = f"deployment {deployment} answered with a body the gateway cannot read"
-    return GatewayError(502, "upstream_malformed", message, ErrorType.UPSTREAM, failover=True)

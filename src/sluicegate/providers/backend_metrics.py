@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable
 
 import aiohttp
@@ -29,8 +30,20 @@ TPOT = (
 )
 
 
+MAX_SCRAPE_BYTES = 4 * 1024 * 1024
+"""A vLLM exposition is a few tens of KiB; anything past this is not one."""
+
+
+class ScrapeFailed(Exception):
+    """A scrape that gave no sample; `reason` is the metric's label (a closed set)."""
+
+    def __init__(self, reason: str, detail: object) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
 def parse_sample(text: str) -> BackendSample:
-    """Raise ValueError when the text is not a vLLM-like exposition."""
+    """Raise ValueError when the text is not a vLLM-like exposition of finite numbers."""
     totals: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -39,42 +52,67 @@ def parse_sample(text: str) -> BackendSample:
         raise ValueError(f"no {WAITING} / {RUNNING} in the backend's metrics")
     kv = next((totals[name] for name in KV_USAGE if name in totals), None)
     tpot = next((name for name in TPOT if name + "_count" in totals), None)
-    return BackendSample(
+    sample = BackendSample(
         waiting=totals[WAITING],
         running=totals[RUNNING],
         kv_usage=kv,
-        tpot_sum=None if tpot is None else totals[tpot + "_sum"],
+        tpot_sum=None if tpot is None else totals.get(tpot + "_sum"),
         tpot_count=None if tpot is None else totals[tpot + "_count"],
     )
+    read = (sample.waiting, sample.running, sample.kv_usage, sample.tpot_sum, sample.tpot_count)
+    if not all(v is None or (math.isfinite(v) and v >= 0) for v in read):
+        raise ValueError("a negative or non-finite value in the backend's metrics")
+    return sample
+
+
+async def scrape(session: aiohttp.ClientSession, url: str, timeout_s: float) -> BackendSample:
+    """One scrape, never following a redirect, reading at most `MAX_SCRAPE_BYTES`."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    try:
+        async with session.get(url, timeout=timeout, allow_redirects=False) as response:
+            if response.status != 200:
+                raise ScrapeFailed("status", response.status)
+            body = bytearray()
+            async for chunk in response.content.iter_any():
+                body += chunk
+                if len(body) > MAX_SCRAPE_BYTES:
+                    raise ScrapeFailed("too_large", f"over {MAX_SCRAPE_BYTES} bytes")
+    except TimeoutError as exc:
+        raise ScrapeFailed("timeout", exc) from None
+    except aiohttp.ClientError as exc:
+        raise ScrapeFailed("unreachable", exc) from None
+    try:
+        return parse_sample(body.decode("utf-8"))
+    except Exception as exc:  # the parser's failures on hostile text are not one type
+        raise ScrapeFailed("malformed", exc) from None
 
 
 class MetricsPoller:
-    """Scrapes one backend every `interval_s`; a failed scrape leaves the gate to go stale."""
+    """Scrapes one backend every `interval_s`; a failed scrape leaves the gate to go stale
+    and is counted by `on_failure(reason)`."""
 
     def __init__(
         self,
         spec: BackendMetrics,
         gate: MetricsGate,
         fleet_in_flight: Callable[[str], Awaitable[int]] | None = None,
+        on_failure: Callable[[str], None] = lambda reason: None,
     ) -> None:
         self._spec = spec
         self._gate = gate
         self._fleet_in_flight = fleet_in_flight
         """In a fleet: the count of attempts in flight to the backend, read before each
         scrape (a send between the two is then counted by the sample only: conservative)."""
-        self.failures = 0
+        self._on_failure = on_failure
 
     async def run(self, session: aiohttp.ClientSession) -> None:
-        timeout = aiohttp.ClientTimeout(total=max(self._spec.interval_s, 0.5))
+        timeout_s = max(self._spec.interval_s, 0.5)
         while True:
             try:
                 in_flight = await self._fleet_count()
-                async with session.get(self._spec.url, timeout=timeout) as response:
-                    response.raise_for_status()
-                    sample = parse_sample(await response.text())
-                self._gate.update(sample, in_flight)
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                self.failures += 1
+                self._gate.update(await scrape(session, self._spec.url, timeout_s), in_flight)
+            except ScrapeFailed as exc:
+                self._on_failure(exc.reason)
                 log.debug("scrape of %s failed: %s", self._spec.url, exc)
             await asyncio.sleep(self._spec.interval_s)
 

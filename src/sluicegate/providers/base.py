@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -9,7 +10,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from sluicegate.core.errors import CONTEXT_LENGTH, ErrorType, GatewayError
+from sluicegate.core.errors import CONTEXT_LENGTH, ErrorType, GatewayError, Upstream
 from sluicegate.core.types import Deployment, Endpoint
 
 
@@ -54,6 +55,8 @@ def classify_status(
     auth or not-found errors are the gateway's misconfiguration (502); throttling
     is exhausted shared capacity (503, with the provider's Retry-After if any).
     """
+    if 300 <= status < 400:
+        return redirected(deployment, status)
     detail = _upstream_message(body)
     if status in (400, 413, 422):
         code = _upstream_code(body) or "invalid_request"
@@ -63,7 +66,7 @@ def classify_status(
     if status == 429:
         return GatewayError(
             503,
-            "upstream_throttled",
+            Upstream.THROTTLED,
             f"deployment {deployment} is throttling: {detail}",
             ErrorType.UNAVAILABLE,
             retry_after_s=_retry_after(headers),
@@ -71,13 +74,11 @@ def classify_status(
         )
     if status in (401, 403, 404):
         message = f"deployment {deployment} refused the gateway ({status}): {detail}"
-        return GatewayError(
-            502, "upstream_misconfigured", message, ErrorType.UPSTREAM, failover=True
-        )
+        return GatewayError(502, Upstream.MISCONFIGURED, message, ErrorType.UPSTREAM, failover=True)
     if status == 503:
         return GatewayError(
             503,
-            "upstream_unavailable",
+            Upstream.UNAVAILABLE,
             f"deployment {deployment} is unavailable: {detail}",
             ErrorType.UNAVAILABLE,
             retry_after_s=_retry_after(headers),
@@ -85,7 +86,7 @@ def classify_status(
         )
     return GatewayError(
         502,
-        "upstream_error",
+        Upstream.ERROR,
         f"deployment {deployment} failed ({status}): {detail}",
         ErrorType.UPSTREAM,
         failover=True,
@@ -94,18 +95,30 @@ def classify_status(
 
 def unreachable(deployment: str, exc: BaseException) -> GatewayError:
     message = f"deployment {deployment} is unreachable: {exc.__class__.__name__}"
-    return GatewayError(502, "upstream_unreachable", message, ErrorType.UPSTREAM, failover=True)
+    return GatewayError(502, Upstream.UNREACHABLE, message, ErrorType.UPSTREAM, failover=True)
 
 
 def timed_out(deployment: str) -> GatewayError:
     message = f"deployment {deployment} did not answer in time"
-    return GatewayError(504, "upstream_timeout", message, ErrorType.TIMEOUT, failover=True)
+    return GatewayError(504, Upstream.TIMEOUT, message, ErrorType.TIMEOUT, failover=True)
 
 
 def interrupted(deployment: str, exc: BaseException | None = None) -> GatewayError:
     reason = f": {exc.__class__.__name__}" if exc is not None else ""
     message = f"deployment {deployment} ended the response early{reason}"
-    return GatewayError(502, "upstream_interrupted", message, ErrorType.UPSTREAM, failover=True)
+    return GatewayError(502, Upstream.INTERRUPTED, message, ErrorType.UPSTREAM, failover=True)
+
+
+def redirected(deployment: str, status: int) -> GatewayError:
+    """Redirects are never followed: one would replay the prompt and the deployment's
+    credentials to another origin, or relay whatever that origin serves as the answer."""
+    message = f"deployment {deployment} redirected the gateway ({status}), which never follows"
+    return GatewayError(502, Upstream.MISCONFIGURED, message, ErrorType.UPSTREAM, failover=True)
+
+
+def malformed(deployment: str, why: str = "a body the gateway cannot read") -> GatewayError:
+    message = f"deployment {deployment} answered with {why}"
+    return GatewayError(502, Upstream.MALFORMED, message, ErrorType.UPSTREAM, failover=True)
 
 
 _CONTEXT_WORDS = re.compile(r"maximum context length|context window|prompt is too long", re.I)
@@ -142,6 +155,6 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
             seconds = float(value) * scale
         except ValueError:
             continue
-        if seconds >= 0:
+        if math.isfinite(seconds) and seconds >= 0:
             return seconds
     return None

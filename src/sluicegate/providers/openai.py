@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from sluicegate.core.types import Deployment, Endpoint
-from sluicegate.providers.base import classify_status, interrupted
+from sluicegate.providers.base import classify_status, interrupted, malformed
 from sluicegate.providers.sse import EventSplitter, EventTooLarge, event_start, events
 from sluicegate.providers.transport import AdapterResponse, HttpProvider, UpstreamBody
 
@@ -50,7 +50,16 @@ class OpenAIResponse(AdapterResponse):
         self._hide_usage = hide_usage
 
     async def read(self) -> bytes:
+        """The body, relayed as sent once it proved to be one JSON object: a body cut
+        short, or an HTML page behind a JSON content type, must not reach a caller or a
+        stored job as an answer."""
         body = await self._body.read()
+        try:
+            whole = isinstance(orjson.loads(body), dict)
+        except orjson.JSONDecodeError:
+            whole = False
+        if not whole:
+            raise malformed(self._deployment, "a body that is not a JSON object")
         self._read_usage(body[body.rfind(b'"usage"') :])
         return body
 
@@ -116,7 +125,8 @@ class OpenAIProvider(HttpProvider):
         request = {**payload, "model": self.deployment.upstream_model}
         hide_usage = request.get("stream") is True and _ask_for_usage(request)
         url, body = self._urls[endpoint], orjson.dumps(request)
-        async with self._transport.post(url, body, budget_s, classify_status) as upstream:
+        streamed = request.get("stream") is True
+        async with self._transport.post(url, body, budget_s, classify_status, streamed) as upstream:
             yield OpenAIResponse(upstream, self.deployment.name, hide_usage)
 
 

@@ -15,38 +15,44 @@ import aiohttp
 
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.types import Deployment
-from sluicegate.providers.base import interrupted, timed_out, unreachable
+from sluicegate.providers.base import interrupted, malformed, timed_out, unreachable
 
 Classify = Callable[[str, int, bytes, Mapping[str, str]], GatewayError]
 """(deployment, status, body, headers) -> the error the caller should see."""
 
 
+ERROR_BODY_BYTES = 64 * 1024
+"""Enough of an error answer to name its cause; the rest is never read."""
+
+
 class UpstreamBody:
-    """A started upstream answer (status < 400), its read failures already normalised."""
+    """A started upstream answer (status < 300), its read failures already normalised
+    and its size bounded by the deployment's `max_response_bytes`."""
 
-    __slots__ = ("_deployment", "_response", "ended")
+    __slots__ = ("_deployment", "_limit", "_response", "ended")
 
-    def __init__(self, response: aiohttp.ClientResponse, deployment: str) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, deployment: str, limit: int) -> None:
         self._response = response
         self._deployment = deployment
+        self._limit = limit
         self.ended = False
         """True once the upstream itself finished or broke the response, not we."""
 
     async def read(self) -> bytes:
-        try:
-            body = await self._response.read()
-        except TimeoutError:
-            raise timed_out(self._deployment) from None
-        except aiohttp.ClientError as exc:
-            self.ended = True
-            raise interrupted(self._deployment, exc) from None
-        self.ended = True
-        return body
+        """The whole body; one over the bound is refused, not buffered."""
+        parts: list[bytes] = []
+        async for chunk in self.chunks():
+            parts.append(chunk)
+        return b"".join(parts)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The bytes as they arrive; judging whether the body is complete is the adapter's."""
+        size, limit = 0, self._limit
         try:
             async for chunk in self._response.content.iter_any():
+                size += len(chunk)
+                if size > limit:
+                    raise malformed(self._deployment, f"a body over {limit} bytes")
                 yield chunk
         except TimeoutError:
             raise timed_out(self._deployment) from None
@@ -54,6 +60,21 @@ class UpstreamBody:
             self.ended = True
             raise interrupted(self._deployment, exc) from None
         self.ended = True
+
+    async def error_text(self) -> bytes:
+        """The start of an error answer (up to `ERROR_BODY_BYTES`), whatever its length."""
+        parts: list[bytes] = []
+        left = ERROR_BODY_BYTES
+        try:
+            while left > 0 and (part := await self._response.content.read(left)):
+                parts.append(part)
+                left -= len(part)
+            return b"".join(parts)
+        except TimeoutError:
+            raise timed_out(self._deployment) from None
+        except aiohttp.ClientError as exc:
+            self.ended = True
+            raise interrupted(self._deployment, exc) from None
 
 
 class Transport:
@@ -68,6 +89,8 @@ class Transport:
         self._timeout = aiohttp.ClientTimeout(
             total=t.total_s, connect=t.connect_s, sock_read=t.read_s
         )
+        self._unread_timeout = aiohttp.ClientTimeout(total=t.total_s, connect=t.connect_s)
+        """For a non-streamed answer, whose bytes all come at its end."""
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(
@@ -87,10 +110,14 @@ class Transport:
 
     @asynccontextmanager
     async def post(
-        self, url: str, body: bytes, budget_s: float, classify: Classify
+        self, url: str, body: bytes, budget_s: float, classify: Classify, streamed: bool
     ) -> AsyncIterator[UpstreamBody]:
-        """POST `body`, giving up after `budget_s` at most; an error status is raised as
-        `classify` names it.
+        """POST `body`, giving up after `budget_s` at most; an error status (a redirect
+        included: none is followed) is raised as `classify` names it, and an answer that
+        is not what a `streamed` (or not) request expects is malformed.
+
+        A non-streamed answer's bytes come only once it is complete, so no read timeout
+        applies to it: the pipeline bounds its wait by the output asked for.
 
         Closing the connection is all a client can do to stop an upstream call, and it
         proves nothing: an attempt abandoned mid-way (cancelled, timed out) keeps its
@@ -102,7 +129,10 @@ class Transport:
         try:
             try:
                 response = await self._session.post(
-                    url, data=body, timeout=self._timeout_within(budget_s)
+                    url,
+                    data=body,
+                    timeout=self._timeout_within(budget_s, streamed),
+                    allow_redirects=False,
                 )
             except TimeoutError:
                 raise timed_out(name) from None
@@ -110,17 +140,32 @@ class Transport:
                 ended = True
                 raise unreachable(name, exc) from None
             async with response:
-                upstream = UpstreamBody(response, name)
-                if response.status >= 400:
-                    error = await upstream.read()
+                upstream = UpstreamBody(response, name, self.deployment.max_response_bytes)
+                if response.status >= 300:
+                    error = await upstream.error_text()
                     raise classify(name, response.status, error, response.headers)
+                self._check(response, streamed)
                 yield upstream
         finally:
             if not (ended or (upstream is not None and upstream.ended)):
                 await asyncio.sleep(self.deployment.cancel_grace_s)
 
-    def _timeout_within(self, budget_s: float) -> aiohttp.ClientTimeout:
-        t = self._timeout
+    def _check(self, response: aiohttp.ClientResponse, streamed: bool) -> None:
+        """Refuse, before reading it, an answer that announces itself as something else:
+        over the size bound, compressed although the gateway asked for identity, or a
+        stream that is not an event stream."""
+        name, limit = self.deployment.name, self.deployment.max_response_bytes
+        length = response.content_length
+        if length is not None and length > limit:
+            raise malformed(name, f"a Content-Length of {length}, over {limit} bytes")
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding != "identity":
+            raise malformed(name, f"a {encoding[:40]!r}-encoded body, not the identity asked for")
+        if streamed and response.content_type != "text/event-stream":
+            raise malformed(name, f"a {response.content_type[:80]!r} body to a stream request")
+
+    def _timeout_within(self, budget_s: float, streamed: bool) -> aiohttp.ClientTimeout:
+        t = self._timeout if streamed else self._unread_timeout
         if t.total is not None and budget_s >= t.total:
             return t
         return aiohttp.ClientTimeout(total=budget_s, connect=t.connect, sock_read=t.sock_read)

@@ -44,10 +44,20 @@ class Outcome(enum.StrEnum):
     FAILED = "failed"
     """The deployment's fault: connection, timeout, 5xx, throttling, a broken stream."""
     REJECTED = "rejected"
-    """The caller's own mistake (a 4xx the deployment answered)."""
+    """The caller's own doing: a 4xx the deployment answered, or a deadline too short for
+    the non-streamed answer it asked for (see `patience_s`)."""
     ABANDONED = "abandoned"
     """Nobody waits for it any more: cancelled, a lost hedge, the client gone. Only `ok`
     and `failed` are evidence of the deployment's health and speed."""
+
+
+def patience_s(call: Call, wait_s: float, output_token_s: float) -> float:
+    """How long an attempt may go without its first bytes: `wait_s` for a stream (its
+    first token follows the prefill); a non-streamed answer's first bytes come with its
+    whole body, so its wait also grows by `output_token_s` per output token asked for."""
+    if call.stream:
+        return wait_s
+    return wait_s + (call.reserved_tokens - call.prompt_tokens) * output_token_s
 
 
 def outcome_of(error: BaseException | None) -> Outcome:

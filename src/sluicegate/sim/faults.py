@@ -19,6 +19,13 @@ class Faults:
 
     `hang` and `drop_after_tokens` are read when a request arrives, the other faults at
     each draw or step, so a change applies to new requests and (slowdown) the next step.
+
+    The hostile ones: `retry_after_header` is the raw `Retry-After` text of an injected
+    429 (any string, "inf" or "1000000000" included); `redirect_to` answers every
+    OpenAI inference request and /metrics with a 307 there; `body_lie` answers an
+    OpenAI inference request with a body that is not what it claims (see `BODY_LIES`);
+    `metrics_lie` serves a /metrics that is not an exposition (see `METRICS_LIES`).
+    The Anthropic face (/v1/messages) ignores the last three.
     """
 
     slowdown: float = 1.0
@@ -29,6 +36,10 @@ class Faults:
     hang: bool = False
     drop_after_tokens: int | None = None
     down: bool = False
+    retry_after_header: str | None = None
+    redirect_to: str | None = None
+    body_lie: str | None = None
+    metrics_lie: str | None = None
 
     def merge(self, changes: Mapping[str, object]) -> None:
         """Apply `changes` all-or-nothing; a ValueError names the first bad field."""
@@ -98,6 +109,31 @@ def _drop_after(name: str, value: object) -> int | None:
     return value
 
 
+BODY_LIES = frozenset({"invalid_json", "html", "gzip", "oversized", "short"})
+"""invalid_json: a cut JSON object; html: an HTML page under a JSON (or, streaming, an
+HTML) content type; gzip: a gzip body the gateway never asked for; oversized: a valid
+answer of about 1 MiB; short: a Content-Length 1,000 bytes longer than the body sent."""
+METRICS_LIES = frozenset({"garbage", "nan", "huge"})
+"""garbage: bytes that are no exposition; nan: vLLM's gauges at NaN; huge: 8 MiB of text."""
+
+
+def _text(name: str, value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be null or a non-empty string")
+    return value
+
+
+def _one_of(choices: frozenset[str]) -> Callable[[str, object], object]:
+    def check(name: str, value: object) -> str | None:
+        if value is not None and value not in choices:
+            raise ValueError(f"{name} must be null or one of {', '.join(sorted(choices))}")
+        return value  # type: ignore[return-value]
+
+    return check
+
+
 _CHECKS: dict[str, Callable[[str, object], object]] = {
     "slowdown": _slowdown,
     "error_rate": _rate,
@@ -107,6 +143,10 @@ _CHECKS: dict[str, Callable[[str, object], object]] = {
     "hang": _flag,
     "drop_after_tokens": _drop_after,
     "down": _flag,
+    "retry_after_header": _text,
+    "redirect_to": _text,
+    "body_lie": _one_of(BODY_LIES),
+    "metrics_lie": _one_of(METRICS_LIES),
 }
 
 _TYPES_BY_STATUS = {

@@ -126,6 +126,10 @@ _FAULTS: dict[str, tuple[str, Converter]] = {
     "hang": ("hang", _flag),
     "drop_after_tokens": ("drop_after_tokens", _nullable(_integer)),
     "down": ("down", _flag),
+    "retry_after_header": ("retry_after_header", _nullable(_text)),
+    "redirect_to": ("redirect_to", _nullable(_text)),
+    "body_lie": ("body_lie", _nullable(_text)),
+    "metrics_lie": ("metrics_lie", _nullable(_text)),
 }
 OPTION_NAMES = frozenset(_TOP) | frozenset(_ENGINE) | frozenset(_FAULTS)
 

@@ -26,6 +26,7 @@ from sluicegate.api.asgi import (
     Router,
     Scope,
     Send,
+    error_body,
     header,
     read_body,
     send_bytes,
@@ -36,6 +37,7 @@ from sluicegate.core.errors import ErrorType, GatewayError, bad_request, not_fou
 from sluicegate.sim.anthropic import MessageEvents, MessagesFace
 from sluicegate.sim.engine import Engine, Rejected, Sequence
 from sluicegate.sim.faults import FaultInjector
+from sluicegate.sim.lies import Cut, metrics_text, redirect, tell, throttle_headers
 from sluicegate.sim.metrics import SimMetrics
 from sluicegate.sim.options import SimOptions
 from sluicegate.sim.protocol import (
@@ -130,16 +132,24 @@ class SimServer:
 
         async def route(scope: Scope, receive: Receive, send: Send) -> None:
             self.received += 1
+            faults = self.options.faults
             try:
+                if faults.redirect_to is not None:
+                    await redirect(send, faults.redirect_to)
+                    return
                 refusal = self.injector.refusal()
                 if refusal is not None:
                     self.failed += 1
                     raise refusal
                 self._authorize(scope)
                 payload = load_object(await read_body(receive, MAX_BODY_BYTES))
+                if faults.body_lie is not None:
+                    await self._lie(faults.body_lie, payload, send)
+                    return
                 await handler(payload, receive, send)
             except GatewayError as err:
-                await send_error(send, err)
+                headers = throttle_headers(err, faults.retry_after_header)
+                await send_bytes(send, err.status, error_body(err), headers)
             except Rejected as exc:
                 await send_error(send, bad_request(exc.message, exc.code))
             except ClientDisconnected:
@@ -258,6 +268,13 @@ class SimServer:
         body = embedding_body(request.model, request.inputs, request.prompt_tokens, request.base64)
         await send_bytes(send, 200, body, JSON_HEADERS)
 
+    async def _lie(self, lie: str, payload: Payload, send: Send) -> None:
+        self.failed += 1
+        try:
+            await tell(send, lie, payload.get("stream") is True, self.options.models[0])
+        except Cut:
+            raise ConnectionDropped from None
+
     def _drop(self) -> NoReturn:
         self.failed += 1
         raise ConnectionDropped
@@ -303,7 +320,14 @@ class SimServer:
             await send_bytes(send, 200, b"", [])
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send_bytes(send, 200, self.metrics.render(), _METRICS_HEADERS)
+        faults = self.options.faults
+        if faults.redirect_to is not None:
+            await redirect(send, faults.redirect_to)
+            return
+        body = self.metrics.render()
+        if faults.metrics_lie is not None:
+            body = metrics_text(faults.metrics_lie, body)
+        await send_bytes(send, 200, body, _METRICS_HEADERS)
 
     async def _stats(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send_json(send, 200, self.stats())

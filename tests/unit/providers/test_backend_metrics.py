@@ -47,3 +47,23 @@ def test_legacy_names():
 def test_not_a_vllm_exposition():
     with pytest.raises(ValueError, match="num_requests_waiting"):
         parse_sample("# TYPE up gauge\nup 1\n")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'vllm:num_requests_waiting{model_name="x" 1 2 3\n\ufffd }}}\n',
+        CURRENT.replace(
+            'vllm:num_requests_waiting{model_name="a"} 2.0',
+            'vllm:num_requests_waiting{model_name="a"} NaN',
+        ),
+        CURRENT.replace(
+            'vllm:num_requests_running{model_name="b"} 1.0',
+            'vllm:num_requests_running{model_name="b"} -9',
+        ),
+        CURRENT.replace("0.25", "+Inf"),
+    ],
+)
+def test_a_malformed_or_non_finite_scrape_gives_no_sample(text):
+    with pytest.raises(ValueError, match=r"."):
+        parse_sample(text)
