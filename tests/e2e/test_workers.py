@@ -247,3 +247,24 @@ async def test_workers_share_one_sqlite_job_file_and_claim_each_job_once(sim, ht
     ran = [doc["answered"] for doc in document["per_worker"].values()]
     assert sum(ran) == 150
     assert min(ran) > 0  # both workers claimed jobs from the one file
+
+
+async def test_sigterm_lets_requests_in_flight_finish(server, http):
+    """Each worker gets one SIGTERM and drains as a single gateway does: a request in
+    flight when the server is told to stop still gets its whole answer."""
+    payload = {"model": "chat", "messages": MESSAGES, "max_tokens": 120}
+    headers = {"Authorization": f"Bearer {key_of('t')}"}
+
+    async def slow() -> tuple[int, dict]:
+        url = f"{server.url}/v1/chat/completions"
+        async with http.post(url, json=payload, headers=headers) as resp:
+            return resp.status, await resp.json()
+
+    calls = [asyncio.create_task(slow()) for _ in range(4)]
+    await asyncio.sleep(0.4)
+    assert not any(call.done() for call in calls)
+    server.popen.send_signal(signal.SIGTERM)
+    answers = await asyncio.gather(*calls)
+    assert [status for status, _ in answers] == [200] * 4
+    assert all(body["usage"]["completion_tokens"] == 120 for _, body in answers)
+    assert await asyncio.to_thread(server.popen.wait, 20) == 0
