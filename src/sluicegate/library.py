@@ -19,8 +19,10 @@ deployment whose call the caller makes itself:
 A refusal raises `GatewayError` before the block runs (its `code`, `status` and
 `retry_after_s` as the proxy would answer). An exception leaving the block counts as
 the deployment's failure (the circuit breaker and adaptive limits hear of it) and is
-re-raised; retries and fallback are the caller's: `grant.left` names the model's
-deployments not yet tried, and `attempt(..., avoid=grant.tried)` puts those tried last.
+re-raised; `grant.throttled(retry_after_s)` reports a provider's 429, which cools the
+pools for every caller as a proxied one does. Retries and fallback are the caller's:
+`grant.left` names the model's deployments not yet tried, and
+`attempt(..., avoid=grant.tried)` puts those tried last.
 """
 
 from __future__ import annotations
@@ -35,7 +37,13 @@ from typing import Any
 
 from sluicegate.app import Runtime, build
 from sluicegate.config import load_settings
-from sluicegate.core.errors import ErrorType, GatewayError
+from sluicegate.core.errors import (
+    MAX_RETRY_AFTER_S,
+    ErrorType,
+    GatewayError,
+    Upstream,
+    bounded_retry_after,
+)
 from sluicegate.core.types import Deployment, Endpoint, Settings, Tenant
 from sluicegate.pipeline import Inbound
 from sluicegate.providers.base import UpstreamResponse
@@ -151,6 +159,11 @@ class Governor:
                 if not isinstance(err, GatewayError):
                     answer.attempt.end(caller_failed(deployment.name, err))
                 raise
+            finally:
+                throttling = grant._throttling
+                if throttling is not None:
+                    answer.attempt.end(throttling)
+                    await runtime.pipeline.throttled(target, throttling.retry_after_s)
 
     def _tenant(self, name: str) -> Tenant:
         tenant = self._tenants.get(name)
@@ -178,6 +191,23 @@ class Grant:
     left: tuple[str, ...]
     """The model's deployments not yet tried, for the caller's own fallback."""
     _usage: Reported = field(repr=False)
+    _throttling: GatewayError | None = field(default=None, repr=False)
+
+    def throttled(self, retry_after_s: float | None = None) -> None:
+        """The provider answered 429 (`retry_after_s`: its Retry-After, if any): on exit
+        the pools cool for every caller sharing them, proxy and library alike, for that
+        long (else the deployment's `throttle_cooldown_s`, at most its `max_cooldown_s`),
+        and the attempt counts as the deployment's failure, as a proxied 429 does."""
+        bounded = bounded_retry_after(retry_after_s, MAX_RETRY_AFTER_S)
+        message = f"deployment {self.deployment} is throttling (reported by the caller)"
+        self._throttling = GatewayError(
+            503,
+            Upstream.THROTTLED,
+            message,
+            ErrorType.UNAVAILABLE,
+            retry_after_s=bounded,
+            failover=True,
+        )
 
     def report(self, prompt_tokens: int, completion_tokens: int) -> None:
         """The provider's usage: settles the token reservations as the proxy does with a

@@ -289,18 +289,22 @@ class Pipeline:
         # tells callers to wait, longer than its own `max_cooldown_s`.
         err.retry_after_s = bounded_retry_after(err.retry_after_s, deployment.max_cooldown_s)
         if err.code == Upstream.THROTTLED:
-            cooldown = min(
-                err.retry_after_s or deployment.throttle_cooldown_s, deployment.max_cooldown_s
-            )
-            for pool in target.pools:
-                await pool.cool(cooldown)
-                self._metrics.throttled(pool.name)
-            target.breaker.ramp_after(cooldown)
+            await self.throttled(target, err.retry_after_s)
         if err.code == CONTEXT_LENGTH:
             return _larger_context_left(attempt.call, deployment, tried)
         if err.failover:
             self._metrics.retried(deployment.name, err.code)
         return err.failover
+
+    async def throttled(self, target: Target, retry_after_s: float | None) -> None:
+        """`target`'s deployment throttled an attempt: its pools cool for every caller
+        sharing them and its circuit ramps back up after; a library caller reports it."""
+        deployment = target.deployment
+        cooldown = min(retry_after_s or deployment.throttle_cooldown_s, deployment.max_cooldown_s)
+        for pool in target.pools:
+            await pool.cool(cooldown)
+            self._metrics.throttled(pool.name)
+        target.breaker.ramp_after(cooldown)
 
     async def _back_off(self, call: Call, number: int, failure: GatewayError) -> None:
         """Full jitter, within the deadline; a context-window fallback does not wait."""

@@ -97,3 +97,21 @@ async def test_attempts_need_the_governor_entered(tmp_path):
             model="chat", tenant="t", prompt_tokens=1, max_tokens=1
         ):
             pass
+
+
+async def test_a_reported_throttle_cools_the_pool_for_every_caller(tmp_path):
+    path = write(tmp_path)
+    config = yaml.safe_load(path.read_text())
+    config["pools"] = [{"name": "p", "max_concurrency": 8}]
+    for deployment in config["models"][0]["deployments"]:
+        deployment["pools"] = ["p"]
+        del deployment["breaker"]  # the default's circuit stays closed after one failure
+    path.write_text(yaml.safe_dump(config))
+    async with Governor.from_config(path, {"KEY": "sk-key"}) as g:
+        async with g.attempt(model="chat", tenant="t", prompt_tokens=1, max_tokens=1) as grant:
+            grant.throttled(retry_after_s=30)
+        with pytest.raises(GatewayError) as cooling:
+            async with g.attempt(model="chat", tenant="t", prompt_tokens=1, max_tokens=1):
+                raise AssertionError("the block must not run")
+        assert cooling.value.code == "pool_cooling_down"
+        assert 25 < cooling.value.retry_after_s <= 30
