@@ -6,8 +6,9 @@
 Every call first takes an attempt from the Governor (the tenant's limits, the lane's
 turn in the fair queue, the pool's permits, the backend gate), then calls the
 deployment the grant names with the team's own client, and reports the usage. A
-refusal with a known wait is retried after it; a failed call moves to a deployment
-the grant says is left. Prints one line per call and a summary.
+refusal with a known wait is retried after it; a provider's 429 is reported, so the
+pool cools for every caller; a failed call moves to a deployment the grant says is
+left. Prints one line per call and a summary.
 """
 
 from __future__ import annotations
@@ -38,11 +39,15 @@ async def ask(governor: Governor, clients: dict[str, openai.AsyncOpenAI], tenant
                     client = clients[grant.deployment] = openai.AsyncOpenAI(
                         base_url=grant.base_url, api_key=grant.api_key or "none", max_retries=0
                     )
-                reply = await client.chat.completions.create(
-                    model=grant.upstream_model,
-                    messages=[{"role": "user", "content": QUESTION}],
-                    max_tokens=32,
-                )
+                try:
+                    reply = await client.chat.completions.create(
+                        model=grant.upstream_model,
+                        messages=[{"role": "user", "content": QUESTION}],
+                        max_tokens=32,
+                    )
+                except openai.RateLimitError as limited:
+                    grant.throttled(retry_after_s(limited.response.headers.get("retry-after")))
+                    raise
                 if reply.usage is not None:
                     grant.report(reply.usage.prompt_tokens, reply.usage.completion_tokens)
                 return f"ok via {grant.deployment}"
@@ -55,6 +60,13 @@ async def ask(governor: Governor, clients: dict[str, openai.AsyncOpenAI], tenant
                 return f"failed: {failed.__class__.__name__}"
             avoid = tried
     return "gave up"
+
+
+def retry_after_s(header: str | None) -> float | None:
+    try:
+        return float(header) if header is not None else None
+    except ValueError:
+        return None
 
 
 async def main(config: str, calls: int) -> None:
