@@ -114,6 +114,7 @@ class Runtime:
     """Starts what the policies need without the HTTP app or the job workers (library
     mode); the app's startup runs it first."""
     stop: Callable[[], Awaitable[None]]
+    """Stops what `start` started, releases still on their way to Redis drained first."""
 
 
 def build(

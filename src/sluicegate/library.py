@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Iterable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -91,7 +91,8 @@ class Governor:
         if runtime is not None:
             await runtime.stop()
 
-    def attempt(
+    @asynccontextmanager
+    async def attempt(
         self,
         model: str,
         tenant: str,
@@ -101,24 +102,11 @@ class Governor:
         lane: str | None = None,
         timeout_s: float | None = None,
         avoid: Iterable[str] = (),
-    ) -> AbstractAsyncContextManager[Grant]:
+    ) -> AsyncIterator[Grant]:
         """One model call's permits, held while the block runs: the tenant's and the
         route's slots and quotas, the lane's turn in the fair queue, the pools' permits
         and the backend gate's, for `prompt_tokens` in and at most `max_tokens` out.
         `timeout_s` bounds the wait for a turn (the route's default otherwise)."""
-        return self._attempt(model, tenant, prompt_tokens, max_tokens, lane, timeout_s, avoid)
-
-    @asynccontextmanager
-    async def _attempt(
-        self,
-        model: str,
-        tenant: str,
-        prompt_tokens: int,
-        max_tokens: int,
-        lane: str | None,
-        timeout_s: float | None,
-        avoid: Iterable[str],
-    ) -> AsyncIterator[Grant]:
         runtime = self._runtime
         if runtime is None:
             raise RuntimeError("use the Governor inside `async with`")
@@ -156,7 +144,7 @@ class Governor:
             try:
                 yield grant
             except Exception as err:
-                if not isinstance(err, GatewayError):
+                if grant._throttling is None and not isinstance(err, GatewayError):
                     answer.attempt.end(caller_failed(deployment.name, err))
                 raise
             finally:
