@@ -8,17 +8,20 @@ import dataclasses
 import gc
 import logging
 import os
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import orjson
 from redis.asyncio import Redis
 
 from sluicegate.admission.boundary import Boundary
@@ -53,7 +56,8 @@ from sluicegate.jobs.postgres import open_postgres
 from sluicegate.jobs.sqlite import open_sqlite
 from sluicegate.jobs.store import JobStore
 from sluicegate.observability.metrics import GatewayMetrics
-from sluicegate.observability.status import snapshot
+from sluicegate.observability.siblings import Seat, Siblings
+from sluicegate.observability.status import snapshot, whole_server
 from sluicegate.pipeline import Pipeline
 from sluicegate.providers.anthropic import AnthropicProvider
 from sluicegate.providers.backend_metrics import MetricsPoller
@@ -68,6 +72,7 @@ from sluicegate.stores.failover import FailoverStore
 from sluicegate.stores.memory import MemoryLimitStore
 from sluicegate.stores.redis import RedisLimitStore, listener, unreachable
 from sluicegate.stores.resp import RespConnection
+from sluicegate.supervisor import Supervisor, run_directory
 from sluicegate.worker import Workers
 
 DEMO_KEYS = {"demo-alice": "sk-demo-alice", "demo-bob": "sk-demo-bob"}
@@ -80,6 +85,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="listen address (overrides server.host)")
     parser.add_argument("--port", type=int, help="listen port (overrides server.port)")
     parser.add_argument("--log-level", default="warning", help="uvicorn log level")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes on the port, sharing limits through store: redis (default 1)",
+    )
+    parser.add_argument("--seat", help=argparse.SUPPRESS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +110,11 @@ class Runtime:
     """The loops that run for the server's lifetime (dispatchers, watchers), once started."""
     shared: FailoverStore | None
     """The fleet's shared limit store, when one is configured."""
+    start: Callable[[], Awaitable[None]]
+    """Starts what the policies need without the HTTP app or the job workers (library
+    mode); the app's startup runs it first."""
+    stop: Callable[[], Awaitable[None]]
+    """Stops what `start` started, releases still on their way to Redis drained first."""
 
 
 def build(
@@ -107,9 +124,11 @@ def build(
     store: LimitStore | None = None,
     *,
     store_down: bool = False,
+    seat: Seat | None = None,
 ) -> Runtime:
     """Wire `settings`; tests may hand in their own clock, providers and limit store.
-    `store_down`: the shared store was found unreachable at start (begin degraded)."""
+    `store_down`: the shared store was found unreachable at start (begin degraded).
+    `seat`: this process is one worker of `serve --workers N`."""
     clock = clock or MonotonicClock()
     policy = settings.redis
     ttl_s = policy.lease_ttl_s if policy is not None else LEASE_TTL_S
@@ -161,9 +180,32 @@ def build(
         pipeline.ttft,
         clock,
     )
-    gateway = Gateway(
-        settings, pipeline, metrics, clock, lambda: snapshot(monitor, dispatchers.values(), gates)
-    )
+
+    def own_status() -> dict[str, Any]:
+        document = snapshot(monitor, dispatchers.values(), gates)
+        if seat is not None:
+            document["answered"] = metrics.answered_total()
+        return document
+
+    def answer(kind: str) -> bytes:
+        """What this worker tells a sibling asking for its numbers."""
+        if kind == "metrics":
+            return metrics.samples()
+        return orjson.dumps(own_status()) if kind == "status" else b""
+
+    siblings = None if seat is None else Siblings(seat, answer)
+    if siblings is not None:
+        metrics.share(siblings)
+
+    async def status() -> dict[str, Any]:
+        if siblings is None or seat is None:
+            return own_status()
+        answers = await siblings.ask("status")
+        documents = {i: orjson.loads(body) for i, body in answers.items()}
+        documents[seat.index] = own_status()
+        return whole_server(seat.index, seat.count, documents)
+
+    gateway = Gateway(settings, pipeline, metrics, clock, status)
     wall = UnixClock()
     workers = Workers(settings, pipeline, metrics, clock, wall)
     intake = Intake(settings, wall, workers.wake)
@@ -196,7 +238,9 @@ def build(
     scrapes: list[aiohttp.ClientSession] = []
     job_stores: list[JobStore] = []
 
-    async def startup() -> None:
+    async def start_policies() -> None:
+        """Everything the policies need running: providers, dispatchers, watchers, the
+        shared store's loops and the backend scrapes (all a library caller needs)."""
         for provider in providers.values():
             await provider.start()
         loop = asyncio.get_running_loop()
@@ -213,18 +257,8 @@ def build(
             background.extend(loop.create_task(p.run(scrapes[0])) for p in pollers)
         for task in background:
             task.add_done_callback(_report_crash)
-        job_stores.append(await open_job_store(settings.jobs, wall))
-        intake.attach(job_stores[0])
-        workers.start(job_stores[0], ledger.job_finished)
-        gc.collect()
-        gc.freeze()
-        gateway.ready = True
 
-    async def shutdown() -> None:
-        gateway.ready = False
-        intake.attach(None)
-        if job_stores:
-            await workers.stop()
+    async def stop_policies() -> None:
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
@@ -232,13 +266,33 @@ def build(
             await session.close()
         for provider in providers.values():
             await provider.close()
-        for job_store in job_stores:
-            await job_store.close()
         if shared is not None:
             await leases.drain(DRAIN_S)
             await shared.close()
         for client in listeners:
             await client.aclose()
+
+    async def startup() -> None:
+        await start_policies()
+        job_stores.append(await open_job_store(settings.jobs, wall))
+        intake.attach(job_stores[0])
+        workers.start(job_stores[0], ledger.job_finished)
+        if siblings is not None:
+            await siblings.start()
+        gc.collect()
+        gc.freeze()
+        gateway.ready = True
+
+    async def shutdown() -> None:
+        gateway.ready = False
+        if siblings is not None:
+            await siblings.close()
+        intake.attach(None)
+        if job_stores:
+            await workers.stop()
+        await stop_policies()
+        for job_store in job_stores:
+            await job_store.close()
 
     router = gateway.routes(Router(on_startup=[startup], on_shutdown=[shutdown]))
     JobRoutes(intake).routes(router)
@@ -246,7 +300,19 @@ def build(
     app: Handler = router
     if shared is not None:
         app = mark_degraded(router, lambda: shared.degraded)
-    return Runtime(app, pipeline, clock, pools, dispatchers, workers, metrics, background, shared)
+    return Runtime(
+        app,
+        pipeline,
+        clock,
+        pools,
+        dispatchers,
+        workers,
+        metrics,
+        background,
+        shared,
+        start_policies,
+        stop_policies,
+    )
 
 
 def redis_store(policy: RedisPolicy) -> RedisLimitStore:
@@ -347,8 +413,25 @@ def run(args: argparse.Namespace) -> int:
         settings = dataclasses.replace(
             settings, host=args.host or settings.host, port=args.port or settings.port
         )
+        if args.workers < 1:
+            print("sluicegate: --workers must be at least 1", file=sys.stderr)
+            return 2
+        if args.workers > 1 and settings.redis is None:
+            print(
+                f"sluicegate: --workers {args.workers} needs store: redis; with store: memory "
+                "each worker would keep limits of its own and the server would admit "
+                f"{args.workers} times every limit",
+                file=sys.stderr,
+            )
+            return 2
+        seat = _seat(args.seat)
         try:
-            listener = listen(settings.host, settings.port)
+            listener = listen(
+                settings.host,
+                settings.port,
+                reuse_port=args.workers > 1,
+                listening=seat is not None or args.workers == 1,
+            )
         except OSError as exc:
             print(
                 f"sluicegate: cannot listen on {settings.host}:{settings.port}: {exc}",
@@ -361,10 +444,54 @@ def run(args: argparse.Namespace) -> int:
             if found is None:
                 return 1
             store_down = found
-        runtime = build(settings, store_down=store_down)
-        print(_banner(settings, demo=args.config is None), flush=True)
+        if seat is None and args.workers > 1:
+            return _supervise(args, settings, listener)
+        runtime = build(settings, store_down=store_down, seat=seat)
+        if seat is None:
+            print(_banner(settings, demo=args.config is None), flush=True)
         serve(runtime.app, listener, log_level=args.log_level)
     return 0
+
+
+def _seat(text: str | None) -> Seat | None:
+    """`--seat INDEX/COUNT/DIRECTORY`, given by the supervisor to each worker it starts."""
+    if text is None:
+        return None
+    index, count, directory = text.split("/", 2)
+    return Seat(int(index), int(count), Path(directory))
+
+
+def _supervise(args: argparse.Namespace, settings: Settings, holder: socket.socket) -> int:
+    """The parent of `--workers N`: `holder` keeps the port while the workers bind it."""
+    port = holder.getsockname()[1]
+    directory = run_directory()
+
+    def argv(index: int) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "sluicegate",
+            "serve",
+            "--config",
+            str(args.config),
+            "--host",
+            settings.host,
+            "--port",
+            str(port),
+            "--log-level",
+            args.log_level,
+            "--workers",
+            str(args.workers),
+            "--seat",
+            f"{index}/{args.workers}/{directory}",
+        ]
+
+    settings = dataclasses.replace(settings, port=port)
+    print(f"{_banner(settings, demo=False)}, {args.workers} workers", flush=True)
+    try:
+        return Supervisor(argv, args.workers, directory, grace_s=10.0).run()
+    finally:
+        holder.close()
 
 
 def _shared_store_at_start(policy: RedisPolicy) -> bool | None:
@@ -410,8 +537,6 @@ def _demo_backend() -> Iterator[dict[str, str]]:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])

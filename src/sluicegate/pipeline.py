@@ -51,7 +51,8 @@ class Inbound(NamedTuple):
     body never holds more than a slot. `watch`, when given, is entered once the body is
     read and cancels the request when its caller goes away. `interactive` traffic takes
     the route's and the aggregate's slots as well as the tenant's; jobs take only the
-    tenant's (the others guard interactive HTTP traffic).
+    tenant's (the others guard interactive HTTP traffic). A library caller gives its own
+    `prompt_tokens` count, and `avoid`, the deployments its earlier attempts used.
     """
 
     endpoint: Endpoint
@@ -63,6 +64,8 @@ class Inbound(NamedTuple):
     client_retries: int = 0
     interactive: bool = True
     watch: Callable[[], AbstractAsyncContextManager[Any]] | None = None
+    prompt_tokens: int | None = None
+    avoid: frozenset[str] = frozenset()
 
 
 class Pipeline:
@@ -109,7 +112,7 @@ class Pipeline:
                 call = self._resolve(inbound, payload)
                 tally = Tally()
                 await self._boundary.charge(call, permits, tally)
-                started = await self._first_answer(call)
+                started = await self._first_answer(call, inbound.avoid)
                 attempt, answer = started.attempt, started.answer
                 try:
                     async with started.stack:
@@ -131,13 +134,13 @@ class Pipeline:
         tenant, endpoint = inbound.tenant, inbound.endpoint
         model = self._settings.model_for(tenant, payload["model"])
         route = self._routes[endpoint]
-        prompt = prompt_tokens(endpoint, payload, self._count)
+        prompt = self._prompt(inbound, payload)
         output = output_tokens(endpoint, payload, route.max_output_tokens)
         demand = Demand(prompt, output, bool(payload.get("tools")))
         chosen = classify(self._scheduling, inbound.lane, tenant, route, demand)
         if self._overload.state >= OverloadState.DEGRADED:
             model = self._degrade(chosen, endpoint, model, payload)
-            prompt = prompt_tokens(endpoint, payload, self._count)
+            prompt = self._prompt(inbound, payload)
             output = output_tokens(endpoint, payload, route.max_output_tokens)
         output = _cap_output(chosen, payload, output)
         timeout_s = route.default_timeout_s if inbound.timeout_s is None else inbound.timeout_s
@@ -155,6 +158,11 @@ class Pipeline:
             prompt + output,
             inbound.client_retries,
         )
+
+    def _prompt(self, inbound: Inbound, payload: dict[str, Any]) -> int:
+        if inbound.prompt_tokens is not None:
+            return inbound.prompt_tokens
+        return prompt_tokens(inbound.endpoint, payload, self._count)
 
     def _degrade(
         self, lane: Lane, endpoint: Endpoint, model: Model, payload: dict[str, Any]
@@ -189,7 +197,7 @@ class Pipeline:
                 self.ttft.add(ttft_s)
             self._dispatchers[call.model.name].first_token(attempt, ttft_s)
 
-    async def _first_answer(self, call: Call) -> _Started:
+    async def _first_answer(self, call: Call, avoid: frozenset[str]) -> _Started:
         """An attempt whose first bytes have arrived, after as many attempts as the route
         allows. An attempt that fails before that (connection, timeout, 5xx, throttling,
         a context window too small) releases its permits, and the next one re-enters the
@@ -197,7 +205,7 @@ class Pipeline:
         Once its answer is handed over the provider is fixed."""
         retry = call.route.retry
         failure: GatewayError | None = None
-        tried: set[str] = set()
+        tried = set(avoid)
         for number in range(1, retry.max_attempts + 1):
             if failure is not None:
                 await self._back_off(call, number, failure)
@@ -283,18 +291,22 @@ class Pipeline:
         # tells callers to wait, longer than its own `max_cooldown_s`.
         err.retry_after_s = bounded_retry_after(err.retry_after_s, deployment.max_cooldown_s)
         if err.code == Upstream.THROTTLED:
-            cooldown = min(
-                err.retry_after_s or deployment.throttle_cooldown_s, deployment.max_cooldown_s
-            )
-            for pool in target.pools:
-                await pool.cool(cooldown)
-                self._metrics.throttled(pool.name)
-            target.breaker.ramp_after(cooldown)
+            await self.throttled(target, err.retry_after_s)
         if err.code == CONTEXT_LENGTH:
             return _larger_context_left(attempt.call, deployment, tried)
         if err.failover:
             self._metrics.retried(deployment.name, err.code)
         return err.failover
+
+    async def throttled(self, target: Target, retry_after_s: float | None) -> None:
+        """`target`'s deployment throttled an attempt: its pools cool for every caller
+        sharing them and its circuit ramps back up after; a library caller reports it."""
+        deployment = target.deployment
+        cooldown = min(retry_after_s or deployment.throttle_cooldown_s, deployment.max_cooldown_s)
+        for pool in target.pools:
+            await pool.cool(cooldown)
+            self._metrics.throttled(pool.name)
+        target.breaker.ramp_after(cooldown)
 
     async def _back_off(self, call: Call, number: int, failure: GatewayError) -> None:
         """Full jitter, within the deadline; a context-window fallback does not wait."""
@@ -475,6 +487,10 @@ class Answer:
     @property
     def call(self) -> Call:
         return self.attempt.call
+
+    @property
+    def upstream(self) -> UpstreamResponse:
+        return self._upstream
 
     async def prime(self) -> None:
         if self.attempt.call.stream:

@@ -5,7 +5,11 @@ Speed is a benchmark figure, not a test: nothing here checks a timing target.
 
 from __future__ import annotations
 
-from tests.bench.conftest import is_number, run_quick
+import asyncio
+import json
+
+from tests.bench.conftest import is_number, run_bench, run_quick
+from tests.support.redis import redis_or_skip
 
 PHASES = ("serial", "poisson", "closed")
 MODES = ("non-streaming", "streaming")
@@ -25,3 +29,24 @@ def test_quick_run_reports_every_figure(tmp_path):
             assert run["gateway"]["cpu_s"] > 0, (phase, mode)
             assert run["gateway"]["rss_peak_mb"] > 0, (phase, mode)
         assert doc["phases"][phase]["streaming"]["gateway"]["chunks_per_request"] > 0
+
+
+async def test_workers_run_measures_one_worker_then_several(tmp_path):
+    """Both layouts on Redis, each with its own direct blocks; a layout's CPU is that of
+    the supervisor and every worker."""
+    out = tmp_path / "workers.json"
+    async with redis_or_skip():
+        done = await asyncio.to_thread(
+            run_bench, "overhead", "--quick", "--workers", "2", "--out", str(out)
+        )
+    assert "== 2 worker(s), store: redis ==" in done.stdout
+    docs = json.loads(out.read_text())
+    assert set(docs) == {"1 workers", "2 workers"}
+    for doc in docs.values():
+        assert doc["failed_requests"] == 0
+        run = doc["phases"]["closed"]["non-streaming"]
+        assert run["gateway"]["cpu_s"] > 0
+        assert run["direct"]["requests"] > 0
+    one = docs["1 workers"]["phases"]["closed"]["non-streaming"]["gateway"]["rss_peak_mb"]
+    two = docs["2 workers"]["phases"]["closed"]["non-streaming"]["gateway"]["rss_peak_mb"]
+    assert two > 1.5 * one  # two workers and a supervisor are measured, not the parent alone

@@ -4,7 +4,7 @@ the rest and records each request's outcome."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,7 +58,7 @@ class Gateway:
         pipeline: Pipeline,
         metrics: GatewayMetrics,
         clock: Clock,
-        status: Callable[[], dict[str, Any]],
+        status: Callable[[], Awaitable[dict[str, Any]]],
     ) -> None:
         self._settings = settings
         self._status = status
@@ -183,10 +183,10 @@ class Gateway:
         if key_digest(scope) not in self._admin_keys:
             await send_error(send, unauthorised("an admin key is required"))
             return
-        await send_json(send, 200, self._status())
+        await send_json(send, 200, await self._status())
 
     async def _metrics_page(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = self._metrics.exposition()
+        body = await self._metrics.page()
         await send_bytes(send, 200, body, [(b"content-type", b"text/plain; version=0.0.4")])
 
 

@@ -14,17 +14,26 @@ from sluicegate.api.asgi import Handler
 BACKLOG = 2048
 
 
-def listen(host: str, port: int) -> socket.socket:
+def listen(
+    host: str, port: int, *, reuse_port: bool = False, listening: bool = True
+) -> socket.socket:
     """Bind before announcing anything, so a taken port fails with one clear line.
 
     Handing uvicorn a ready socket also keeps it from starting resolver threads,
-    which can receive (and lose) the SIGINT meant for the server.
+    which can receive (and lose) the SIGINT meant for the server. With `reuse_port`,
+    each of several worker processes binds its own socket on the same port and the
+    kernel spreads new connections over them (one shared accept queue hands most of
+    them to whichever worker is warm). Bound but not `listening`, a socket holds the
+    port for the group without taking connections.
     """
     listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         listener.bind((host, port))
-        listener.listen(BACKLOG)
+        if listening:
+            listener.listen(BACKLOG)
     except OSError:
         listener.close()
         raise

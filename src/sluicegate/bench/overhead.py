@@ -3,6 +3,11 @@
 The load generator, the simulator and the gateway share this machine's cores, so wall-clock
 differences are noisy; the main figure is the gateway's own CPU time per request. The run
 always starts its own simulator and gateway on loopback and stops them, whatever happens.
+
+With `--workers N` the run measures two gateways one after the other, each against its
+own direct blocks: one worker, then `serve --workers N`, both on `store: redis` (a key
+prefix of the run's own) so that the number of processes is the only difference; the
+CPU of a layout is that of the supervisor and every worker together.
 """
 
 from __future__ import annotations
@@ -11,7 +16,9 @@ import argparse
 import asyncio
 import dataclasses
 import random
+import secrets
 import sys
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +54,7 @@ from sluicegate.bench.procs import (
 FULL = {"requests": 300, "warmup": 30, "duration": 8.0, "rounds": 4}
 QUICK = {"requests": 100, "warmup": 10, "duration": 1.5, "rounds": 2}
 DEFAULT_OUT = "bench/results/overhead.json"
+REDIS_URL = "redis://127.0.0.1:6379/0"
 SIZED = {
     "requests": (int, "serial requests per path and mode"),
     "warmup": (int, "discarded warm-up requests per path and mode"),
@@ -91,23 +99,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--seed", type=int, default=1, help="seed of the Poisson arrivals" + shown)
     add("--quick", action="store_true", help="a short run, for the smoke test")
     add("--out", type=Path, default=Path(DEFAULT_OUT), help="JSON results file" + shown)
+    add(
+        "--workers",
+        type=positive(int),
+        default=1,
+        help="above 1: measure one worker, then `serve --workers N`, both on Redis" + shown,
+    )
+    add("--redis-url", default=REDIS_URL, help="Redis for --workers" + shown)
 
 
 def run(args: argparse.Namespace) -> int:
     """0 once the run completed, targets met or not; 1 when a process failed or went away."""
     plan = _plan(args)
+    layouts = [1] if args.workers == 1 else [1, args.workers]
+    documents: dict[str, object] = {}
     try:
-        with services() as started:
-            runs = _run_async(plan, started)
+        for workers in layouts:
+            with _services(args, workers) as started:
+                runs = _run_async(plan, started)
+            found = report.figures(runs)
+            config = {**dataclasses.asdict(plan), "out": str(plan.out), "workers": workers}
+            documents[f"{workers} workers"] = report.document(config, runs, found)
+            if len(layouts) > 1:
+                print(f"== {workers} worker(s), store: redis ==")
+            print(report.text(runs, found))
     except ServiceError as exc:
         print(f"bench overhead: {exc}", file=sys.stderr)
         return 1
-    found = report.figures(runs)
-    config = {**dataclasses.asdict(plan), "out": str(plan.out)}
-    report.write_json(plan.out, report.document(config, runs, found))
-    print(report.text(runs, found))
+    report.write_json(plan.out, documents if len(layouts) > 1 else documents["1 workers"])
     print(f"bench overhead: results written to {plan.out}", file=sys.stderr)
     return 0
+
+
+def _services(args: argparse.Namespace, workers: int) -> AbstractContextManager[Services]:
+    """The memory store for a plain run; Redis for both layouts of a `--workers` run."""
+    if args.workers == 1:
+        return services()
+    prefix = f"sluicegate-bench-{secrets.token_hex(4)}:"
+    redis = f"store: redis\nredis: {{url: {args.redis_url!r}, key_prefix: {prefix!r}}}\n"
+    return services(extra_config=redis, serve_args=["--workers", str(workers)])
 
 
 def _run_async(plan: Plan, started: Services) -> dict[str, PhaseRun]:

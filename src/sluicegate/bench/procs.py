@@ -79,30 +79,40 @@ class Services:
 
 
 class ProcessMeter:
-    """The gateway's own accounting (psutil): user+system CPU and resident memory."""
+    """The gateway's own accounting (psutil): user+system CPU and resident memory, of
+    the process and (for `serve --workers N`) every worker it started."""
 
     def __init__(self, pid: int) -> None:
         self._process = psutil.Process(pid)
 
+    def _tree(self) -> list[psutil.Process]:
+        return [self._process, *self._process.children(recursive=True)]
+
     def cpu_s(self) -> float:
         try:
-            times = self._process.cpu_times()
+            times = [process.cpu_times() for process in self._tree()]
         except psutil.Error as exc:
             raise ServiceError(f"cannot read the gateway's CPU time: {exc}") from exc
-        return times.user + times.system
+        return sum(t.user + t.system for t in times)
 
     def rss_bytes(self) -> int:
         try:
-            return int(self._process.memory_info().rss)
+            return sum(int(process.memory_info().rss) for process in self._tree())
         except psutil.Error as exc:
             raise ServiceError(f"cannot read the gateway's memory: {exc}") from exc
 
 
 @contextmanager
-def services(tenant_limits: Mapping[str, float] | None = None) -> Iterator[Services]:
+def services(
+    tenant_limits: Mapping[str, float] | None = None,
+    *,
+    extra_config: str = "",
+    serve_args: Sequence[str] = (),
+) -> Iterator[Services]:
     """Start the zero-latency simulator, then a gateway in front of it; stop both after.
 
-    `tenant_limits` are the bench tenant's `limits`, for scenarios that need refusals.
+    `tenant_limits` are the bench tenant's `limits`, for scenarios that need refusals;
+    `extra_config` (top-level YAML) and `serve_args` change the gateway itself.
     """
     limits = ""
     if tenant_limits:
@@ -115,7 +125,11 @@ def services(tenant_limits: Mapping[str, float] | None = None) -> Iterator[Servi
         key_env=KEY_ENV,
         limits=limits,
     )
-    with stack(["--time-scale", "0"], config, {KEY_ENV: key}) as (sim, gateway):
+    config += extra_config
+    with stack(["--time-scale", "0"], config, {KEY_ENV: key}, serve_args=serve_args) as (
+        sim,
+        gateway,
+    ):
         yield Services(sim, gateway, key)
 
 
@@ -125,6 +139,7 @@ def stack(
     gateway_config: str,
     env: Mapping[str, str],
     keep_logs: Path | None = None,
+    serve_args: Sequence[str] = (),
 ) -> Iterator[tuple[Child, Child]]:
     """Start `sluicegate sim SIM_ARGS`, then a gateway with this config text; stop both after.
 
@@ -135,7 +150,7 @@ def stack(
         log_dir = Path(logs)
         config = log_dir / "gateway.yaml"
         config.write_text(gateway_config)
-        serve = ["serve", "--config", str(config), "--log-level", "warning"]
+        serve = ["serve", "--config", str(config), "--log-level", "warning", *serve_args]
         try:
             with service("sim", ["sim", *sim_args], "/health", log_dir) as sim:
                 gateway_env = {**env, SIM_URL_ENV: sim.url}

@@ -9,12 +9,15 @@ them.
 
 from __future__ import annotations
 
+import math
+import operator
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
+import orjson
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -33,6 +36,7 @@ from sluicegate.capacity.breaker import BreakerState
 from sluicegate.capacity.gates import BackendGate, GateState
 from sluicegate.capacity.pools import Pool
 from sluicegate.core.types import OverloadState
+from sluicegate.observability.siblings import Siblings
 from sluicegate.scheduling.dispatcher import Dispatcher
 from sluicegate.scheduling.overload import OverloadMonitor
 from sluicegate.stores.failover import FailoverStore
@@ -524,6 +528,7 @@ class GatewayMetrics:
         self._routes: dict[tuple[str, str], RouteMetrics] = {}
         self._outcomes: dict[tuple[str, str, int], CounterChild] = {}
         self._refusals_of: dict[tuple[str, str, int], CounterChild] = {}
+        self._siblings: Siblings | None = None
 
     def route(self, route: str, model: str) -> RouteMetrics:
         key = (route, model)
@@ -613,3 +618,105 @@ class GatewayMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+    def answered_total(self) -> int:
+        """Requests this process answered, for the worker lines of the status document."""
+        return int(sum(counter.value for counter in self._outcomes.values()))
+
+    def share(self, siblings: Siblings) -> None:
+        """Make `page` report the whole server: this worker's numbers and its siblings'."""
+        self._siblings = siblings
+
+    def samples(self) -> bytes:
+        """This process's families as plain numbers, for a sibling's `page`."""
+        return orjson.dumps(
+            [
+                [m.name, m.type, m.documentation, [[s.name, s.labels, s.value] for s in m.samples]]
+                for m in self.registry.collect()
+            ]
+        )
+
+    async def page(self) -> bytes:
+        """`/metrics`: this process's exposition, or with workers the whole server's."""
+        siblings = self._siblings
+        if siblings is None:
+            return self.exposition()
+        answers = await siblings.ask("metrics")
+        merged = ServerFamilies(siblings.seat.count)
+        merged.add(orjson.loads(self.samples()))
+        for body in answers.values():
+            merged.add(orjson.loads(body))
+        return generate_latest(merged)
+
+
+TAKES_MAX = frozenset(
+    {
+        "sluicegate_pool_concurrency_limit",
+        "sluicegate_queue_oldest_age_seconds",
+        "sluicegate_tenant_service",
+        "sluicegate_overload_state",
+        "sluicegate_overload_pressure",
+        "sluicegate_dispatch_gate",
+        "sluicegate_circuit",
+        "sluicegate_store_degraded",
+        "sluicegate_store_live_replicas",
+        "sluicegate_job_backlog",
+        "sluicegate_job_backlog_oldest_age_seconds",
+        "sluicegate_jobs",
+        "process_max_fds",
+        "python_info",
+    }
+)
+"""Families merged across workers by their largest value: the same setting or fleet-wide
+count seen by every worker (limits, the job store's backlog, replicas), the oldest age,
+the worst pressure, and the one-hot states (1 for every state some worker is in). The
+rest are summed: every counter and histogram, and the gauges of what each worker holds
+(attempts, queued requests, requests in flight, memory)."""
+
+TAKES_MIN = frozenset({"process_start_time_seconds"})
+
+SampleKey = tuple[str, tuple[tuple[str, str], ...]]
+
+
+class ServerFamilies(Collector):
+    """Workers' families merged sample by sample, for one exposition of the whole server."""
+
+    def __init__(self, workers: int) -> None:
+        self._workers = workers
+        self._reporting = 0
+        self._families: dict[str, tuple[str, str, dict[SampleKey, float]]] = {}
+
+    def add(self, families: list[list[Any]]) -> None:
+        self._reporting += 1
+        for name, kind, documentation, samples in families:
+            _, _, values = self._families.setdefault(name, (kind, documentation, {}))
+            pick = _merge_rule(name)
+            for sample, labels, value in samples:
+                key = (sample, tuple(sorted(labels.items())))
+                number = math.nan if value is None else float(value)
+                rule = min if sample.endswith("_created") else pick
+                values[key] = number if key not in values else rule(values[key], number)
+
+    def collect(self) -> Iterator[Metric]:
+        for name, (kind, documentation, values) in self._families.items():
+            metric = Metric(name, documentation, kind)
+            for (sample, labels), value in values.items():
+                metric.add_sample(sample, dict(labels), value)
+            yield metric
+        yield GaugeMetricFamily(
+            "sluicegate_workers", "Worker processes the server runs.", value=self._workers
+        )
+        yield GaugeMetricFamily(
+            "sluicegate_workers_reporting",
+            "Workers whose numbers this page includes (a sibling that did not answer in "
+            "time is left out).",
+            value=self._reporting,
+        )
+
+
+def _merge_rule(family: str) -> Callable[[float, float], float]:
+    if family in TAKES_MAX:
+        return max
+    if family in TAKES_MIN:
+        return min
+    return operator.add

@@ -49,3 +49,40 @@ def snapshot(
         "models": models,
         "gates": {name: gate.state().value for name, gate in gates.items()},
     }
+
+
+TAKES_MAX = frozenset({"oldest_age_s", "pressure", "dispatch_interval_s"})
+"""Status fields merged across workers by their largest value; numbers are otherwise
+summed (queued, in flight, dispatched, expired, answered)."""
+
+
+def whole_server(own: int, count: int, documents: Mapping[int, dict[str, Any]]) -> dict[str, Any]:
+    """The status of a server of `count` workers from the documents of those that
+    answered: which worker answered this request, the server as a whole, and each
+    worker's own document."""
+    answered = sorted(documents)
+    return {
+        "worker": own,
+        "workers": {
+            "count": count,
+            "answered": answered,
+            "missing": [i for i in range(count) if i not in documents],
+        },
+        "server": _merge([documents[i] for i in answered]),
+        "per_worker": {str(i): documents[i] for i in answered},
+    }
+
+
+def _merge(values: list[Any], key: str = "") -> Any:
+    """Dicts key by key; numbers summed (or the largest, for `TAKES_MAX`); flags true
+    when any is; words kept when all agree, else the sorted distinct ones."""
+    first = values[0]
+    if isinstance(first, dict):
+        keys = dict.fromkeys(k for value in values for k in value)
+        return {k: _merge([v[k] for v in values if k in v], k) for k in keys}
+    if isinstance(first, bool):
+        return any(values)
+    if isinstance(first, int | float):
+        return max(values) if key in TAKES_MAX else round(sum(values), 3)
+    distinct = sorted({str(v) for v in values})
+    return distinct[0] if len(distinct) == 1 else distinct

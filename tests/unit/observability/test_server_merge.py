@@ -1,0 +1,83 @@
+"""Merging the workers' numbers into one page and one status document."""
+
+from __future__ import annotations
+
+import orjson
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from sluicegate.observability.metrics import GatewayMetrics, ServerFamilies
+from sluicegate.observability.status import whole_server
+
+
+def families(text: bytes) -> dict:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text.decode())
+        for s in f.samples
+    }
+
+
+def worker(answered: int, waited_s: float) -> list:
+    metrics = GatewayMetrics()
+    for _ in range(answered):
+        metrics.answered("chat", "m", 200)
+    metrics.queue_waited("m", "interactive", waited_s)
+    return orjson.loads(metrics.samples())
+
+
+def test_counters_and_histograms_are_summed_across_workers():
+    merged = ServerFamilies(2)
+    merged.add(worker(3, 0.001))
+    merged.add(worker(4, 20.0))
+    page = families(generate_latest(merged))
+    requests = ("model", "m"), ("route", "chat"), ("status_class", "2xx")
+    assert page["sluicegate_requests_total", requests] == 7
+    wait = ("lane", "interactive"), ("model", "m")
+    assert page["sluicegate_queue_wait_seconds_count", wait] == 2
+    assert page["sluicegate_queue_wait_seconds_sum", wait] == 20.001
+    first = ("lane", "interactive"), ("le", "0.005"), ("model", "m")
+    assert page["sluicegate_queue_wait_seconds_bucket", first] == 1  # cumulative: one worker
+    assert page["sluicegate_workers", ()] == 2
+    assert page["sluicegate_workers_reporting", ()] == 2
+
+
+def test_shared_settings_take_the_largest_value_and_start_times_the_earliest():
+    def gauge(name: str, value: float) -> list:
+        return [[name, "gauge", "", [[name, {"pool": "p"}, value]]]]
+
+    merged = ServerFamilies(3)
+    merged.add(
+        gauge("sluicegate_pool_concurrency_limit", 8) + gauge("process_start_time_seconds", 5)
+    )
+    merged.add(
+        gauge("sluicegate_pool_concurrency_limit", 8) + gauge("process_start_time_seconds", 3)
+    )
+    merged.add(gauge("sluicegate_pool_active_attempts", 2))
+    merged.add(gauge("sluicegate_pool_active_attempts", 5))
+    page = families(generate_latest(merged))
+    pool = (("pool", "p"),)
+    assert page["sluicegate_pool_concurrency_limit", pool] == 8
+    assert page["process_start_time_seconds", pool] == 3
+    assert page["sluicegate_pool_active_attempts", pool] == 7
+    assert page["sluicegate_workers_reporting", ()] == 4
+
+
+def test_the_status_document_names_the_worker_and_merges_the_server():
+    def doc(queued: int, age_s: float, circuit: str) -> dict:
+        lane = {"queued": queued, "oldest_age_s": age_s}
+        return {
+            "models": {"m": {"lanes": {"l": lane}, "deployments": {"d": {"circuit": circuit}}}},
+            "overload": {"state": "normal"},
+            "answered": queued * 10,
+        }
+
+    status = whole_server(1, 3, {0: doc(2, 0.5, "closed"), 1: doc(3, 1.5, "open")})
+    assert status["worker"] == 1
+    assert status["workers"] == {"count": 3, "answered": [0, 1], "missing": [2]}
+    server = status["server"]
+    assert server["models"]["m"]["lanes"]["l"] == {"queued": 5, "oldest_age_s": 1.5}
+    assert server["models"]["m"]["deployments"]["d"]["circuit"] == ["closed", "open"]
+    assert server["overload"]["state"] == "normal"
+    assert server["answered"] == 50
+    assert status["per_worker"]["1"]["answered"] == 30
