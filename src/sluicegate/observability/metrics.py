@@ -653,6 +653,7 @@ TAKES_MAX = frozenset(
     {
         "sluicegate_pool_concurrency_limit",
         "sluicegate_queue_oldest_age_seconds",
+        "sluicegate_queue_wait_correction",
         "sluicegate_tenant_service",
         "sluicegate_overload_state",
         "sluicegate_overload_pressure",
@@ -669,7 +670,7 @@ TAKES_MAX = frozenset(
 )
 """Families merged across workers by their largest value: the same setting or fleet-wide
 count seen by every worker (limits, the job store's backlog, replicas), the oldest age,
-the worst pressure, and the one-hot states (1 for every state some worker is in). The
+the worst pressure and wait correction, and the one-hot states (1 for every state some worker is in). The
 rest are summed: every counter and histogram, and the gauges of what each worker holds
 (attempts, queued requests, requests in flight, memory)."""
 
