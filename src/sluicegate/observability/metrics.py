@@ -670,9 +670,9 @@ TAKES_MAX = frozenset(
 )
 """Families merged across workers by their largest value: the same setting or fleet-wide
 count seen by every worker (limits, the job store's backlog, replicas), the oldest age,
-the worst pressure and wait correction, and the one-hot states (1 for every state some worker is in). The
-rest are summed: every counter and histogram, and the gauges of what each worker holds
-(attempts, queued requests, requests in flight, memory)."""
+the worst pressure and wait correction, and the one-hot states (1 for every state some
+worker is in). The rest are summed: every counter and histogram, and the gauges of what
+each worker holds (attempts, queued requests, requests in flight, memory)."""
 
 TAKES_MIN = frozenset({"process_start_time_seconds"})
 
