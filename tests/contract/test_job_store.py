@@ -520,7 +520,7 @@ async def test_retention_deletes_only_what_ended_before_the_cutoff(store, clock)
     await store.finish("w", claimed.id, JobState.SUCCEEDED, result=b"{}")
 
     purged = await store.purge(cutoff, 1_000)
-    assert purged.jobs == 1 and purged.batches == 1
+    assert (purged.jobs, purged.batches) == (1, 1)
     assert purged.files >= 1
     assert await store.get("alice", old_done.id) is None
     assert await store.get("alice", old_queued.id) is not None

@@ -100,8 +100,10 @@ class SqlJobStore:
         from where the last claim left off, so each claim starts with a different one."""
         limit = params["limit"]
         tenants = await self._tenants_from(session, self._next_tenant, limit)
-        queues = [[row["id"] for row in await session.fetch(pick, params | {"tenant": tenant})]
-                  for tenant in tenants]
+        queues = [
+            [row["id"] for row in await session.fetch(pick, params | {"tenant": tenant})]
+            for tenant in tenants
+        ]
         order: dict[str, int] = {}
         for turn in range(limit):
             for tenant, queue in zip(tenants, queues, strict=True):
@@ -194,9 +196,7 @@ class SqlJobStore:
         rows = await self._read(q.SELECT_FILE, {"tenant": tenant, "id": file_id})
         return file_from_row(rows[0]) if rows else None
 
-    async def list_files(
-        self, tenant: str, limit: int, after: str | None = None
-    ) -> list[FileInfo]:
+    async def list_files(self, tenant: str, limit: int, after: str | None = None) -> list[FileInfo]:
         query = q.LIST_FILES if after is None else q.LIST_FILES_AFTER
         rows = await self._read(query, {"tenant": tenant, "limit": limit, "after": after})
         return [FileInfo(**row) for row in rows]
