@@ -100,10 +100,3 @@ class FormReader:
 
     def _end(self) -> None:
         self._ended = True
-
-
-def parse_form(content_type: bytes, body: bytes) -> dict[str, Part]:
-    """The fields of a whole form body by name; a 400 when the body is not one."""
-    reader = FormReader(content_type)
-    reader.feed(body)
-    return reader.fields()
