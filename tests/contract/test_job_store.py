@@ -520,7 +520,7 @@ async def test_retention_deletes_only_what_ended_before_the_cutoff(store, clock)
     await store.finish("w", claimed.id, JobState.SUCCEEDED, result=b"{}")
 
     purged = await store.purge(cutoff, 1_000)
-    assert (purged.jobs, purged.batches) == (1, 1)
+    assert (purged.jobs, purged.batches) == (3, 1)
     assert purged.files >= 1
     assert await store.get("alice", old_done.id) is None
     assert await store.get("alice", old_queued.id) is not None
@@ -531,3 +531,15 @@ async def test_retention_deletes_only_what_ended_before_the_cutoff(store, clock)
     assert await store.get_batch("alice", live_batch.id) is not None
     assert len(await store.list_batch_jobs("alice", live_batch.id, 10)) == 1
     assert await store.purge(cutoff, 1_000) == (0, 0, 0)
+
+
+async def test_retention_deletes_a_large_batch_a_bounded_chunk_at_a_time(store, clock):
+    batch = await create_batch(store, lines=5)
+    await store.cancel_batch("alice", batch.id)
+    cancelling = await store.get_batch("alice", batch.id)
+    await store.update_batch(
+        replace(cancelling, status=BatchStatus.CANCELLED), BatchStatus.CANCELLING
+    )
+    clock.advance(10)
+    rounds = [await store.purge(clock.now(), 2) for _ in range(4)]
+    assert [(p.jobs, p.batches) for p in rounds] == [(2, 0), (2, 0), (1, 1), (0, 0)]

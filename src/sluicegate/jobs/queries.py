@@ -134,10 +134,14 @@ DELETE_FILE = "DELETE FROM files WHERE tenant = :tenant AND id = :id RETURNING i
 FILE_BYTES = "SELECT COALESCE(SUM(LENGTH(content)), 0) AS n FROM files WHERE tenant = :tenant"
 
 _FINAL_BATCH = "status IN ('failed', 'completed', 'expired', 'cancelled')"
-RETIRED_BATCHES = f"""SELECT id FROM batches WHERE {_FINAL_BATCH} AND updated_at < :before
-LIMIT :limit {{skip_locked}}"""
-PURGE_BATCH_JOBS = "DELETE FROM jobs WHERE batch_id = :batch_id"
-PURGE_BATCH = "DELETE FROM batches WHERE id = :batch_id"
+_RETIRED_BATCH = f"{_FINAL_BATCH} AND updated_at < :before"
+PURGE_BATCH_JOBS = f"""DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE batch_id IN (
+    SELECT id FROM batches WHERE {_RETIRED_BATCH}) LIMIT :limit) RETURNING id"""
+PURGE_BATCHES = f"""DELETE FROM batches WHERE id IN (SELECT id FROM batches
+    WHERE {_RETIRED_BATCH} AND NOT EXISTS (SELECT 1 FROM jobs WHERE batch_id = batches.id)
+    LIMIT :limit) RETURNING id"""
+"""A retired batch goes once its jobs are gone, so no transaction deletes more than
+`:limit` jobs, however large the batch."""
 PURGE_JOBS = """DELETE FROM jobs WHERE id IN (SELECT id FROM jobs
     WHERE batch_id IS NULL AND state NOT IN ('queued', 'running') AND updated_at < :before
     LIMIT :limit {skip_locked}) RETURNING id"""

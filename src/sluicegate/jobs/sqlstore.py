@@ -39,6 +39,7 @@ from sluicegate.jobs.store import StorageQuotaExceeded
 
 _INSERT_ROWS = 500
 """Jobs per multi-row insert: 22 columns stay well under either driver's parameter limit."""
+_PURGES = (q.PURGE_JOBS, q.PURGE_BATCH_JOBS, q.PURGE_BATCHES, q.PURGE_FILES)
 
 
 class SqlJobStore:
@@ -255,17 +256,10 @@ class SqlJobStore:
         return [job_from_row(row) for row in await self._read(query, params)]
 
     async def purge(self, before: float, limit: int) -> Purged:
-        """Each kind in its own short transaction, at most `limit` rows of it."""
+        """Each statement in its own short transaction, deleting at most `limit` rows."""
         params = {"before": before, "limit": limit}
-        jobs = len(await self._write(q.PURGE_JOBS, params))
-        batches = 0
-        async with self._db.write() as session:
-            for row in await session.fetch(q.RETIRED_BATCHES, params):
-                await session.fetch(q.PURGE_BATCH_JOBS, {"batch_id": row["id"]})
-                await session.fetch(q.PURGE_BATCH, {"batch_id": row["id"]})
-                batches += 1
-        files = len(await self._write(q.PURGE_FILES, params))
-        return Purged(jobs, batches, files)
+        counts = [len(await self._write(query, params)) for query in _PURGES]
+        return Purged(counts[0] + counts[1], counts[2], counts[3])
 
     async def _submit(self, session: Session, job: Job, now: float) -> Job:
         """The job as stored: `job`, or the one its idempotency key or id already names."""

@@ -163,8 +163,8 @@ class JobStore(Protocol):
         ...
 
     async def purge(self, before: float, limit: int) -> Purged:
-        """Delete up to `limit` each of finished jobs (outside batches), final batches with
-        their jobs, and files, last changed before `before`."""
+        """Delete, up to `limit` rows a statement, finished jobs, final batches and their
+        jobs, and files, last changed before `before`; call again while one is full."""
         ...
 
     async def close(self) -> None: ...
