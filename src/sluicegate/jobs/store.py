@@ -26,7 +26,8 @@ UNAVAILABLE = "job_store_unavailable"
 
 class JobStoreUnavailable(GatewayError):
     """The database did not answer in time or dropped the connection: a 503 to retry,
-    never a 500. Raised by the databases, which alone know their drivers' errors."""
+    never a 500, with no Retry-After (no end of the outage is known). Raised by the
+    databases, which alone know their drivers' errors."""
 
     def __init__(self, cause: BaseException | str) -> None:
         reason = cause if isinstance(cause, str) else f"{type(cause).__name__}: {cause}"
@@ -35,7 +36,6 @@ class JobStoreUnavailable(GatewayError):
             UNAVAILABLE,
             f"the job store is unavailable ({reason}); try again shortly",
             ErrorType.UNAVAILABLE,
-            retry_after_s=1.0,
         )
 
 
