@@ -21,6 +21,7 @@ import asyncpg
 
 from sluicegate.core.clock import Clock
 from sluicegate.jobs.clock import UnixClock
+from sluicegate.jobs.schema import migrate
 from sluicegate.jobs.sql import POSTGRES, Row, Session, bind
 from sluicegate.jobs.sqlstore import SqlJobStore
 from sluicegate.jobs.store import JobStoreUnavailable
@@ -54,7 +55,7 @@ class _PostgresSession:
 class PostgresDatabase:
     dialect = POSTGRES
 
-    def __init__(self, pool: asyncpg.Pool, acquire_timeout_s: float) -> None:
+    def __init__(self, pool: asyncpg.Pool, acquire_timeout_s: float | None) -> None:
         self._pool = pool
         self._acquire_timeout_s = acquire_timeout_s
 
@@ -89,9 +90,29 @@ async def open_postgres(
     statement_timeout_s: float = 30.0,
     acquire_timeout_s: float = 5.0,
 ) -> SqlJobStore:
-    """Connect to `dsn` and open the job store in `schema`, creating and migrating it."""
+    """Connect to `dsn` and open the job store in `schema`, creating and migrating it.
+
+    Migrations run first, on a connection of their own without the statement bounds: an
+    index built over a large table, or a wait for another replica's migration, may take
+    longer than any request should."""
     if not _SCHEMA_NAME.fullmatch(schema):
         raise ValueError(f"schema {schema!r} is not a lower-case SQL identifier")
+    clock = clock or UnixClock()
+    migrator = await asyncpg.create_pool(
+        dsn,
+        min_size=1,
+        max_size=1,
+        timeout=acquire_timeout_s,
+        server_settings={"search_path": schema},
+    )
+    try:
+        await migrate(
+            PostgresDatabase(migrator, None),
+            clock.now(),
+            (f"CREATE SCHEMA IF NOT EXISTS {schema}",),
+        )
+    finally:
+        await migrator.close()
     settings = {"search_path": schema, "statement_timeout": str(int(statement_timeout_s * 1000))}
     pool = await asyncpg.create_pool(
         dsn,
@@ -101,6 +122,4 @@ async def open_postgres(
         command_timeout=statement_timeout_s + 1.0,
         server_settings=settings,
     )
-    setup = (f"CREATE SCHEMA IF NOT EXISTS {schema}",)
-    database = PostgresDatabase(pool, acquire_timeout_s)
-    return await SqlJobStore.open(database, clock or UnixClock(), setup)
+    return SqlJobStore(PostgresDatabase(pool, acquire_timeout_s), clock)
