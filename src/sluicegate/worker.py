@@ -268,6 +268,9 @@ class Workers:
             return  # superseded or expired meanwhile: never sent
         if current.lease_owner != self.owner:
             return  # our lease ran out and another claimer holds it now
+        if job.id not in self._held:
+            await self._give_back(current)  # the heartbeat found its lease lapsed
+            return
         if current.cancel_requested:
             await self._end(current, JobState.CANCELLED)
             return

@@ -7,6 +7,8 @@ import asyncio
 from contextlib import asynccontextmanager
 from typing import Any, cast
 
+import orjson
+
 from sluicegate.core.types import Endpoint
 from sluicegate.jobs.model import Job, JobState
 from sluicegate.jobs.sqlite import open_sqlite
@@ -97,3 +99,62 @@ async def test_a_job_that_breaks_its_worker_spends_an_attempt_each_time(tmp_path
         await store.close()
     assert (ended.state, ended.attempts, pipeline.runs) == (JobState.FAILED, 3, 3)
     assert ended.error["code"] == "internal_error"
+
+
+class Answer:
+    async def read(self) -> bytes:
+        return b"{}"
+
+
+class LeaseCheckingPipeline:
+    """Holds the first run of the job saying "hold" until cancelled; records, for every
+    run, whether the store still leased that job to someone when the run began."""
+
+    def __init__(self, store: Any, clock: FakeClock) -> None:
+        self.store, self.clock = store, clock
+        self.ids: dict[str, str] = {}
+        self.holding = asyncio.Event()
+        self.leased: list[tuple[str, bool]] = []
+
+    @asynccontextmanager
+    async def run(self, inbound: Any):
+        payload = await inbound.payload()
+        content = payload["messages"][0]["content"]
+        job = await self.store.get("alice", self.ids[content])
+        self.leased.append((content, job.lease_until > self.clock.now()))
+        if content == "hold" and not self.holding.is_set():
+            self.holding.set()
+            await asyncio.Event().wait()
+        yield Answer()
+
+
+async def test_a_job_whose_lease_lapsed_while_it_waited_for_a_worker_is_not_run_on_it(tmp_path):
+    """A heartbeat stall longer than the lease: the job waiting in the hand-off must go
+    back to the store, not run on a lease another claimer may take."""
+    jobs = {"workers": 1, "handoff_size": 2, "lease_s": 10.0, "heartbeat_s": 0.05}
+    settings = parse(base() | {"jobs": jobs | {"poll_s": 0.02}})
+    clock = FakeClock(1_700_000_000.0)
+    store = await open_sqlite(tmp_path / "jobs.db", clock)
+    pipeline = LeaseCheckingPipeline(store, clock)
+    workers = Workers(settings, cast(Pipeline, pipeline), GatewayMetrics(), clock, clock)
+    for content, priority in (("hold", 1), ("wait", 0)):
+        body = orjson.dumps({"model": "chat", "messages": [{"role": "user", "content": content}]})
+        job = Job(tenant="alice", kind=Endpoint.CHAT, body=body, lane="batch", priority=priority)
+        pipeline.ids[content] = (await store.submit(job)).id
+
+    async def on_final(job: Job) -> None:
+        """Not a batch job: never called."""
+
+    workers.start(store, on_final)
+    try:
+        await asyncio.wait_for(pipeline.holding.wait(), 5)
+        clock.advance(11)
+        for content in ("wait", "hold"):
+            assert (
+                await ended_within(store, pipeline.ids[content], 10)
+            ).state is JobState.SUCCEEDED
+    finally:
+        await workers.stop()
+        await store.close()
+    assert ("wait", True) in pipeline.leased
+    assert ("wait", False) not in pipeline.leased
