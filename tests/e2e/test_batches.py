@@ -213,3 +213,19 @@ async def test_an_upload_past_the_tenants_storage_quota_is_refused(sim, tmp_path
         await sdk.files.create(file=("b.jsonl", jsonl(big)), purpose="batch")
     finally:
         gateway.stop()
+
+
+async def test_a_file_over_50000_requests_fails_on_its_count_before_any_line_is_parsed(gateway):
+    sdk = client(gateway, "alice")
+    oversized = io.BytesIO(b"not json\n" * 50_001)
+    upload = await sdk.files.create(file=("big.jsonl", oversized), purpose="batch")
+    batch = await sdk.batches.create(
+        input_file_id=upload.id, endpoint=CHAT, completion_window="24h"
+    )
+    assert batch.status == "failed"
+    [error] = batch.errors.data
+    assert (error.line, error.code) == (None, "invalid_request")
+    assert error.message == "the input file holds more than 50000 requests"
+    empty = await sdk.files.create(file=("empty.jsonl", io.BytesIO(b"\n\n")), purpose="batch")
+    batch = await sdk.batches.create(input_file_id=empty.id, endpoint=CHAT, completion_window="24h")
+    assert batch.errors.data[0].message == "the input file holds no requests"

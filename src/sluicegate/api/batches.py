@@ -11,6 +11,7 @@ of its size; the request count is checked while reading.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -185,28 +186,25 @@ def read_requests(
 ) -> dict[str, bytes] | list[dict[str, Any]]:
     """The bodies of an input file's requests by custom_id, or the errors of its lines.
 
-    Lines are taken one at a time and counted as they come: a file past the limit is
-    refused at its first request too many, not after all of it was parsed."""
+    The requests are counted first, without parsing, stopping at the first one too many,
+    so an oversized file is refused before any of it is parsed."""
+    count = sum(1 for _ in itertools.islice(_lines(content), MAX_REQUESTS + 1))
+    if not 0 < count <= MAX_REQUESTS:
+        found = f"more than {MAX_REQUESTS}" if count else "no"
+        return [_line_error(None, bad_request(f"the input file holds {found} requests"))]
     requests: dict[str, bytes] = {}
     errors: list[dict[str, Any]] = []
-    count = 0
     for number, line in _lines(content):
-        count += 1
-        if count > MAX_REQUESTS:
-            message = f"the input file must hold 1 to {MAX_REQUESTS} requests, not more"
-            return [_line_error(None, bad_request(message))]
-        if len(errors) == _MAX_LINE_ERRORS:
-            continue
         try:
             custom_id, body = _request(intake, tenant, endpoint, line)
             if custom_id in requests:
                 raise bad_request(f"custom_id {custom_id!r} is used twice", "duplicate_custom_id")
         except GatewayError as err:
             errors.append(_line_error(number, err))
+            if len(errors) == _MAX_LINE_ERRORS:
+                break
             continue
         requests[custom_id] = body
-    if not count:
-        return [_line_error(None, bad_request("the input file holds no requests"))]
     return errors or requests
 
 
