@@ -6,12 +6,14 @@ counting wrapper of the store's own `Database` protocol around a real SQLite fil
 
 from __future__ import annotations
 
+import tracemalloc
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, cast
 
+from sluicegate.api.batches import read_requests
 from sluicegate.api.intake import Intake
 from sluicegate.api.ledger import BatchLedger
 from sluicegate.core.types import Endpoint, JobPolicy
@@ -19,6 +21,7 @@ from sluicegate.jobs.model import Batch, BatchStatus, Job, JobState
 from sluicegate.jobs.sql import Database, Row, Session
 from sluicegate.jobs.sqlite import connect_sqlite
 from sluicegate.jobs.sqlstore import SqlJobStore
+from tests.config.test_config import base, parse
 from tests.support.clock import FakeClock
 
 
@@ -131,3 +134,19 @@ async def test_polls_and_job_ends_read_no_job_and_settling_reads_each_once(tmp_p
     assert (small.poll.rows, small.job_end.rows) == (large.poll.rows, large.job_end.rows)
     assert 1_000 <= small.last_job_end.rows <= 1_100
     assert 10_000 <= large.last_job_end.rows <= 10_100
+
+
+def test_checking_a_batchs_input_holds_about_one_copy_of_its_requests():
+    settings = parse(base())
+    intake = Intake(settings, FakeClock(), lambda: None)
+    line = b'{"custom_id": "r%d", "method": "POST", "url": "/v1/chat/completions", '
+    body = b'"body": {"model": "chat", "messages": [{"role": "user", "content": "q"}]}}\n'
+    content = b"".join(line % i + body for i in range(20_000))
+    tracemalloc.start()
+    try:
+        requests = read_requests(intake, settings.tenants[0], Endpoint.CHAT, content)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(requests) == 20_000
+    assert peak < 2 * len(content)
