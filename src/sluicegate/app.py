@@ -352,8 +352,14 @@ def _report_crash(task: asyncio.Task[None]) -> None:
 async def open_job_store(policy: JobPolicy, clock: Clock) -> JobStore:
     if policy.store == "postgres":
         assert policy.postgres_dsn is not None, "config validation requires it"
-        return await open_postgres(policy.postgres_dsn, policy.postgres_schema, clock)
-    return await open_sqlite(policy.sqlite_path, clock)
+        return await open_postgres(
+            policy.postgres_dsn,
+            policy.postgres_schema,
+            clock,
+            statement_timeout_s=policy.statement_timeout_s,
+            acquire_timeout_s=policy.store_timeout_s,
+        )
+    return await open_sqlite(policy.sqlite_path, clock, policy.store_timeout_s)
 
 
 def make_gate(deployment: Deployment, clock: Clock, *, fleet: bool) -> BackendGate:

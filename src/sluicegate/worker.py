@@ -4,10 +4,13 @@ A claimer leases due jobs into a bounded hand-off queue and `workers` tasks take
 from it. One heartbeat loop extends the lease of every job this process holds; when the
 store refuses (the lease was lost, or a cancel was asked for) the job's dispatch is
 cancelled, which ends its upstream call and frees its permits. A sweep expires jobs past
-their deadline and refreshes the backlog metrics.
+their deadline and refreshes the backlog metrics; a slower one deletes what ended more
+than `retention_s` ago.
 
 Delivery is at-least-once: a job whose process died while it ran is claimed again once
-its lease has run out, and may reach a model twice.
+its lease has run out, and may reach a model twice. A process never claims a job it
+still holds, and a lease that lapsed is never extended, so one process runs one job
+once at a time. Every failure, expected or not, spends one of the job's attempts.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from sluicegate.pipeline import Inbound, Pipeline
 log = logging.getLogger("sluicegate.jobs")
 
 OnFinal = Callable[[Job], Awaitable[None]]
+_PURGE_CHUNK = 1_000
+"""Rows of each kind one retention transaction deletes."""
 
 
 class Handoff:
@@ -123,6 +128,7 @@ class Workers:
             self._repeat(self._claim_round),
             self._repeat(self._beat),
             self._repeat(self._sweep),
+            self._repeat(self._retire),
             *(self._work() for _ in range(self._policy.workers)),
         ]
         self._tasks = [asyncio.get_running_loop().create_task(loop) for loop in loops]
@@ -195,14 +201,28 @@ class Workers:
                     call.cancel()
 
     async def _sweep(self) -> None:
-        """Expire jobs past their deadline and refresh the backlog metrics."""
+        """Expire jobs past their deadline and refresh the backlog metrics: each reads
+        only live jobs, by index."""
         await self._store.expire_due()
         for lane in self._lanes:
             size, oldest_age_s = await self._store.backlog(lane=lane)
             self._metrics.job_backlog(lane, size, oldest_age_s)
+        await self._rest(self._policy.expiry_sweep_s)
+
+    async def _retire(self) -> None:
+        """Delete what ended before the retention window, a bounded chunk per transaction
+        so claims and heartbeats interleave; then count the jobs by state, which reads
+        the whole (now bounded) table and so runs at this slower pace."""
+        policy = self._policy
+        if policy.retention_s is not None:
+            before = self._wall.now() - policy.retention_s
+            while not self._stopping.is_set():
+                purged = await self._store.purge(before, _PURGE_CHUNK)
+                if max(purged) < _PURGE_CHUNK:
+                    break
         counts = await self._store.counts_by_state()
         self._metrics.job_states({state.value: n for state, n in counts.items()})
-        await self._rest(self._policy.expiry_sweep_s)
+        await self._rest(policy.retention_sweep_s)
 
     async def _work(self) -> None:
         """Take jobs until shutdown; cancelled only while waiting for one."""
@@ -216,10 +236,25 @@ class Workers:
                 self._idle.discard(me)
             try:
                 await self._dispatch(job)
-            except Exception:
-                log.exception("job %s: its worker failed; it runs again after its lease", job.id)
+            except Exception as exc:
+                log.exception("job %s: its worker failed", job.id)
+                await self._failed_unexpectedly(job, exc)
             finally:
                 self._held.pop(job.id, None)
+
+    async def _failed_unexpectedly(self, job: Job, exc: Exception) -> None:
+        """An unexpected failure spends an attempt like any other: the job goes back after
+        a backoff, or fails once it has had its attempts, so a job that always breaks its
+        worker cannot loop until its deadline. If the store is away too, its lease runs
+        out and the next claim counts the attempt."""
+        err = GatewayError(
+            500, "internal_error", f"the job's worker failed ({type(exc).__name__})",
+            ErrorType.INTERNAL, failover=True,
+        )  # fmt: skip
+        try:
+            await self._after(job, err)
+        except Exception:
+            log.exception("job %s: could not record its failure; it runs after its lease", job.id)
 
     async def _give_back(self, job: Job) -> None:
         """Queue a held job again at once; a cancel asked for makes it cancelled, and a
@@ -233,6 +268,9 @@ class Workers:
             return  # superseded or expired meanwhile: never sent
         if current.lease_owner != self.owner:
             return  # our lease ran out and another claimer holds it now
+        if job.id not in self._held:
+            await self._give_back(current)  # the heartbeat found its lease lapsed
+            return
         if current.cancel_requested:
             await self._end(current, JobState.CANCELLED)
             return

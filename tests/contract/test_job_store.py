@@ -9,6 +9,7 @@ import pytest
 
 from sluicegate.core.types import Endpoint
 from sluicegate.jobs.model import Batch, BatchStatus, Job, JobState, StoredFile
+from sluicegate.jobs.store import StorageQuotaExceeded
 
 BODY = b'{"model": "chat", "messages": [{"role": "user", "content": "hi"}]}'
 
@@ -338,11 +339,11 @@ async def test_a_batch_is_stored_with_its_jobs(store, clock):
     assert batch.id.startswith("batch_")
     assert batch.status_at == {"in_progress": clock.now()}
     assert await store.get_batch("alice", batch.id) == batch
-    jobs = await store.list_batch_jobs("alice", batch.id)
+    jobs = await store.list_batch_jobs("alice", batch.id, 100)
     assert sorted(j.custom_id for j in jobs) == ["r0", "r1", "r2"]
     assert {(j.batch_id, j.state) for j in jobs} == {(batch.id, JobState.QUEUED)}
     assert await store.get_batch("bob", batch.id) is None
-    assert await store.list_batch_jobs("bob", batch.id) == []
+    assert await store.list_batch_jobs("bob", batch.id, 100) == []
 
 
 async def test_a_batch_update_applies_only_from_the_expected_status(store, clock):
@@ -373,7 +374,7 @@ async def test_cancelling_a_batch_cancels_its_jobs(store, clock):
     assert cancelling.status is BatchStatus.CANCELLING
     assert cancelling.status_at["cancelling"] == clock.now()
     assert await store.get_batch("alice", batch.id) == cancelling
-    jobs = {j.id: j for j in await store.list_batch_jobs("alice", batch.id)}
+    jobs = {j.id: j for j in await store.list_batch_jobs("alice", batch.id, 100)}
     assert jobs.pop(running.id).cancel_requested
     assert {j.state for j in jobs.values()} == {JobState.CANCELLED}
     assert await store.cancel_batch("alice", batch.id) == cancelling
@@ -392,3 +393,153 @@ async def test_stores_opened_together_share_one_migrated_database(open_store):
     submitted = await stores[0].submit(job())
     reopened = await open_store()
     assert await reopened.get("alice", submitted.id) == submitted
+
+
+async def test_a_claimer_never_claims_again_a_job_it_still_holds(store, clock):
+    held = await store.submit(job())
+    await store.claim("w", 10, 1)
+    clock.advance(11)
+    assert await store.claim("w", 10, 10) == []
+    [taken] = await store.claim("other", 10, 10)
+    assert (taken.id, taken.lease_owner) == (held.id, "other")
+
+
+async def test_a_heartbeat_never_extends_a_lapsed_lease(store, clock):
+    held = await store.submit(job())
+    await store.claim("w", 10, 1)
+    clock.advance(10)
+    assert not await store.heartbeat("w", held.id, 10)
+    assert (await store.get("alice", held.id)).lease_until == clock.now()
+
+
+async def test_claims_take_a_turn_per_tenant_and_priority_orders_within_one(store, clock):
+    alice = []
+    for _ in range(3):
+        alice.append(await store.submit(job(priority=2**31 - 1)))
+        clock.advance(1)
+    bob_low = await store.submit(job("bob", priority=-5))
+    bob_high = await store.submit(job("bob", priority=7))
+    carol = await store.submit(job("carol", priority=-(2**31)))
+    first = [j.id for j in await store.claim("w", 30, 3)]
+    assert first == [alice[0].id, bob_high.id, carol.id]
+    rest = [j.id for j in await store.claim("w", 30, 10)]
+    assert rest == [alice[1].id, bob_low.id, alice[2].id]
+
+
+async def test_claims_rotate_the_tenant_served_first(store):
+    for tenant in ("alice", "bob", "carol"):
+        for _ in range(2):
+            await store.submit(job(tenant))
+    tenants = [[j.tenant for j in await store.claim("w", 30, 2)] for _ in range(3)]
+    assert tenants == [["alice", "bob"], ["carol", "alice"], ["bob", "carol"]]
+
+
+async def test_a_batch_is_counted_by_state_and_paged_oldest_first(store, clock):
+    batch = await create_batch(store, lines=1_200)
+    assert await store.batch_live(batch.id)
+    claimed = await store.claim("w", 30, 3)
+    await store.finish("w", claimed[0].id, JobState.SUCCEEDED, result=b"{}")
+    await store.finish("w", claimed[1].id, JobState.FAILED, error={"code": "x"})
+    counts = await store.batch_counts(batch.id)
+    assert (counts[JobState.QUEUED], counts[JobState.RUNNING]) == (1_197, 1)
+    assert (counts[JobState.SUCCEEDED], counts[JobState.FAILED]) == (1, 1)
+    pages, after = [], None
+    while page := await store.list_batch_jobs("alice", batch.id, 500, after):
+        pages.append(page)
+        after = page[-1].id
+    assert [len(page) for page in pages] == [500, 500, 200]
+    every = [j.custom_id for page in pages for j in page]
+    assert sorted(every) == sorted(f"r{i}" for i in range(1_200))
+    await store.cancel_batch("alice", batch.id)
+    await store.finish("w", claimed[2].id, JobState.CANCELLED)
+    assert not await store.batch_live(batch.id)
+
+
+async def test_files_are_listed_newest_first_and_deleted_for_their_tenant_only(store, clock):
+    files = []
+    for n in range(3):
+        content = b"x" * (n + 1)
+        files.append(
+            await store.create_file(
+                StoredFile(tenant="alice", purpose="batch", filename=f"{n}.jsonl", content=content)
+            )
+        )
+        clock.advance(1)
+    listed = await store.list_files("alice", 2)
+    assert [(f.id, f.size) for f in listed] == [(files[2].id, 3), (files[1].id, 2)]
+    assert [f.id for f in await store.list_files("alice", 2, listed[-1].id)] == [files[0].id]
+    assert await store.list_files("bob", 10) == []
+    assert not await store.delete_file("bob", files[0].id)
+    assert await store.delete_file("alice", files[0].id)
+    assert not await store.delete_file("alice", files[0].id)
+    assert await store.get_file("alice", files[0].id) is None
+
+
+async def test_a_file_past_the_tenants_quota_is_refused(store):
+    def upload(tenant: str, size: int) -> StoredFile:
+        return StoredFile(tenant=tenant, purpose="batch", filename="f", content=b"x" * size)
+
+    await store.create_file(upload("alice", 600), quota_bytes=1_000)
+    with pytest.raises(StorageQuotaExceeded):
+        await store.create_file(upload("alice", 401), quota_bytes=1_000)
+    await store.create_file(upload("bob", 1_000), quota_bytes=1_000)
+    await store.create_file(upload("alice", 400), quota_bytes=1_000)
+    assert len(await store.list_files("alice", 10)) == 2
+
+
+async def test_batches_are_listed_newest_first(store, clock):
+    batches = []
+    for _ in range(3):
+        batches.append(await create_batch(store, lines=1))
+        clock.advance(1)
+    page = await store.list_batches("alice", 2)
+    assert [b.id for b in page] == [batches[2].id, batches[1].id]
+    assert [b.id for b in await store.list_batches("alice", 2, page[-1].id)] == [batches[0].id]
+    assert await store.list_batches("bob", 10) == []
+
+
+async def test_retention_deletes_only_what_ended_before_the_cutoff(store, clock):
+    old_done = await store.submit(job())
+    await store.claim("w", 30, 1)
+    await store.finish("w", old_done.id, JobState.SUCCEEDED, result=b"{}")
+    old_queued = await store.submit(job())
+    old_file = await store.create_file(
+        StoredFile(tenant="alice", purpose="batch", filename="in", content=b"{}")
+    )
+    old_batch = await create_batch(store, lines=2)
+    await store.cancel_batch("alice", old_batch.id)
+    await store.update_batch(
+        replace(await store.get_batch("alice", old_batch.id), status=BatchStatus.CANCELLED),
+        BatchStatus.CANCELLING,
+    )
+    live_batch = await create_batch(store, lines=1)
+    clock.advance(100)
+    cutoff = clock.now()
+    new_done = await store.submit(job())
+    [claimed] = await store.claim("w", 30, 1)
+    await store.finish("w", claimed.id, JobState.SUCCEEDED, result=b"{}")
+
+    purged = await store.purge(cutoff, 1_000)
+    assert (purged.jobs, purged.batches) == (3, 1)
+    assert purged.files >= 1
+    assert await store.get("alice", old_done.id) is None
+    assert await store.get("alice", old_queued.id) is not None
+    assert await store.get("alice", new_done.id) is not None
+    assert await store.get_file("alice", old_file.id) is None
+    assert await store.get_batch("alice", old_batch.id) is None
+    assert await store.list_batch_jobs("alice", old_batch.id, 10) == []
+    assert await store.get_batch("alice", live_batch.id) is not None
+    assert len(await store.list_batch_jobs("alice", live_batch.id, 10)) == 1
+    assert await store.purge(cutoff, 1_000) == (0, 0, 0)
+
+
+async def test_retention_deletes_a_large_batch_a_bounded_chunk_at_a_time(store, clock):
+    batch = await create_batch(store, lines=5)
+    await store.cancel_batch("alice", batch.id)
+    cancelling = await store.get_batch("alice", batch.id)
+    await store.update_batch(
+        replace(cancelling, status=BatchStatus.CANCELLED), BatchStatus.CANCELLING
+    )
+    clock.advance(10)
+    rounds = [await store.purge(clock.now(), 2) for _ in range(4)]
+    assert [(p.jobs, p.batches) for p in rounds] == [(2, 0), (2, 0), (1, 1), (0, 0)]

@@ -156,3 +156,76 @@ async def test_a_cancelled_batch_sends_nothing_more_and_ends_cancelled(sim, http
         assert (await sim_stats(http, sim))["received"] - received == 1
     finally:
         gateway.stop()
+
+
+async def test_the_sdk_lists_batches_and_files_page_by_page_and_deletes_files(gateway):
+    sdk = client(gateway, "alice")
+    uploads = [
+        await sdk.files.create(file=(f"in{i}.jsonl", jsonl({"a": chat()})), purpose="batch")
+        for i in range(3)
+    ]
+    batches = [
+        await sdk.batches.create(input_file_id=u.id, endpoint=CHAT, completion_window="24h")
+        for u in uploads
+    ]
+    for batch in batches:
+        await settled(sdk, batch.id)
+
+    listed = [b.id async for b in sdk.batches.list(limit=2)]
+    assert listed == [b.id for b in reversed(batches)]
+    first = await sdk.batches.list(limit=2)
+    assert (len(first.data), first.has_more) == (2, True)
+    files = [f async for f in sdk.files.list(limit=2)]
+    assert {u.id for u in uploads} <= {f.id for f in files}
+    assert all(f.object == "file" and f.bytes > 0 for f in files)
+    assert [b.id async for b in client(gateway, "bob").batches.list()] == []
+
+    deleted = await sdk.files.delete(uploads[0].id)
+    assert (deleted.id, deleted.deleted) == (uploads[0].id, True)
+    with pytest.raises(openai.NotFoundError):
+        await sdk.files.retrieve(uploads[0].id)
+    with pytest.raises(openai.NotFoundError):
+        await client(gateway, "bob").files.delete(uploads[1].id)
+    assert uploads[0].id not in {f.id async for f in sdk.files.list()}
+
+
+@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/files", "/v1/batches"])
+@pytest.mark.parametrize("query", ["limit=²", "limit=0", "limit=101", "limit=x", "order=asc"])
+async def test_a_bad_list_parameter_is_a_400_in_openais_shape(gateway, http, path, query):
+    headers = {"Authorization": f"Bearer {KEYS['alice']}"}
+    async with http.get(f"{gateway.url}{path}?{query}", headers=headers) as resp:
+        assert resp.status == 400
+        error = (await resp.json())["error"]
+    assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_request")
+
+
+async def test_an_upload_past_the_tenants_storage_quota_is_refused(sim, tmp_path):
+    quota = {"tenant_storage_max_bytes": 2048}
+    gateway = start_gateway(tmp_path, gateway_config(sim, sqlite_jobs(tmp_path, **quota)))
+    try:
+        sdk = client(gateway, "alice")
+        big = {f"r{i}": chat() for i in range(12)}
+        first = await sdk.files.create(file=("a.jsonl", jsonl(big)), purpose="batch")
+        with pytest.raises(openai.RateLimitError) as refused:
+            await sdk.files.create(file=("b.jsonl", jsonl(big)), purpose="batch")
+        assert refused.value.code == "storage_quota_exceeded"
+        await sdk.files.delete(first.id)
+        await sdk.files.create(file=("b.jsonl", jsonl(big)), purpose="batch")
+    finally:
+        gateway.stop()
+
+
+async def test_a_file_over_50000_requests_fails_on_its_count_before_any_line_is_parsed(gateway):
+    sdk = client(gateway, "alice")
+    oversized = io.BytesIO(b"not json\n" * 50_001)
+    upload = await sdk.files.create(file=("big.jsonl", oversized), purpose="batch")
+    batch = await sdk.batches.create(
+        input_file_id=upload.id, endpoint=CHAT, completion_window="24h"
+    )
+    assert batch.status == "failed"
+    [error] = batch.errors.data
+    assert (error.line, error.code) == (None, "invalid_request")
+    assert error.message == "the input file holds more than 50000 requests"
+    empty = await sdk.files.create(file=("empty.jsonl", io.BytesIO(b"\n\n")), purpose="batch")
+    batch = await sdk.batches.create(input_file_id=empty.id, endpoint=CHAT, completion_window="24h")
+    assert batch.errors.data[0].message == "the input file holds no requests"

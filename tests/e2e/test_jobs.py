@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import statistics
 import time
+import uuid
 from collections.abc import Iterator
 
 import aiohttp
@@ -28,6 +29,7 @@ from tests.support.jobs import (
     start_gateway,
     start_sim,
 )
+from tests.support.postgres import StallingProxy, connect_or_skip
 from tests.support.processes import Proc
 
 database = pytest.fixture(params=STORES)(job_database)
@@ -316,3 +318,36 @@ async def _model_busy(http: aiohttp.ClientSession, sim: Proc) -> None:
             if (await sim_stats(http, sim))["running"] >= 1:
                 return
             await asyncio.sleep(0.02)
+
+
+async def test_a_stalled_postgres_answers_503_within_its_timeouts_then_recovers(sim, http, stopped):
+    conn = await connect_or_skip()
+    proxy = StallingProxy()
+    port = proxy.start()
+    schema = f"sluicegate_e2e_{uuid.uuid4().hex[:12]}"
+    keys = {
+        "store": "postgres",
+        "postgres_dsn": f"postgresql://postgres@127.0.0.1:{port}/test",
+        "postgres_schema": schema,
+        "statement_timeout_s": 1.0,
+        "store_timeout_s": 1.0,
+    }
+    try:
+        gateway = stopped(gateway_config(sim, keys))
+        jobs = JobClient(http, gateway, "alice")
+        stored = await jobs.accepted()
+        proxy.stall()
+        started = time.monotonic()
+        for attempt in (jobs.submit(), jobs.call("GET", f"/{stored['id']}")):
+            status, *_, doc = await attempt
+            assert status == 503, doc
+            assert doc["error"]["code"] == "job_store_unavailable"
+        assert time.monotonic() - started < 10
+        proxy.resume()
+        async with asyncio.timeout(15):
+            while (await jobs.call("GET", f"/{stored['id']}"))[0] != 200:  # noqa: ASYNC110
+                await asyncio.sleep(0.2)
+    finally:
+        proxy.close()
+        await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        await conn.close()

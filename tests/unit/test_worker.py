@@ -1,12 +1,22 @@
-"""The hand-off queue between the claimer and the workers, under each full-queue policy."""
+"""The hand-off queue between the claimer and the workers, under each full-queue policy;
+and workers over a real SQLite store with a scripted pipeline of the project's own."""
 
 from __future__ import annotations
 
 import asyncio
+from contextlib import asynccontextmanager
+from typing import Any, cast
+
+import orjson
 
 from sluicegate.core.types import Endpoint
-from sluicegate.jobs.model import Job
-from sluicegate.worker import Handoff
+from sluicegate.jobs.model import Job, JobState
+from sluicegate.jobs.sqlite import open_sqlite
+from sluicegate.observability.metrics import GatewayMetrics
+from sluicegate.pipeline import Pipeline
+from sluicegate.worker import Handoff, Workers
+from tests.config.test_config import base, parse
+from tests.support.clock import FakeClock
 
 
 def job() -> Job:
@@ -45,3 +55,106 @@ async def test_closing_ends_the_wait_for_room_and_drain_returns_the_queued_jobs(
     await asyncio.wait_for(room, 1)
     assert handoff.drain() == [queued]
     assert handoff.drain() == []
+
+
+class BrokenPipeline:
+    """A pipeline whose every run fails in a way no one planned for."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    @asynccontextmanager
+    async def run(self, inbound: Any):
+        self.runs += 1
+        raise RuntimeError("a bug in the request path")
+        yield
+
+
+async def ended_within(store: Any, job_id: str, timeout_s: float) -> Job:
+    """The job once final, polled: the store has no change notifications."""
+    async with asyncio.timeout(timeout_s):
+        while not (job := await store.get("alice", job_id)).state.final:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+    return job
+
+
+async def test_a_job_that_breaks_its_worker_spends_an_attempt_each_time(tmp_path):
+    jobs = {"max_attempts": 3, "poll_s": 0.02, "backoff_base_s": 0.0, "lease_s": 600.0}
+    settings = parse(base() | {"jobs": jobs})
+    clock = FakeClock(1_700_000_000.0)
+    store = await open_sqlite(tmp_path / "jobs.db", clock)
+    pipeline = BrokenPipeline()
+    workers = Workers(settings, cast(Pipeline, pipeline), GatewayMetrics(), clock, clock)
+    body = b'{"model": "chat", "messages": [{"role": "user", "content": "hi"}]}'
+    poison = await store.submit(Job(tenant="alice", kind=Endpoint.CHAT, body=body, lane="batch"))
+
+    async def on_final(job: Job) -> None:
+        """Not a batch job: never called."""
+
+    workers.start(store, on_final)
+    try:
+        ended = await ended_within(store, poison.id, 10)
+    finally:
+        await workers.stop()
+        await store.close()
+    assert (ended.state, ended.attempts, pipeline.runs) == (JobState.FAILED, 3, 3)
+    assert ended.error["code"] == "internal_error"
+
+
+class Answer:
+    async def read(self) -> bytes:
+        return b"{}"
+
+
+class LeaseCheckingPipeline:
+    """Holds the first run of the job saying "hold" until cancelled; records, for every
+    run, whether the store still leased that job to someone when the run began."""
+
+    def __init__(self, store: Any, clock: FakeClock) -> None:
+        self.store, self.clock = store, clock
+        self.ids: dict[str, str] = {}
+        self.holding = asyncio.Event()
+        self.leased: list[tuple[str, bool]] = []
+
+    @asynccontextmanager
+    async def run(self, inbound: Any):
+        payload = await inbound.payload()
+        content = payload["messages"][0]["content"]
+        job = await self.store.get("alice", self.ids[content])
+        self.leased.append((content, job.lease_until > self.clock.now()))
+        if content == "hold" and not self.holding.is_set():
+            self.holding.set()
+            await asyncio.Event().wait()
+        yield Answer()
+
+
+async def test_a_job_whose_lease_lapsed_while_it_waited_for_a_worker_is_not_run_on_it(tmp_path):
+    """A heartbeat stall longer than the lease: the job waiting in the hand-off must go
+    back to the store, not run on a lease another claimer may take."""
+    jobs = {"workers": 1, "handoff_size": 2, "lease_s": 10.0, "heartbeat_s": 0.05}
+    settings = parse(base() | {"jobs": jobs | {"poll_s": 0.02}})
+    clock = FakeClock(1_700_000_000.0)
+    store = await open_sqlite(tmp_path / "jobs.db", clock)
+    pipeline = LeaseCheckingPipeline(store, clock)
+    workers = Workers(settings, cast(Pipeline, pipeline), GatewayMetrics(), clock, clock)
+    for content, priority in (("hold", 1), ("wait", 0)):
+        body = orjson.dumps({"model": "chat", "messages": [{"role": "user", "content": content}]})
+        job = Job(tenant="alice", kind=Endpoint.CHAT, body=body, lane="batch", priority=priority)
+        pipeline.ids[content] = (await store.submit(job)).id
+
+    async def on_final(job: Job) -> None:
+        """Not a batch job: never called."""
+
+    workers.start(store, on_final)
+    try:
+        await asyncio.wait_for(pipeline.holding.wait(), 5)
+        clock.advance(11)
+        for content in ("wait", "hold"):
+            assert (
+                await ended_within(store, pipeline.ids[content], 10)
+            ).state is JobState.SUCCEEDED
+    finally:
+        await workers.stop()
+        await store.close()
+    assert ("wait", True) in pipeline.leased
+    assert ("wait", False) not in pipeline.leased

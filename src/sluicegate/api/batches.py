@@ -3,16 +3,21 @@ unchanged: upload a JSONL file, create a batch from it, poll it, download its re
 
 Every line of the input is checked, as its route would check it, before anything is
 stored; then the batch and one job per line are stored in one transaction. A file with
-bad lines makes a `failed` batch listing them, as OpenAI does.
+bad lines makes a `failed` batch listing them, as OpenAI does. Uploads are parsed as
+they arrive and input files read a line at a time, so neither costs more than a copy
+of its size; the request count is checked while reading.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 from sluicegate.api.asgi import (
+    ClientDisconnected,
     Receive,
     Router,
     Scope,
@@ -23,12 +28,14 @@ from sluicegate.api.asgi import (
     send_json,
 )
 from sluicegate.api.intake import Intake, endpoint_of, path_id
+from sluicegate.api.jobs import page_object, page_query
 from sluicegate.api.ledger import BatchLedger
-from sluicegate.api.multipart import parse_form
+from sluicegate.api.multipart import FormReader
 from sluicegate.api.payloads import json_object
 from sluicegate.core.errors import GatewayError, bad_request, not_found
+from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Endpoint, Tenant
-from sluicegate.jobs.model import Batch, BatchStatus, Job, StoredFile
+from sluicegate.jobs.model import Batch, BatchStatus, FileInfo, Job, StoredFile
 
 FILES, BATCHES = "/v1/files/", "/v1/batches/"
 INPUT_PURPOSE = "batch"
@@ -47,16 +54,20 @@ class BatchRoutes:
     def routes(self, router: Router) -> Router:
         route = self._intake.route
         router.add("POST", "/v1/files", route(self._upload))
+        router.add("GET", "/v1/files", route(self._files))
         router.add_prefix("GET", FILES, route(self._file))
+        router.add_prefix("DELETE", FILES, route(self._delete_file))
         router.add("POST", "/v1/batches", route(self._create))
+        router.add("GET", "/v1/batches", route(self._batches))
         router.add_prefix("GET", BATCHES, route(self._get))
         router.add_prefix("POST", BATCHES, route(self._cancel))
         return router
 
     async def _upload(self, tenant: Tenant, scope: Scope, receive: Receive, send: Send) -> None:
         intake = self._intake
-        body = await read_body(receive, intake.policy.max_file_bytes)
-        form = await asyncio.to_thread(parse_form, header(scope, b"content-type") or b"", body)
+        reader = FormReader(header(scope, b"content-type") or b"")
+        await _feed(reader, receive, intake.policy.max_file_bytes)
+        form = reader.fields()
         purpose, upload = form.get("purpose"), form.get("file")
         if purpose is None or purpose.content != INPUT_PURPOSE.encode():
             raise bad_request(f"'purpose' must be {INPUT_PURPOSE!r}: files here are batch input")
@@ -68,7 +79,28 @@ class BatchRoutes:
             filename=upload.filename,
             content=upload.content,
         )
-        await send_json(send, 200, file_object(await intake.store.create_file(file)))
+        stored = await intake.store.create_file(file, intake.policy.tenant_storage_max_bytes)
+        await send_json(send, 200, file_object(stored))
+
+    async def _files(self, tenant: Tenant, scope: Scope, receive: Receive, send: Send) -> None:
+        limit, after = page_query(scope)
+        files = await self._intake.store.list_files(tenant.name, limit + 1, after)
+        await send_json(send, 200, page_object([file_object(file) for file in files], limit))
+
+    async def _delete_file(
+        self, tenant: Tenant, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """OpenAI's `FileDeleted`. A batch keeps its jobs' results when its files go."""
+        file_id = path_id(scope, FILES)
+        if not await self._intake.store.delete_file(tenant.name, file_id):
+            raise not_found(f"no file {file_id!r}")
+        await send_json(send, 200, {"id": file_id, "object": "file", "deleted": True})
+
+    async def _batches(self, tenant: Tenant, scope: Scope, receive: Receive, send: Send) -> None:
+        """Newest first, as stored: a batch's counts are settled when it is read by id."""
+        limit, after = page_query(scope)
+        batches = await self._intake.store.list_batches(tenant.name, limit + 1, after)
+        await send_json(send, 200, page_object([batch_object(b) for b in batches], limit))
 
     async def _file(self, tenant: Tenant, scope: Scope, receive: Receive, send: Send) -> None:
         """`GET /v1/files/{id}` (the file object) or `.../content` (its bytes)."""
@@ -112,11 +144,12 @@ class BatchRoutes:
     async def _start(
         self, tenant: Tenant, endpoint: Endpoint, batch: Batch, requests: dict[str, bytes]
     ) -> Batch:
+        """The jobs are made as they are inserted, a statement's worth at a time."""
         intake = self._intake
         await intake.admit(tenant, len(requests))
         deadline = intake.clock.now() + WINDOW_S
         lane = intake.lane(None)
-        jobs = [
+        jobs = (
             Job(
                 tenant=tenant.name,
                 kind=endpoint,
@@ -126,11 +159,11 @@ class BatchRoutes:
                 custom_id=custom_id,
             )
             for custom_id, body in requests.items()
-        ]
+        )
         running = replace(
             batch,
             status=BatchStatus.IN_PROGRESS,
-            total_requests=len(jobs),
+            total_requests=len(requests),
             expires_at=deadline,
         )
         stored = await intake.store.create_batch(running, jobs)
@@ -151,14 +184,17 @@ class BatchRoutes:
 def read_requests(
     intake: Intake, tenant: Tenant, endpoint: Endpoint, content: bytes
 ) -> dict[str, bytes] | list[dict[str, Any]]:
-    """The bodies of an input file's requests by custom_id, or the errors of its lines."""
-    lines = [(n, line) for n, line in enumerate(content.splitlines(), 1) if line.strip()]
-    if not lines or len(lines) > MAX_REQUESTS:
-        message = f"the input file must hold 1 to {MAX_REQUESTS} requests, not {len(lines)}"
-        return [_line_error(None, bad_request(message))]
+    """The bodies of an input file's requests by custom_id, or the errors of its lines.
+
+    The requests are counted first, without parsing, stopping at the first one too many,
+    so an oversized file is refused before any of it is parsed."""
+    count = sum(1 for _ in itertools.islice(_lines(content), MAX_REQUESTS + 1))
+    if not 0 < count <= MAX_REQUESTS:
+        found = f"more than {MAX_REQUESTS}" if count else "no"
+        return [_line_error(None, bad_request(f"the input file holds {found} requests"))]
     requests: dict[str, bytes] = {}
     errors: list[dict[str, Any]] = []
-    for number, line in lines:
+    for number, line in _lines(content):
         try:
             custom_id, body = _request(intake, tenant, endpoint, line)
             if custom_id in requests:
@@ -172,6 +208,35 @@ def read_requests(
     return errors or requests
 
 
+def _lines(content: bytes) -> Iterator[tuple[int, bytes]]:
+    """The non-blank lines of `content` with their numbers, one at a time."""
+    start, number = 0, 0
+    while start < len(content):
+        end = content.find(b"\n", start)
+        end = len(content) if end < 0 else end + 1
+        number += 1
+        line = content[start:end]
+        start = end
+        if line.strip():
+            yield number, line
+
+
+async def _feed(reader: FormReader, receive: Receive, limit: int) -> None:
+    """The request body into `reader` as it arrives, refused once past `limit` bytes."""
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise Refusal.BODY_TOO_LARGE.error(f"the upload exceeds the limit of {limit} bytes")
+        reader.feed(chunk)
+        if not message.get("more_body", False):
+            return
+
+
 def _request(intake: Intake, tenant: Tenant, endpoint: Endpoint, line: bytes) -> tuple[str, bytes]:
     item = json_object(line)
     custom_id = item.get("custom_id")
@@ -181,7 +246,10 @@ def _request(intake: Intake, tenant: Tenant, endpoint: Endpoint, line: bytes) ->
         raise bad_request("'method' must be 'POST'")
     if item.get("url") != endpoint.path:
         raise bad_request(f"'url' must be the batch's endpoint {endpoint.path}")
-    return custom_id, intake.request(tenant, endpoint, item.get("body"))
+    body = intake.request(tenant, endpoint, item.get("body"))
+    # orjson's bytes keep its whole write buffer (4 KiB for a 100-byte body); a batch
+    # holds 50,000 of them until they are stored, so keep a copy of just the body.
+    return custom_id, memoryview(body).tobytes()
 
 
 def _line_error(number: int | None, err: GatewayError) -> dict[str, Any]:
@@ -208,7 +276,7 @@ async def _answer(send: Send, batch_id: str, batch: Batch | None) -> None:
     await send_json(send, 200, batch_object(batch))
 
 
-def file_object(file: StoredFile) -> dict[str, Any]:
+def file_object(file: StoredFile | FileInfo) -> dict[str, Any]:
     """OpenAI's `FileObject`."""
     return {
         "id": file.id,

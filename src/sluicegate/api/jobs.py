@@ -114,23 +114,32 @@ class JobRoutes:
         await _answer(send, job_id, await self._intake.store.cancel(tenant.name, job_id))
 
     async def _list(self, tenant: Tenant, scope: Scope, receive: Receive, send: Send) -> None:
-        """Newest first, a page at a time: `after` is the last id of the previous page."""
-        query = parse_qs(scope["query_string"].decode("latin-1"))
-        limit = _page_size(query.get("limit", [str(_DEFAULT_PAGE)])[-1])
-        after = query.get("after", [None])[-1]
+        limit, after = page_query(scope)
         jobs = await self._intake.store.list_jobs(tenant.name, limit + 1, after)
-        page = jobs[:limit]
-        await send_json(
-            send,
-            200,
-            {
-                "object": "list",
-                "data": [summary(job) for job in page],
-                "first_id": page[0].id if page else None,
-                "last_id": page[-1].id if page else None,
-                "has_more": len(jobs) > limit,
-            },
-        )
+        await send_json(send, 200, page_object([summary(job) for job in jobs], limit))
+
+
+def page_query(scope: Scope) -> tuple[int, str | None]:
+    """`limit` and `after` of a list route: newest first, a page at a time, `after` being
+    the last id of the previous page. Any other parameter is refused, not ignored."""
+    query = parse_qs(scope["query_string"].decode("latin-1"))
+    unknown = sorted(query.keys() - {"limit", "after"})
+    if unknown:
+        raise bad_request(f"unknown query parameter {unknown[0]!r}")
+    limit = _page_size(query.get("limit", [str(_DEFAULT_PAGE)])[-1])
+    return limit, query.get("after", [None])[-1]
+
+
+def page_object(items: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+    """OpenAI's cursor page, from up to `limit + 1` items (one more says there is more)."""
+    page = items[:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(items) > limit,
+    }
 
 
 def summary(job: Job) -> dict[str, Any]:
@@ -213,6 +222,7 @@ def _idempotency_key(scope: Scope, spec: dict[str, Any]) -> str | None:
 
 
 def _page_size(text: str) -> int:
-    if text.isdigit() and 1 <= int(text) <= _MAX_PAGE:
+    """ASCII digits only: `str.isdigit` accepts '²', which `int` refuses."""
+    if text.isascii() and text.isdigit() and 1 <= int(text) <= _MAX_PAGE:
         return int(text)
     raise bad_request(f"'limit' must be an integer from 1 to {_MAX_PAGE}")

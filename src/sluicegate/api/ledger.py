@@ -1,6 +1,6 @@
 """Batches kept up to date with their jobs: counts while they run, then result files.
 
-Nothing watches a batch: it is settled when one of its jobs ends here and whenever it is
+Nothing watches a batch: it is settled when its last job ends here and whenever it is
 read, so a batch whose last job ended elsewhere (another replica, the expiry sweep, a
 cancel) is finished by its next poll. Status changes are compare-and-set, so a cancel is
 never undone and only one settler writes the result files; a settler that died after
@@ -21,6 +21,8 @@ from sluicegate.jobs.store import JobStore
 
 OUTPUT_PURPOSE = "batch_output"
 _OPEN = frozenset({BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING, BatchStatus.CANCELLING})
+RESULT_PAGE = 500
+"""Jobs read per statement while writing a batch's result files."""
 
 
 class BatchLedger:
@@ -29,22 +31,27 @@ class BatchLedger:
         self._settling: set[str] = set()
 
     async def job_finished(self, job: Job) -> None:
-        if job.batch_id is not None:
+        """A job's end settles its batch only once none of its jobs is left to run: one
+        index probe per job, so a batch of n jobs costs n probes, not n full reads."""
+        if job.batch_id is not None and not await self._intake.store.batch_live(job.batch_id):
             await self.settle(job.tenant, job.batch_id)
 
     async def settle(self, tenant: str, batch_id: str) -> Batch | None:
-        """The batch with its current counts, finished first if all its jobs are final."""
+        """The batch with its current counts, finished first if all its jobs are final.
+
+        The counts come from the database by state; no job row is read unless the batch
+        finishes here, and then each once, a page at a time."""
         store = self._intake.store
         batch = await store.get_batch(tenant, batch_id)
         if batch is None or batch.status not in _OPEN:
             return batch
-        jobs = await store.list_batch_jobs(tenant, batch_id)
-        batch = _counted(batch, jobs)
-        if not all(job.state.final for job in jobs) or not self._may_finish(batch):
+        counts = await store.batch_counts(batch_id)
+        batch = _counted(batch, counts)
+        if counts[JobState.QUEUED] or counts[JobState.RUNNING] or not self._may_finish(batch):
             return batch
         self._settling.add(batch_id)
         try:
-            return await self._finish(store, batch, jobs)
+            return await self._finish(store, batch, counts)
         finally:
             self._settling.discard(batch_id)
 
@@ -57,16 +64,18 @@ class BatchLedger:
         since = batch.status_at.get(BatchStatus.FINALIZING.value, 0.0)
         return self._intake.clock.now() - since > self._intake.policy.lease_s
 
-    async def _finish(self, store: JobStore, batch: Batch, jobs: list[Job]) -> Batch | None:
+    async def _finish(
+        self, store: JobStore, batch: Batch, counts: dict[JobState, int]
+    ) -> Batch | None:
         if batch.status is BatchStatus.IN_PROGRESS:
             finalizing = replace(batch, status=BatchStatus.FINALIZING)
             if not await store.update_batch(finalizing, BatchStatus.IN_PROGRESS):
                 return await store.get_batch(batch.tenant, batch.id)
-            batch = _counted(await _reread(store, batch), jobs)
-        output, errors = _result_lines(jobs)
+            batch = _counted(await _reread(store, batch), counts)
+        output, errors = await _result_lines(store, batch)
         final = replace(
             batch,
-            status=_final_status(batch, jobs),
+            status=_final_status(batch, counts),
             output_file_id=await self._write(store, batch, "output", output),
             error_file_id=await self._write(store, batch, "errors", errors),
         )
@@ -76,6 +85,8 @@ class BatchLedger:
     async def _write(
         self, store: JobStore, batch: Batch, kind: str, lines: list[bytes]
     ) -> str | None:
+        """Result files are written whatever the tenant's storage quota: they hold work
+        already done, which a refusal would lose; they count against later uploads."""
         if not lines:
             return None
         file = StoredFile(
@@ -89,46 +100,54 @@ class BatchLedger:
 
 async def _reread(store: JobStore, batch: Batch) -> Batch:
     stored = await store.get_batch(batch.tenant, batch.id)
-    assert stored is not None, "batches are never deleted"
+    assert stored is not None, "a finalizing batch is not retired"
     return stored
 
 
-def _counted(batch: Batch, jobs: list[Job]) -> Batch:
-    succeeded = sum(job.state is JobState.SUCCEEDED for job in jobs)
-    ended = sum(job.state.final for job in jobs)
+def _counted(batch: Batch, counts: dict[JobState, int]) -> Batch:
+    succeeded = counts[JobState.SUCCEEDED]
+    ended = sum(n for state, n in counts.items() if state.final)
     return replace(
         batch,
-        total_requests=len(jobs),
+        total_requests=sum(counts.values()),
         completed_requests=succeeded,
         failed_requests=ended - succeeded,
     )
 
 
-def _final_status(batch: Batch, jobs: list[Job]) -> BatchStatus:
+def _final_status(batch: Batch, counts: dict[JobState, int]) -> BatchStatus:
     if batch.status is BatchStatus.CANCELLING:
         return BatchStatus.CANCELLED
-    if any(job.state is JobState.EXPIRED for job in jobs):
+    if counts[JobState.EXPIRED]:
         return BatchStatus.EXPIRED
     return BatchStatus.COMPLETED
 
 
-def _result_lines(jobs: list[Job]) -> tuple[list[bytes], list[bytes]]:
-    """OpenAI's output lines (successes) and error lines (every other request)."""
+async def _result_lines(store: JobStore, batch: Batch) -> tuple[list[bytes], list[bytes]]:
+    """OpenAI's output lines (successes) and error lines (every other request), reading
+    each job once, `RESULT_PAGE` at a time, so only the lines themselves are kept."""
     output: list[bytes] = []
     errors: list[bytes] = []
-    for job in jobs:
-        if job.state is JobState.SUCCEEDED:
-            body = orjson.Fragment(job.result or b"null")
-            output.append(_line(job, {"status_code": 200, "request_id": job.id, "body": body}))
-            continue
-        error = job_error(job) or {}
-        status = error.get("status")
-        if status is None:
-            errors.append(_line(job, None, error))
-        else:
-            response = {"status_code": status, "request_id": job.id, "body": {"error": error}}
-            errors.append(_line(job, response))
+    after: str | None = None
+    while page := await store.list_batch_jobs(batch.tenant, batch.id, RESULT_PAGE, after):
+        for job in page:
+            _add_line(job, output, errors)
+        after = page[-1].id
     return output, errors
+
+
+def _add_line(job: Job, output: list[bytes], errors: list[bytes]) -> None:
+    if job.state is JobState.SUCCEEDED:
+        body = orjson.Fragment(job.result or b"null")
+        output.append(_line(job, {"status_code": 200, "request_id": job.id, "body": body}))
+        return
+    error = job_error(job) or {}
+    status = error.get("status")
+    if status is None:
+        errors.append(_line(job, None, error))
+    else:
+        response = {"status_code": status, "request_id": job.id, "body": {"error": error}}
+        errors.append(_line(job, response))
 
 
 def _line(job: Job, response: dict[str, Any] | None, error: Any = None) -> bytes:

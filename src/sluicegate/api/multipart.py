@@ -1,17 +1,22 @@
-"""`multipart/form-data` bodies (file uploads), parsed by the standard library's MIME parser.
+"""`multipart/form-data` bodies (file uploads), parsed as they arrive by python-multipart.
 
-The `email` package is the parser Python itself maintains for MIME; a form upload is a
-MIME multipart message once its Content-Type is put in front of it.
+The body is fed chunk by chunk, so an upload costs its file's size once (the field's
+bytes), not the copies a whole-message parser makes. Fields other than files are small
+by nature and are bounded.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from email.message import EmailMessage
-from email.parser import BytesParser
-from email.policy import HTTP
+
+from python_multipart import MultipartParser
+from python_multipart.exceptions import MultipartParseError
+from python_multipart.multipart import parse_options_header
 
 from sluicegate.core.errors import bad_request
+
+MAX_FIELD_BYTES = 4096
+"""A form field that is not a file (`purpose`) is a word, never a payload."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,26 +27,76 @@ class Part:
     filename: str | None
 
 
-def parse_form(content_type: bytes, body: bytes) -> dict[str, Part]:
-    """The fields of a form upload by name; a 400 when the body is not one."""
-    if not content_type.lower().startswith(b"multipart/form-data"):
-        raise bad_request("the body must be multipart/form-data")
-    head = b"Content-Type: " + content_type + b"\r\n\r\n"
-    message = BytesParser(policy=HTTP).parsebytes(head + body)
-    if message.defects or not message.is_multipart():
-        raise bad_request("the multipart/form-data body is malformed")
-    return dict(_field(part) for part in _parts(message))
+class FormReader:
+    """Feed a form's body with `feed`, then take its fields by name from `fields`."""
 
+    def __init__(self, content_type: bytes) -> None:
+        kind, options = parse_options_header(content_type)
+        boundary = options.get(b"boundary")
+        if kind != b"multipart/form-data":
+            raise bad_request("the body must be multipart/form-data")
+        if not boundary:
+            raise bad_request("the multipart/form-data body is malformed: no boundary")
+        self._parser = MultipartParser(
+            boundary,
+            {
+                "on_part_begin": self._begin,
+                "on_header_field": self._header_field,
+                "on_header_value": self._header_value,
+                "on_header_end": self._header_end,
+                "on_part_data": self._data,
+                "on_part_end": self._end_part,
+                "on_end": self._end,
+            },
+        )
+        self._fields: dict[str, Part] = {}
+        self._header: tuple[bytearray, bytearray] = (bytearray(), bytearray())
+        self._disposition = b""
+        self._content = bytearray()
+        self._ended = False
 
-def _parts(message: EmailMessage) -> list[EmailMessage]:
-    return [part for part in message.iter_parts() if isinstance(part, EmailMessage)]
+    def feed(self, chunk: bytes) -> None:
+        try:
+            self._parser.write(chunk)
+        except MultipartParseError as err:
+            raise bad_request(f"the multipart/form-data body is malformed: {err}") from err
 
+    def fields(self) -> dict[str, Part]:
+        """The fields once the whole body was fed; a 400 if it ended early."""
+        if not self._ended:
+            raise bad_request("the multipart/form-data body is malformed: it ends early")
+        return self._fields
 
-def _field(part: EmailMessage) -> tuple[str, Part]:
-    name = part.get_param("name", header="content-disposition")
-    if not isinstance(name, str) or not name:
-        raise bad_request("a multipart/form-data part has no field name")
-    content = part.get_payload(decode=True)
-    if not isinstance(content, bytes):
-        raise bad_request(f"the form field {name!r} has no content")
-    return name, Part(content, part.get_filename())
+    def _begin(self) -> None:
+        self._disposition = b""
+        self._content = bytearray()
+
+    def _header_field(self, data: bytes, start: int, end: int) -> None:
+        self._header[0].extend(data[start:end])
+
+    def _header_value(self, data: bytes, start: int, end: int) -> None:
+        self._header[1].extend(data[start:end])
+
+    def _header_end(self) -> None:
+        name, value = self._header
+        if name.lower() == b"content-disposition":
+            self._disposition = bytes(value)
+        self._header = (bytearray(), bytearray())
+
+    def _data(self, data: bytes, start: int, end: int) -> None:
+        self._content.extend(data[start:end])
+        if len(self._content) > MAX_FIELD_BYTES and b"filename" not in self._disposition:
+            raise bad_request(f"a form field that is not a file exceeds {MAX_FIELD_BYTES} bytes")
+
+    def _end_part(self) -> None:
+        _, options = parse_options_header(self._disposition)
+        name = options.get(b"name")
+        if not name:
+            raise bad_request("a multipart/form-data part has no field name")
+        filename = options.get(b"filename")
+        decoded = None if filename is None else filename.decode("utf-8", "replace")
+        self._fields[name.decode("utf-8", "replace")] = Part(bytes(self._content), decoded)
+        self._content = bytearray()
+
+    def _end(self) -> None:
+        self._ended = True

@@ -293,12 +293,25 @@ class JobsConfig(Strict):
     backoff_base_s: float = Field(default=1.0, ge=0)
     backoff_cap_s: float = Field(default=60.0, ge=0)
     backlog_max: int | None = Field(default=100_000, ge=1)
-    tenant_backlog_max: int | None = Field(default=None, ge=1)
+    tenant_backlog_max: int | None = Field(
+        default=50_000, ge=1, description="queued jobs per tenant: one full batch"
+    )
     backlog_max_age_s: Seconds | None = None
     recheck_auth: bool = True
     default_deadline_s: Seconds = 86_400.0
     expiry_sweep_s: Seconds = 1.0
     max_file_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    retention_s: Seconds | None = Field(
+        default=30 * 86_400.0, description="finished jobs, final batches and files are deleted"
+    )
+    retention_sweep_s: Seconds = 60.0
+    tenant_storage_max_bytes: int | None = Field(
+        default=1024**3, ge=1024, description="a tenant's files, uploads and results"
+    )
+    store_timeout_s: Seconds = Field(
+        default=5.0, description="longest wait for a database connection or lock"
+    )
+    statement_timeout_s: Seconds = Field(default=30.0, description="PostgreSQL, per statement")
 
     @model_validator(mode="after")
     def _consistent(self) -> JobsConfig:

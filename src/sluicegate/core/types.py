@@ -306,7 +306,7 @@ class JobPolicy:
     `wait` stops claiming until there is room; `reject` hands the job straight back to
     the store for another worker or replica. A refused dispatch is not a failure: the job
     goes back after a full-jitter backoff (at least the refusal's Retry-After) until it
-    was claimed `max_attempts` times.
+    was claimed `max_attempts` times. What ended more than `retention_s` ago is deleted.
     """
 
     store: str = "sqlite"
@@ -323,12 +323,17 @@ class JobPolicy:
     backoff_base_s: float = 1.0
     backoff_cap_s: float = 60.0
     backlog_max: int | None = 100_000
-    tenant_backlog_max: int | None = None
+    tenant_backlog_max: int | None = 50_000
     backlog_max_age_s: float | None = None
     recheck_auth: bool = True
     default_deadline_s: float = 86_400.0
     expiry_sweep_s: float = 1.0
     max_file_bytes: int = 16 * 1024 * 1024
+    retention_s: float | None = 30 * 86_400.0
+    retention_sweep_s: float = 60.0
+    tenant_storage_max_bytes: int | None = 1024**3
+    store_timeout_s: float = 5.0
+    statement_timeout_s: float = 30.0
 
 
 class WhenDown(enum.StrEnum):

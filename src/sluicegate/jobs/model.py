@@ -114,6 +114,18 @@ class StoredFile:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class FileInfo:
+    """A stored file without its content, as lists show it."""
+
+    id: str
+    tenant: str
+    purpose: str
+    filename: str
+    size: int
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Batch:
     """An OpenAI batch; its requests are jobs carrying its id.
 
@@ -138,6 +150,14 @@ class Batch:
     status_at: dict[str, float] = field(default_factory=dict)
     created_at: float = 0.0
     updated_at: float = 0.0
+
+
+class Purged(NamedTuple):
+    """What one retention pass deleted."""
+
+    jobs: int
+    batches: int
+    files: int
 
 
 class Backlog(NamedTuple):

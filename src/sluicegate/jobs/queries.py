@@ -18,6 +18,14 @@ def _insert(table: str, names: tuple[str, ...]) -> str:
     return f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join(':' + n for n in names)})"
 
 
+def insert_jobs(rows: int) -> str:
+    """`rows` batch jobs in one statement, row i's parameters suffixed `_i`: batch jobs
+    carry no idempotency or version key to check."""
+    names = columns(Job)
+    values = (f"({', '.join(f':{n}_{i}' for n in names)})" for i in range(rows))
+    return f"INSERT INTO jobs ({', '.join(names)}) VALUES {', '.join(values)}"
+
+
 INSERT_JOB = _insert("jobs", columns(Job)) + " ON CONFLICT DO NOTHING RETURNING id"
 SELECT_JOB = "SELECT * FROM jobs WHERE tenant = :tenant AND id = :id"
 SELECT_EXISTING = """SELECT * FROM jobs
@@ -44,11 +52,17 @@ CANCEL_ABANDONED = """UPDATE jobs SET state = 'cancelled', updated_at = :now WHE
     {skip_locked})"""
 
 
+NEXT_TENANT = f"SELECT MIN(tenant) AS tenant FROM jobs WHERE {_LIVE} AND tenant > :after"
+"""The first tenant after `:after` with live jobs: one index probe, however many jobs."""
+
+
 def pick(lane_filter: str) -> str:
-    """Ids of due jobs, in claim order, locked against other claimers."""
+    """Ids of one tenant's due jobs, highest priority then oldest first, locked against
+    other claimers; a job this owner holds is never picked, even with its lease lapsed."""
     return f"""SELECT id FROM jobs
-WHERE ((state = 'queued' AND (not_before IS NULL OR not_before <= :now))
-    OR (state = 'running' AND cancel_requested = 0 AND lease_until <= :now))
+WHERE tenant = :tenant AND ((state = 'queued' AND (not_before IS NULL OR not_before <= :now))
+    OR (state = 'running' AND cancel_requested = 0 AND lease_until <= :now
+        AND lease_owner <> :owner))
   AND (deadline_at IS NULL OR deadline_at > :now) AND {lane_filter}
 ORDER BY priority DESC, created_at, id LIMIT :limit {{skip_locked}}"""
 
@@ -60,7 +74,7 @@ WHERE {id_filter} RETURNING *"""
 
 
 HEARTBEAT = f"""UPDATE jobs SET lease_until = :until
-WHERE {_HELD} AND cancel_requested = 0 RETURNING id"""
+WHERE {_HELD} AND cancel_requested = 0 AND lease_until > :now RETURNING id"""
 FINISH = f"""UPDATE jobs SET state = :state, result = :result, error = :error,
     lease_until = NULL, updated_at = :now
 WHERE {_HELD} RETURNING id"""
@@ -94,5 +108,42 @@ UPDATE_BATCH = """UPDATE batches SET status = :status,
     error_file_id = :error_file_id, errors = :errors, status_at = :status_at,
     updated_at = :updated_at
 WHERE id = :id AND status = :expected RETURNING id"""
-LIST_BATCH_JOBS = """SELECT * FROM jobs WHERE tenant = :tenant AND batch_id = :batch_id
-ORDER BY created_at, id"""
+_BATCH_PAGE = "ORDER BY created_at, id LIMIT :limit"
+LIST_BATCH_JOBS = f"""SELECT * FROM jobs WHERE tenant = :tenant AND batch_id = :batch_id
+{_BATCH_PAGE}"""
+LIST_BATCH_JOBS_AFTER = f"""SELECT * FROM jobs WHERE tenant = :tenant AND batch_id = :batch_id
+AND (created_at, id) > (SELECT created_at, id FROM jobs WHERE id = :after) {_BATCH_PAGE}"""
+BATCH_LIVE = f"SELECT 1 AS live FROM jobs WHERE batch_id = :batch_id AND {_LIVE} LIMIT 1"
+"""Whether a batch has a job left to run: one probe of the (batch_id, state) index."""
+BATCH_COUNTS = """SELECT state, COUNT(*) AS n FROM jobs WHERE batch_id = :batch_id
+GROUP BY state"""
+"""Read from the (batch_id, state) index alone: no job body or result is touched."""
+
+_NEWEST_BATCHES = "ORDER BY created_at DESC, id DESC LIMIT :limit"
+LIST_BATCHES = f"SELECT * FROM batches WHERE tenant = :tenant {_NEWEST_BATCHES}"
+LIST_BATCHES_AFTER = f"""SELECT * FROM batches WHERE tenant = :tenant AND (created_at, id) < (
+    SELECT created_at, id FROM batches WHERE tenant = :tenant AND id = :after) {_NEWEST_BATCHES}"""
+
+_FILE_FIELDS = "id, tenant, purpose, filename, created_at, LENGTH(content) AS size"
+LIST_FILES = f"""SELECT {_FILE_FIELDS} FROM files WHERE tenant = :tenant
+ORDER BY created_at DESC, id DESC LIMIT :limit"""
+LIST_FILES_AFTER = f"""SELECT {_FILE_FIELDS} FROM files WHERE tenant = :tenant
+AND (created_at, id) < (SELECT created_at, id FROM files WHERE tenant = :tenant AND id = :after)
+ORDER BY created_at DESC, id DESC LIMIT :limit"""
+DELETE_FILE = "DELETE FROM files WHERE tenant = :tenant AND id = :id RETURNING id"
+FILE_BYTES = "SELECT COALESCE(SUM(LENGTH(content)), 0) AS n FROM files WHERE tenant = :tenant"
+
+_FINAL_BATCH = "status IN ('failed', 'completed', 'expired', 'cancelled')"
+_RETIRED_BATCH = f"{_FINAL_BATCH} AND updated_at < :before"
+PURGE_BATCH_JOBS = f"""DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE batch_id IN (
+    SELECT id FROM batches WHERE {_RETIRED_BATCH}) LIMIT :limit) RETURNING id"""
+PURGE_BATCHES = f"""DELETE FROM batches WHERE id IN (SELECT id FROM batches
+    WHERE {_RETIRED_BATCH} AND NOT EXISTS (SELECT 1 FROM jobs WHERE batch_id = batches.id)
+    LIMIT :limit) RETURNING id"""
+"""A retired batch goes once its jobs are gone, so no transaction deletes more than
+`:limit` jobs, however large the batch."""
+PURGE_JOBS = """DELETE FROM jobs WHERE id IN (SELECT id FROM jobs
+    WHERE batch_id IS NULL AND state NOT IN ('queued', 'running') AND updated_at < :before
+    LIMIT :limit {skip_locked}) RETURNING id"""
+PURGE_FILES = """DELETE FROM files WHERE id IN (SELECT id FROM files
+    WHERE created_at < :before LIMIT :limit {skip_locked}) RETURNING id"""

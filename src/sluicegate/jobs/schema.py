@@ -83,6 +83,21 @@ MIGRATIONS: tuple[Migration, ...] = (
             )""",
         ),
     ),
+    Migration(
+        2,
+        (
+            """CREATE INDEX jobs_claim ON jobs (tenant, priority DESC, created_at, id)
+                WHERE state IN ('queued', 'running')""",
+            "CREATE INDEX jobs_batch_state ON jobs (batch_id, state)",
+            """CREATE INDEX jobs_retired ON jobs (updated_at)
+                WHERE batch_id IS NULL AND state NOT IN ('queued', 'running')""",
+            "CREATE INDEX batches_tenant ON batches (tenant, created_at, id)",
+            """CREATE INDEX batches_retired ON batches (updated_at)
+                WHERE status IN ('failed', 'completed', 'expired', 'cancelled')""",
+            "CREATE INDEX files_tenant ON files (tenant, created_at, id)",
+            "CREATE INDEX files_created ON files (created_at)",
+        ),
+    ),
 )
 
 _CREATE_VERSIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (

@@ -22,8 +22,11 @@ from sluicegate.core.clock import Clock
 from sluicegate.jobs.clock import UnixClock
 from sluicegate.jobs.sql import SQLITE, Row, Session, bind
 from sluicegate.jobs.sqlstore import SqlJobStore
+from sluicegate.jobs.store import JobStoreUnavailable
 
 _WAL_RETRY_PAUSES_S = (0.01, 0.05, 0.1, 0.5, 1.0)
+_OUTAGE = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_IOERR", "SQLITE_FULL", "SQLITE_CANTOPEN")
+"""Error names (prefixes) that mean the file is busy or failing, not that a statement is wrong."""
 
 
 class _SqliteSession:
@@ -42,19 +45,20 @@ class _SqliteSession:
 class SqliteDatabase:
     dialect = SQLITE
 
-    def __init__(self, conn: aiosqlite.Connection) -> None:
+    def __init__(self, conn: aiosqlite.Connection, turn_timeout_s: float) -> None:
         self._conn = conn
         self._session = _SqliteSession(conn)
         self._turn = asyncio.Lock()
+        self._turn_timeout_s = turn_timeout_s
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[Session]:
-        async with self._turn:
+        async with self._turn_taken():
             yield self._session
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[Session]:
-        async with self._turn:
+        async with self._turn_taken():
             try:
                 # Inside the try: a cancel while BEGIN runs on the connection's thread must
                 # still roll back, or every later write on this connection fails.
@@ -65,22 +69,42 @@ class SqliteDatabase:
                 await self._conn.rollback()
                 raise
 
+    @asynccontextmanager
+    async def _turn_taken(self) -> AsyncIterator[None]:
+        """The connection, waited for no longer than the bound; a locked or failing file
+        (busy past `busy_timeout`, a disk error) is `JobStoreUnavailable`."""
+        try:
+            async with asyncio.timeout(self._turn_timeout_s):
+                await self._turn.acquire()
+        except TimeoutError as err:
+            raise JobStoreUnavailable("the SQLite connection stayed busy") from err
+        try:
+            yield
+        except sqlite3.OperationalError as err:
+            if err.sqlite_errorname.startswith(_OUTAGE):
+                raise JobStoreUnavailable(err) from err
+            raise
+        finally:
+            self._turn.release()
+
     async def close(self) -> None:
         await self._conn.close()
 
 
-async def connect_sqlite(path: str | Path) -> SqliteDatabase:
-    """Connect to the database file at `path`, creating it, in WAL mode with full sync."""
+async def connect_sqlite(path: str | Path, timeout_s: float = 10.0) -> SqliteDatabase:
+    """Connect to the database file at `path`, creating it, in WAL mode with full sync;
+    a statement waits at most `timeout_s` for another process's lock, a session as long
+    for this process's connection."""
     conn = await aiosqlite.connect(path, isolation_level=None)
     conn.row_factory = sqlite3.Row
     try:
-        await conn.execute("PRAGMA busy_timeout=10000")
+        await conn.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
         await _use_wal(conn)
         await conn.execute("PRAGMA synchronous=FULL")
     except BaseException:
         await conn.close()
         raise
-    return SqliteDatabase(conn)
+    return SqliteDatabase(conn, timeout_s)
 
 
 async def _use_wal(conn: aiosqlite.Connection) -> None:
@@ -102,6 +126,8 @@ async def _switch_to_wal(conn: aiosqlite.Connection) -> None:
         raise RuntimeError(f"SQLite keeps journal_mode {mode}, not WAL")
 
 
-async def open_sqlite(path: str | Path, clock: Clock | None = None) -> SqlJobStore:
+async def open_sqlite(
+    path: str | Path, clock: Clock | None = None, timeout_s: float = 10.0
+) -> SqlJobStore:
     """Open the job database at `path`, creating and migrating it as needed."""
-    return await SqlJobStore.open(await connect_sqlite(path), clock or UnixClock())
+    return await SqlJobStore.open(await connect_sqlite(path, timeout_s), clock or UnixClock())

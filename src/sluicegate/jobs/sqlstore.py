@@ -7,13 +7,23 @@ transaction lock, so several gateway replicas can share one PostgreSQL.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+import itertools
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from sluicegate.core.clock import Clock
 from sluicegate.jobs import queries as q
-from sluicegate.jobs.model import Backlog, Batch, BatchStatus, Job, JobState, StoredFile
+from sluicegate.jobs.model import (
+    Backlog,
+    Batch,
+    BatchStatus,
+    FileInfo,
+    Job,
+    JobState,
+    Purged,
+    StoredFile,
+)
 from sluicegate.jobs.rows import (
     batch_from_row,
     batch_row,
@@ -25,12 +35,19 @@ from sluicegate.jobs.rows import (
 )
 from sluicegate.jobs.schema import migrate
 from sluicegate.jobs.sql import Database, Row, Session, in_list
+from sluicegate.jobs.store import StorageQuotaExceeded
+
+_INSERT_ROWS = 500
+"""Jobs per multi-row insert: 22 columns stay well under either driver's parameter limit."""
+_PURGES = (q.PURGE_JOBS, q.PURGE_BATCH_JOBS, q.PURGE_BATCHES, q.PURGE_FILES)
 
 
 class SqlJobStore:
     def __init__(self, db: Database, clock: Clock) -> None:
         self._db = db
         self._clock = clock
+        self._next_tenant = ""
+        """The tenant the last claim served last: the next claim starts after it."""
 
     @classmethod
     async def open(cls, db: Database, clock: Clock, setup: Sequence[str] = ()) -> SqlJobStore:
@@ -58,8 +75,8 @@ class SqlJobStore:
         return [job_from_row(row) for row in rows]
 
     async def cancel(self, tenant: str, job_id: str) -> Job | None:
-        params = {"tenant": tenant, "id": job_id, "now": self._clock.now()}
         async with self._db.write() as session:
+            params = {"tenant": tenant, "id": job_id, "now": self._clock.now()}
             rows = await session.fetch(q.CANCEL_JOB, params)
             return _first_job(rows or await session.fetch(q.SELECT_JOB, params))
 
@@ -67,20 +84,57 @@ class SqlJobStore:
         self, owner: str, lease_s: float, limit: int, lanes: Collection[str] | None = None
     ) -> list[Job]:
         lane_filter, params = ("1 = 1", {}) if lanes is None else in_list("lane", lanes)
-        now = self._clock.now()
-        params |= {"owner": owner, "until": now + lease_s, "now": now, "limit": limit}
         async with self._db.write() as session:
+            now = self._clock.now()
+            params |= {"owner": owner, "until": now + lease_s, "now": now, "limit": limit}
             await session.fetch(q.CANCEL_ABANDONED, params)
-            picked = await session.fetch(q.pick(lane_filter), params)
-            if not picked:
+            order = await self._pick(session, q.pick(lane_filter), params)
+            if not order:
                 return []
-            id_filter, ids = in_list("id", [row["id"] for row in picked])
+            id_filter, ids = in_list("id", order)
             rows = await session.fetch(q.claim(id_filter), params | ids)
-        return sorted(map(job_from_row, rows), key=lambda j: (-j.priority, j.created_at, j.id))
+        return sorted(map(job_from_row, rows), key=lambda j: order[j.id])
+
+    async def _pick(self, session: Session, pick: str, params: Row) -> dict[str, int]:
+        """Up to `limit` due ids, each tenant's in priority order, taken a turn per tenant:
+        one tenant's backlog or top priority never starves another. Tenants are visited
+        from where the last claim left off, so each claim starts with a different one."""
+        limit = params["limit"]
+        tenants = await self._tenants_from(session, self._next_tenant, limit)
+        queues = [
+            [row["id"] for row in await session.fetch(pick, params | {"tenant": tenant})]
+            for tenant in tenants
+        ]
+        order: dict[str, int] = {}
+        for turn in range(limit):
+            for tenant, queue in zip(tenants, queues, strict=True):
+                if turn < len(queue) and len(order) < limit:
+                    order[queue[turn]] = len(order)
+                    self._next_tenant = tenant
+        return order
+
+    @staticmethod
+    async def _tenants_from(session: Session, start: str, limit: int) -> list[str]:
+        """Up to `limit` tenants with live jobs, in name order from after `start`, wrapping."""
+        tenants: list[str] = []
+        after, wrapped = start, False
+        while len(tenants) < limit:
+            [row] = await session.fetch(q.NEXT_TENANT, {"after": after})
+            tenant = row["tenant"]
+            if tenant is None or (wrapped and tenant > start):
+                if wrapped or not start:
+                    break
+                after, wrapped = "", True
+                continue
+            tenants.append(tenant)
+            after = tenant
+        return tenants
 
     async def heartbeat(self, owner: str, job_id: str, lease_s: float) -> bool:
-        until = self._clock.now() + lease_s
-        return bool(await self._write(q.HEARTBEAT, {"owner": owner, "id": job_id, "until": until}))
+        def params(now: float) -> Row:
+            return {"owner": owner, "id": job_id, "until": now + lease_s, "now": now}
+
+        return bool(await self._stamped(q.HEARTBEAT, params))
 
     async def finish(
         self,
@@ -92,64 +146,85 @@ class SqlJobStore:
     ) -> bool:
         if not state.final:
             raise ValueError(f"a job cannot finish as {state.value}")
-        params = {
+        values = {
             "owner": owner,
             "id": job_id,
             "state": state.value,
             "result": result,
             "error": json_text(error),
-            "now": self._clock.now(),
         }
-        return bool(await self._write(q.FINISH, params))
+        return bool(await self._stamped(q.FINISH, lambda now: values | {"now": now}))
 
     async def release(
         self, owner: str, job_id: str, delay_s: float, error: dict[str, Any] | None = None
     ) -> bool:
-        now = self._clock.now()
-        params = {
-            "owner": owner,
-            "id": job_id,
-            "not_before": now + delay_s,
-            "error": json_text(error),
-            "now": now,
-        }
-        return bool(await self._write(q.RELEASE, params))
+        def params(now: float) -> Row:
+            return {
+                "owner": owner,
+                "id": job_id,
+                "not_before": now + delay_s,
+                "error": json_text(error),
+                "now": now,
+            }
+
+        return bool(await self._stamped(q.RELEASE, params))
 
     async def expire_due(self) -> int:
-        return len(await self._write(q.EXPIRE, {"now": self._clock.now()}))
+        return len(await self._stamped(q.EXPIRE, lambda now: {"now": now}))
 
     async def backlog(self, tenant: str | None = None, lane: str | None = None) -> Backlog:
         filters = {name: v for name, v in (("tenant", tenant), ("lane", lane)) if v is not None}
-        now = self._clock.now()
         [row] = await self._read(q.backlog(filters), filters)
+        now = self._clock.now()
         return Backlog(row["n"], 0.0 if row["oldest"] is None else now - row["oldest"])
 
     async def counts_by_state(self) -> dict[JobState, int]:
         rows = await self._read(q.COUNT_STATES, {})
         return dict.fromkeys(JobState, 0) | {JobState(row["state"]): row["n"] for row in rows}
 
-    async def create_file(self, file: StoredFile) -> StoredFile:
-        stored = replace(file, created_at=self._clock.now())
-        await self._write(q.INSERT_FILE, file_row(stored))
+    async def create_file(self, file: StoredFile, quota_bytes: int | None = None) -> StoredFile:
+        async with self._db.write() as session:
+            if quota_bytes is not None:
+                await session.lock(f"files\n{file.tenant}")
+                [used] = await session.fetch(q.FILE_BYTES, {"tenant": file.tenant})
+                if used["n"] + file.size > quota_bytes:
+                    raise StorageQuotaExceeded(file.tenant, used["n"], quota_bytes)
+            stored = replace(file, created_at=self._clock.now())
+            await session.fetch(q.INSERT_FILE, file_row(stored))
         return stored
 
     async def get_file(self, tenant: str, file_id: str) -> StoredFile | None:
         rows = await self._read(q.SELECT_FILE, {"tenant": tenant, "id": file_id})
         return file_from_row(rows[0]) if rows else None
 
-    async def create_batch(self, batch: Batch, jobs: Sequence[Job]) -> Batch:
-        now = self._clock.now()
-        status_at = batch.status_at | {batch.status.value: now}
-        stored = replace(batch, status_at=status_at, created_at=now, updated_at=now)
+    async def list_files(self, tenant: str, limit: int, after: str | None = None) -> list[FileInfo]:
+        query = q.LIST_FILES if after is None else q.LIST_FILES_AFTER
+        rows = await self._read(query, {"tenant": tenant, "limit": limit, "after": after})
+        return [FileInfo(**row) for row in rows]
+
+    async def delete_file(self, tenant: str, file_id: str) -> bool:
+        return bool(await self._write(q.DELETE_FILE, {"tenant": tenant, "id": file_id}))
+
+    async def create_batch(self, batch: Batch, jobs: Iterable[Job]) -> Batch:
         async with self._db.write() as session:
+            now = self._clock.now()
+            status_at = batch.status_at | {batch.status.value: now}
+            stored = replace(batch, status_at=status_at, created_at=now, updated_at=now)
             await session.fetch(q.INSERT_BATCH, batch_row(stored))
-            for job in jobs:
-                member = replace(job, tenant=batch.tenant, batch_id=batch.id)
-                await self._submit(session, member, now)
+            stamp = {"tenant": batch.tenant, "batch_id": batch.id, "created_at": now}
+            stamp["updated_at"] = now
+            for chunk in _chunks(jobs, _INSERT_ROWS):
+                rows = [job_row(job) | stamp for job in chunk]
+                await session.fetch(q.insert_jobs(len(rows)), _numbered(rows))
         return stored
 
     async def get_batch(self, tenant: str, batch_id: str) -> Batch | None:
         return _first_batch(await self._read(q.SELECT_BATCH, {"tenant": tenant, "id": batch_id}))
+
+    async def list_batches(self, tenant: str, limit: int, after: str | None = None) -> list[Batch]:
+        query = q.LIST_BATCHES if after is None else q.LIST_BATCHES_AFTER
+        rows = await self._read(query, {"tenant": tenant, "limit": limit, "after": after})
+        return [batch_from_row(row) for row in rows]
 
     async def update_batch(self, batch: Batch, expected: BatchStatus) -> bool:
         async with self._db.write() as session:
@@ -166,9 +241,25 @@ class SqlJobStore:
             await session.fetch(q.CANCEL_BATCH_JOBS, params | {"now": self._clock.now()})
             return stored
 
-    async def list_batch_jobs(self, tenant: str, batch_id: str) -> list[Job]:
-        rows = await self._read(q.LIST_BATCH_JOBS, {"tenant": tenant, "batch_id": batch_id})
-        return [job_from_row(row) for row in rows]
+    async def batch_live(self, batch_id: str) -> bool:
+        return bool(await self._read(q.BATCH_LIVE, {"batch_id": batch_id}))
+
+    async def batch_counts(self, batch_id: str) -> dict[JobState, int]:
+        rows = await self._read(q.BATCH_COUNTS, {"batch_id": batch_id})
+        return dict.fromkeys(JobState, 0) | {JobState(row["state"]): row["n"] for row in rows}
+
+    async def list_batch_jobs(
+        self, tenant: str, batch_id: str, limit: int, after: str | None = None
+    ) -> list[Job]:
+        query = q.LIST_BATCH_JOBS if after is None else q.LIST_BATCH_JOBS_AFTER
+        params = {"tenant": tenant, "batch_id": batch_id, "limit": limit, "after": after}
+        return [job_from_row(row) for row in await self._read(query, params)]
+
+    async def purge(self, before: float, limit: int) -> Purged:
+        """Each statement in its own short transaction, deleting at most `limit` rows."""
+        params = {"before": before, "limit": limit}
+        counts = [len(await self._write(query, params)) for query in _PURGES]
+        return Purged(counts[0] + counts[1], counts[2], counts[3])
 
     async def _submit(self, session: Session, job: Job, now: float) -> Job:
         """The job as stored: `job`, or the one its idempotency key or id already names."""
@@ -192,6 +283,12 @@ class SqlJobStore:
         rows = await session.fetch(q.UPDATE_BATCH, batch_row(stored) | {"expected": expected.value})
         return stored if rows else None
 
+    async def _stamped(self, query: str, params: Callable[[float], Row]) -> list[Row]:
+        """One write whose times are read once its transaction holds the database, so a
+        wait for the lock never makes a lease or a deadline look later than it is."""
+        async with self._db.write() as session:
+            return await session.fetch(query, params(self._clock.now()))
+
     async def _read(self, query: str, params: Mapping[str, Any]) -> list[Row]:
         async with self._db.read() as session:
             return await session.fetch(query, params)
@@ -199,6 +296,17 @@ class SqlJobStore:
     async def _write(self, query: str, params: Mapping[str, Any]) -> list[Row]:
         async with self._db.write() as session:
             return await session.fetch(query, params)
+
+
+def _chunks(items: Iterable[Job], size: int) -> Iterator[list[Job]]:
+    iterator = iter(items)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
+
+
+def _numbered(rows: list[Row]) -> Row:
+    """Rows of a multi-row insert as one parameter map, row i's names suffixed `_i`."""
+    return {f"{name}_{i}": value for i, row in enumerate(rows) for name, value in row.items()}
 
 
 def _first_job(rows: list[Row]) -> Job | None:

@@ -6,10 +6,49 @@ jobs, files and batches: asking for another tenant's gets None, as if it did not
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable
 from typing import Any, Protocol
 
-from sluicegate.jobs.model import Backlog, Batch, BatchStatus, Job, JobState, StoredFile
+from sluicegate.core.errors import ErrorType, GatewayError
+from sluicegate.jobs.model import (
+    Backlog,
+    Batch,
+    BatchStatus,
+    FileInfo,
+    Job,
+    JobState,
+    Purged,
+    StoredFile,
+)
+
+UNAVAILABLE = "job_store_unavailable"
+
+
+class JobStoreUnavailable(GatewayError):
+    """The database did not answer in time or dropped the connection: a 503 to retry,
+    never a 500, with no Retry-After (no end of the outage is known). Raised by the
+    databases, which alone know their drivers' errors."""
+
+    def __init__(self, cause: BaseException | str) -> None:
+        reason = cause if isinstance(cause, str) else f"{type(cause).__name__}: {cause}"
+        super().__init__(
+            503,
+            UNAVAILABLE,
+            f"the job store is unavailable ({reason}); try again shortly",
+            ErrorType.UNAVAILABLE,
+        )
+
+
+class StorageQuotaExceeded(GatewayError):
+    def __init__(self, tenant: str, used: int, quota: int) -> None:
+        super().__init__(
+            429,
+            "storage_quota_exceeded",
+            f"tenant {tenant} stores {used} bytes of files; its quota is {quota}: "
+            "delete files (DELETE /v1/files/{id}) or wait for retention to remove them",
+            ErrorType.RATE_LIMIT,
+            should_retry=False,
+        )
 
 
 class JobStore(Protocol):
@@ -35,15 +74,17 @@ class JobStore(Protocol):
     async def claim(
         self, owner: str, lease_s: float, limit: int, lanes: Collection[str] | None = None
     ) -> list[Job]:
-        """Lease up to `limit` due jobs to `owner`: highest priority, then oldest, first.
+        """Lease up to `limit` due jobs to `owner`, a turn per tenant in rotation; within
+        a tenant, highest priority, then oldest, first.
 
-        Running jobs whose lease ran out are claimed again (at-least-once delivery);
-        jobs past their deadline never are.
+        Running jobs whose lease ran out are claimed again (at-least-once delivery), but
+        never by the owner that still holds them; jobs past their deadline never are.
         """
         ...
 
     async def heartbeat(self, owner: str, job_id: str, lease_s: float) -> bool:
-        """Extend `owner`'s lease; False once the lease is lost or cancel is requested."""
+        """Extend `owner`'s lease; False once the lease is lost, has lapsed (even if no one
+        else claimed the job yet) or cancel is requested."""
         ...
 
     async def finish(
@@ -74,15 +115,27 @@ class JobStore(Protocol):
 
     async def counts_by_state(self) -> dict[JobState, int]: ...
 
-    async def create_file(self, file: StoredFile) -> StoredFile: ...
+    async def create_file(self, file: StoredFile, quota_bytes: int | None = None) -> StoredFile:
+        """Store `file`; `StorageQuotaExceeded` if the tenant's files would pass `quota_bytes`."""
+        ...
 
     async def get_file(self, tenant: str, file_id: str) -> StoredFile | None: ...
 
-    async def create_batch(self, batch: Batch, jobs: Sequence[Job]) -> Batch:
-        """Store a batch and its jobs in one transaction."""
+    async def list_files(self, tenant: str, limit: int, after: str | None = None) -> list[FileInfo]:
+        """Newest first, without content; `after` as in `list_jobs`."""
+        ...
+
+    async def delete_file(self, tenant: str, file_id: str) -> bool: ...
+
+    async def create_batch(self, batch: Batch, jobs: Iterable[Job]) -> Batch:
+        """Store a batch and its jobs (fresh ones, keyless) in one transaction."""
         ...
 
     async def get_batch(self, tenant: str, batch_id: str) -> Batch | None: ...
+
+    async def list_batches(self, tenant: str, limit: int, after: str | None = None) -> list[Batch]:
+        """Newest first; `after` as in `list_jobs`."""
+        ...
 
     async def update_batch(self, batch: Batch, expected: BatchStatus) -> bool:
         """Save `batch`'s progress if its stored status is still `expected`.
@@ -95,8 +148,23 @@ class JobStore(Protocol):
         """Move an unfinished batch to cancelling and cancel its jobs as `cancel` does."""
         ...
 
-    async def list_batch_jobs(self, tenant: str, batch_id: str) -> list[Job]:
-        """Oldest first."""
+    async def batch_live(self, batch_id: str) -> bool:
+        """Whether a job of the batch is still queued or running; reads one index entry."""
+        ...
+
+    async def batch_counts(self, batch_id: str) -> dict[JobState, int]:
+        """The batch's jobs by state, counted in the database: no job row is read."""
+        ...
+
+    async def list_batch_jobs(
+        self, tenant: str, batch_id: str, limit: int, after: str | None = None
+    ) -> list[Job]:
+        """Oldest first, a page at a time; `after` is the last job id of the previous page."""
+        ...
+
+    async def purge(self, before: float, limit: int) -> Purged:
+        """Delete, up to `limit` rows a statement, finished jobs, final batches and their
+        jobs, and files, last changed before `before`; call again while one is full."""
         ...
 
     async def close(self) -> None: ...

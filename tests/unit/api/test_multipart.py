@@ -1,10 +1,12 @@
-"""Form uploads as the `openai` SDK sends them, parsed by the standard library."""
+"""Form uploads as the `openai` SDK sends them, parsed as they stream in."""
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 
-from sluicegate.api.multipart import Part, parse_form
+from sluicegate.api.multipart import FormReader, Part
 from sluicegate.core.errors import GatewayError
 
 BOUNDARY = b"338e01b82a063b6e8bc8b5fe7253ae0a"
@@ -15,6 +17,13 @@ def form(*parts: bytes) -> bytes:
     """A body laid out byte for byte as httpx (under the `openai` SDK) lays it out."""
     body = b"".join(b"--" + BOUNDARY + b"\r\n" + part + b"\r\n" for part in parts)
     return body + b"--" + BOUNDARY + b"--\r\n"
+
+
+def parse_form(content_type: bytes, body: bytes, chunk: int = 65_536) -> dict[str, Part]:
+    reader = FormReader(content_type)
+    for start in range(0, len(body), chunk):
+        reader.feed(body[start : start + chunk])
+    return reader.fields()
 
 
 PURPOSE = b'Content-Disposition: form-data; name="purpose"\r\n\r\nbatch'
@@ -41,6 +50,7 @@ def test_an_empty_file_is_an_empty_field():
         (b"application/json", b"{}", "must be multipart/form-data"),
         (b"multipart/form-data", form(PURPOSE), "malformed"),
         (CONTENT_TYPE, b"no parts at all", "malformed"),
+        (CONTENT_TYPE, form(PURPOSE)[:-10], "ends early"),
         (CONTENT_TYPE, form(b"Content-Disposition: form-data\r\n\r\nx"), "no field name"),
     ],
 )
@@ -49,3 +59,29 @@ def test_a_body_that_is_not_a_form_is_a_400(content_type, body, message):
         parse_form(content_type, body)
     assert (info.value.status, info.value.code) == (400, "invalid_request")
     assert message in info.value.message
+
+
+def test_a_form_fed_a_byte_at_a_time_parses_the_same():
+    content = b'{"a": 1}\r\n--' + BOUNDARY[:-1] + b"\r\n"
+    body = form(PURPOSE, upload(content))
+    assert parse_form(CONTENT_TYPE, body, chunk=1) == parse_form(CONTENT_TYPE, body)
+
+
+def test_an_upload_costs_about_one_copy_of_its_file_beyond_the_chunk_in_hand():
+    content = b'{"custom_id": "r", "body": {}}\n' * 100_000
+    body = form(PURPOSE, upload(content))
+    tracemalloc.start()
+    try:
+        fields = parse_form(CONTENT_TYPE, body)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert fields["file"].content == content
+    assert peak < 3.5 * len(content)
+
+
+def test_a_form_field_that_is_not_a_file_is_bounded():
+    huge = b'Content-Disposition: form-data; name="purpose"\r\n\r\n' + b"x" * 10_000
+    with pytest.raises(GatewayError) as info:
+        parse_form(CONTENT_TYPE, form(huge))
+    assert "exceeds 4096 bytes" in info.value.message

@@ -5,9 +5,14 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
+
+from sluicegate.core.types import Endpoint
+from sluicegate.jobs.model import Job
 from sluicegate.jobs.schema import MIGRATIONS, migrate
 from sluicegate.jobs.sqlite import connect_sqlite, open_sqlite
 from sluicegate.jobs.sqlstore import SqlJobStore
+from sluicegate.jobs.store import JobStoreUnavailable
 from tests.support.clock import FakeClock
 
 ROOT = Path(__file__).parents[3]
@@ -74,3 +79,31 @@ async def test_every_acknowledged_submit_survives_sigkill(tmp_path):
     finally:
         await store.close()
     assert {job.id for job in stored} == set(acknowledged)
+
+
+async def test_a_write_reads_the_clock_once_it_holds_the_database(tmp_path):
+    """A heartbeat that waited for the connection must not grant a lease from before it."""
+    clock = FakeClock(1_000.0)
+    store = await open_sqlite(tmp_path / "jobs.db", clock)
+    try:
+        held = await store.submit(Job(tenant="t", kind=Endpoint.CHAT, body=b"{}", lane="batch"))
+        await store.claim("w", 10, 1)
+        async with store._db.write():
+            beat = asyncio.ensure_future(store.heartbeat("w", held.id, 10))
+            await asyncio.sleep(0.01)
+            clock.advance(5)
+        assert await beat
+        assert (await store.get("t", held.id)).lease_until == clock.now() + 10
+    finally:
+        await store.close()
+
+
+async def test_a_session_waits_for_the_connection_only_as_long_as_its_bound(tmp_path):
+    store = await open_sqlite(tmp_path / "jobs.db", FakeClock(), timeout_s=0.05)
+    try:
+        async with store._db.write():
+            with pytest.raises(JobStoreUnavailable) as raised:
+                await store.get("t", "job_x")
+        assert (raised.value.status, raised.value.code) == (503, "job_store_unavailable")
+    finally:
+        await store.close()
