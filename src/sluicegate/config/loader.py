@@ -139,6 +139,7 @@ def _to_settings(config: GatewayConfig, env: Mapping[str, str], source: str) -> 
             spec.limits.max_prompt_tokens,
             spec.weight,
             spec.lane,
+            None if spec.lanes is None else frozenset(spec.lanes),
         )
         tenants.append(tenant)
         for k_index, key in enumerate(spec.keys):

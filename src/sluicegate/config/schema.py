@@ -254,6 +254,11 @@ class TenantConfig(Strict):
     limits: TenantLimitsConfig = TenantLimitsConfig()
     weight: float = Field(default=1.0, gt=0, description="share of service under contention")
     lane: str | None = Field(default=None, description="default lane of this tenant's requests")
+    lanes: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description="lanes it may ask for by header; omit for its own lane and every lower one",
+    )
 
 
 class AdminConfig(Strict):
@@ -378,6 +383,9 @@ class GatewayConfig(Strict):
         lanes = {lane.name for lane in self.scheduling.lanes}
         named = [(f"tenant {t.name!r}", t.lane) for t in self.tenants]
         named += [(f"route {r}", getattr(self.routes, r).lane) for r in RoutesConfig.model_fields]
+        named += [
+            (f"tenant {t.name!r} lanes", lane) for t in self.tenants for lane in t.lanes or ()
+        ]
         for who, lane in named:
             if lane is not None and lane not in lanes:
                 raise ValueError(f"{who} names unknown lane {lane!r}")

@@ -279,6 +279,8 @@ class Tenant:
     max_prompt_tokens: int | None = None
     weight: float = 1.0
     lane: str | None = None
+    lanes: frozenset[str] | None = None
+    """The lanes it may ask for by header; None: its own lane and every lower one."""
 
     def may_use(self, model: str) -> bool:
         return self.allowed_models is None or model in self.allowed_models
