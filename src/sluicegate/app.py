@@ -359,7 +359,7 @@ def run(args: argparse.Namespace) -> int:
             store_down = found
         runtime = build(settings, store_down=store_down)
         print(_banner(settings, demo=args.config is None), flush=True)
-        serve(runtime.app, listener, log_level=args.log_level)
+        serve(runtime.app, listener, log_level=args.log_level, limits=settings.edge)
     return 0
 
 

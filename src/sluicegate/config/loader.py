@@ -31,6 +31,7 @@ from sluicegate.core.types import (
     BreakerPolicy,
     DegradedPolicy,
     Deployment,
+    EdgeLimits,
     Endpoint,
     JobPolicy,
     Ladder,
@@ -165,6 +166,7 @@ def _to_settings(config: GatewayConfig, env: Mapping[str, str], source: str) -> 
         ),
         jobs=_jobs(config.jobs),
         redis=_redis(config.redis) if config.store == "redis" else None,
+        edge=EdgeLimits(**config.server.model_dump(exclude={"host", "port", "max_body_bytes"})),
     )
 
 

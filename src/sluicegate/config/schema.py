@@ -27,6 +27,12 @@ class ServerConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    max_connections: int = Field(default=4096, ge=1, description="open client connections")
+    header_timeout_s: Seconds = Field(default=10.0, description="a request's line and headers")
+    max_headers: int = Field(default=100, ge=8)
+    max_header_bytes: int = Field(default=16 * 1024, ge=1024, description="line + headers")
+    body_timeout_s: Seconds = Field(default=30.0, description="a request's whole body")
+    write_timeout_s: Seconds = Field(default=30.0, description="one send to a client")
 
 
 class QuotaConfig(Strict):
