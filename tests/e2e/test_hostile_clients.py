@@ -228,3 +228,17 @@ async def test_a_stream_nobody_reads_lets_go_of_everything_it_held(gateway):
 async def test_a_compressed_body_is_refused(gateway):
     raw = request(CHAT, **{"content-encoding": "gzip"})
     assert (await status_of(gateway, raw)).startswith(b"HTTP/1.1 415")
+
+
+async def test_a_send_never_waits_past_the_requests_deadline(fast_sim):
+    """With a write timeout far away, the request's own 2 s deadline still ends it."""
+    raw = config(fast_sim.url)
+    raw["server"]["write_timeout_s"] = 120
+    async with inprocess_gateway(raw, ENV) as gw:
+        body = {**CHAT, "stream": True, "max_tokens": 150_000}
+        stuck = await connect(gw, receive_buffer=4096)
+        sent = request(body, **{"x-sluicegate-timeout": "2"})
+        await asyncio.get_running_loop().sock_sendall(stuck, sent)
+        await asyncio.sleep(5)
+        assert not any((await settled(gw)).values()), await counters(gw)
+        stuck.close()

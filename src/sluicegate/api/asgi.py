@@ -98,19 +98,20 @@ def shown(path: str) -> str:
 
 class SendGuard:
     """`send`, bounded: a send that waits longer than `timeout_s` for the client to read
-    (or waits past `deadline`, in loop time) aborts the connection.
+    (or past the request's deadline, see `bound_by`) aborts the connection.
 
     The server's `send` waits for its write buffer to drain with no bound, so a client
     that stops reading would otherwise hold whatever the response holds (permits,
     slots, an upstream connection) for ever. Aborting makes it an ordinary disconnect:
     the request ends as the caller's failure (499), which no breaker learns from. One
-    timer per response checks every quarter of `timeout_s`; a send only stamps the time.
+    timer per response checks every quarter of `timeout_s` (and at the deadline); a send
+    only stamps the time.
     Without the server's abort extension (another ASGI server) sends are unbounded.
     """
 
     __slots__ = (
-        "_abort", "_loop", "_send", "_since", "_tick_s", "_timeout_s", "_timer", "aborted",
-        "deadline",
+        "_abort", "_deadline", "_loop", "_send", "_since", "_tick_s", "_timeout_s", "_timer",
+        "aborted",
     )  # fmt: skip
 
     def __init__(self, scope: Scope, send: Send, timeout_s: float) -> None:
@@ -121,12 +122,16 @@ class SendGuard:
         self._tick_s = timeout_s / 4
         self._since: float | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self.deadline = float("inf")
+        self._deadline = float("inf")
         self.aborted = False
+
+    def bound_by(self, left_s: float) -> None:
+        """No send may wait past the request's deadline, `left_s` from now."""
+        self._deadline = self._loop.time() + left_s
 
     async def __call__(self, message: Message) -> None:
         if self._timer is None and self._abort is not None and not self.aborted:
-            self._timer = self._loop.call_later(self._tick_s, self._check)
+            self._arm(self._loop.time())
         self._since = self._loop.time()
         try:
             await self._send(message)
@@ -140,13 +145,20 @@ class SendGuard:
 
     def _check(self) -> None:
         since, now = self._since, self._loop.time()
-        if since is not None and (now - since >= self._timeout_s or now >= self.deadline):
+        if since is not None and (now - since >= self._timeout_s or now >= self._deadline):
             self._timer = None
             self.aborted = True
             assert self._abort is not None
             self._abort()
             return
-        self._timer = self._loop.call_later(self._tick_s, self._check)
+        self._arm(now)
+
+    def _arm(self, now: float) -> None:
+        """The next check: a quarter of the timeout on, or at the deadline if sooner."""
+        at = now + self._tick_s
+        if now < self._deadline < at:
+            at = self._deadline
+        self._timer = self._loop.call_at(at, self._check)
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:

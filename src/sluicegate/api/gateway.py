@@ -105,7 +105,7 @@ class Gateway:
                 # Refused before the pipeline, which records everything after this.
                 self._metrics.answered(endpoint.value, UNKNOWN_MODEL, err.status)
                 raise
-            guard.deadline = self._loop_deadline(endpoint, inbound)
+            guard.bound_by(self._time_left_s(endpoint, inbound))
             await self._serve(inbound, exchange)
         except GatewayError as err:
             await self._fail(exchange, err)
@@ -118,11 +118,9 @@ class Gateway:
             guard.close()
             in_flight.dec()
 
-    def _loop_deadline(self, endpoint: Endpoint, inbound: Inbound) -> float:
-        """The request's deadline on the event loop's clock, which the send guard reads."""
+    def _time_left_s(self, endpoint: Endpoint, inbound: Inbound) -> float:
         timeout_s = inbound.timeout_s or self._settings.routes[endpoint].default_timeout_s
-        left_s = inbound.arrived_s + timeout_s - self._clock.now()
-        return asyncio.get_running_loop().time() + left_s
+        return inbound.arrived_s + timeout_s - self._clock.now()
 
     def _inbound(
         self, endpoint: Endpoint, scope: Scope, receive: Receive, arrived_s: float
