@@ -4,6 +4,7 @@ descriptor. A simulator without latency streams long answers quickly."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -212,10 +213,12 @@ async def test_a_trickled_body_holds_only_its_tenants_slot_then_gets_a_408(gatew
     assert not any((await settled(gateway)).values()), await counters(gateway)
 
 
-async def test_a_stream_nobody_reads_lets_go_of_everything_it_held(gateway):
+async def test_a_stream_nobody_reads_lets_go_of_everything_it_held(gateway, caplog):
     """A long stream to a socket that never reads: within the write timeout the
     connection is aborted, its slots and permits come back, and the deployment's breaker
     (one failure opens it) learned nothing: the same tenant is served next."""
+    uvicorn_log = logging.getLogger("uvicorn.error")  # it does not propagate to the root
+    uvicorn_log.addHandler(caplog.handler)
     body = {**CHAT, "stream": True, "max_tokens": 150_000}
     stuck = await connect(gateway, receive_buffer=4096)
     await asyncio.get_running_loop().sock_sendall(stuck, request(body))
@@ -223,6 +226,8 @@ async def test_a_stream_nobody_reads_lets_go_of_everything_it_held(gateway):
     assert not any((await settled(gateway)).values()), await counters(gateway)
     assert await status_of(gateway, request(CHAT)) == b"HTTP/1.1 200 OK"
     stuck.close()
+    uvicorn_log.removeHandler(caplog.handler)
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 async def test_a_compressed_body_is_refused(gateway):

@@ -338,12 +338,16 @@ class Running:
 @pytest.fixture(scope="module")
 def running(fast_sim: Proc) -> Iterator[tuple[Running, Tracebacks]]:
     handler = Tracebacks()
-    logging.getLogger().addHandler(handler)
+    # uvicorn's own loggers do not propagate to the root.
+    watched = [logging.getLogger(name) for name in ("", "uvicorn", "uvicorn.error")]
+    for logger in watched:
+        logger.addHandler(handler)
     try:
         with Running(config(fast_sim.url)) as gw:
             yield gw, handler
     finally:
-        logging.getLogger().removeHandler(handler)
+        for logger in watched:
+            logger.removeHandler(handler)
 
 
 def send(port: int, path: str, body: bytes, sent: dict[str, str]) -> tuple[int, bytes]:
