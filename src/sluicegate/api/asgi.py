@@ -105,13 +105,13 @@ class SendGuard:
     slots, an upstream connection) for ever. Aborting makes it an ordinary disconnect:
     the request ends as the caller's failure (499), which no breaker learns from. One
     timer per response checks every quarter of `timeout_s` (and at the deadline); a send
-    only stamps the time.
-    Without the server's abort extension (another ASGI server) sends are unbounded.
+    only stamps the time. Without the server's abort extension (another ASGI server)
+    sends are unbounded.
     """
 
     __slots__ = (
-        "_abort", "_deadline", "_loop", "_send", "_since", "_tick_s", "_timeout_s", "_timer",
-        "aborted",
+        "_abort", "_aborted", "_deadline", "_loop", "_send", "_since", "_tick_s", "_timeout_s",
+        "_timer",
     )  # fmt: skip
 
     def __init__(self, scope: Scope, send: Send, timeout_s: float) -> None:
@@ -123,14 +123,14 @@ class SendGuard:
         self._since: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._deadline = float("inf")
-        self.aborted = False
+        self._aborted = False
 
     def bound_by(self, left_s: float) -> None:
         """No send may wait past the request's deadline, `left_s` from now."""
         self._deadline = self._loop.time() + left_s
 
     async def __call__(self, message: Message) -> None:
-        if self._timer is None and self._abort is not None and not self.aborted:
+        if self._timer is None and self._abort is not None and not self._aborted:
             self._arm(self._loop.time())
         self._since = self._loop.time()
         try:
@@ -147,7 +147,7 @@ class SendGuard:
         since, now = self._since, self._loop.time()
         if since is not None and (now - since >= self._timeout_s or now >= self._deadline):
             self._timer = None
-            self.aborted = True
+            self._aborted = True
             assert self._abort is not None
             self._abort()
             return
