@@ -455,7 +455,7 @@ def run(args: argparse.Namespace) -> int:
         runtime = build(settings, store_down=store_down, seat=seat)
         if seat is None:
             print(_banner(settings, demo=args.config is None), flush=True)
-        serve(runtime.app, listener, log_level=args.log_level)
+        serve(runtime.app, listener, log_level=args.log_level, limits=settings.edge)
     return 0
 
 

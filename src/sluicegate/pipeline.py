@@ -2,12 +2,12 @@
 
 Every caller (the HTTP edge, the job workers, an in-process caller) hands the pipeline
 an `Inbound` and uses the answer inside `Pipeline.run`, which does everything in order:
-concurrency gates (`enter`), the body, resolving the model, lane and deadline, quotas
-(`charge`), then upstream attempts. Each attempt waits for its turn in the model's
-dispatcher (the only wait point) and is granted a deployment and a permit from each of
-its pools. Every permit lives on an exit stack that `run` owns, so it is released
-exactly once, after the attempt has really ended; the request's outcome is recorded
-once, when `run` ends.
+the tenant's concurrency gate, the body, the route's and aggregate's gates, resolving
+the model, lane and deadline, quotas (`charge`), then upstream attempts. Each attempt
+waits for its turn in the model's dispatcher (the only wait point) and is granted a
+deployment and a permit from each of its pools. Every permit lives on an exit stack
+that `run` owns, so it is released exactly once, after the attempt has really ended;
+the request's outcome is recorded once, when `run` ends.
 """
 
 from __future__ import annotations
@@ -20,7 +20,13 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from sluicegate.admission.boundary import Boundary
-from sluicegate.admission.estimate import Tokenizer, chars_over_four, output_tokens, prompt_tokens
+from sluicegate.admission.estimate import (
+    Tokenizer,
+    chars_over_four,
+    choices,
+    output_tokens,
+    prompt_tokens,
+)
 from sluicegate.core.call import Call, Tally
 from sluicegate.core.clock import Clock, sleep_until, timeout_at
 from sluicegate.core.errors import (
@@ -47,9 +53,10 @@ REFUSALS = frozenset(Refusal)
 class Inbound(NamedTuple):
     """A request as its caller hands it over, before anything is checked.
 
-    `payload` reads and parses the body: called after the concurrency gates, so a slow
-    body never holds more than a slot. `watch`, when given, is entered once the body is
-    read and cancels the request when its caller goes away. `interactive` traffic takes
+    `payload` reads and parses the body: called after the tenant's concurrency gate and
+    before the shared ones, so a slow body holds only its own tenant's slot. `watch`,
+    when given, is entered once the body is read and cancels the request when its
+    caller goes away. `interactive` traffic takes
     the route's and the aggregate's slots as well as the tenant's; jobs take only the
     tenant's (the others guard interactive HTTP traffic). A library caller gives its own
     `prompt_tokens` count, and `avoid`, the deployments its earlier attempts used.
@@ -103,10 +110,10 @@ class Pipeline:
         answer: Answer | None = None
         try:
             async with AsyncExitStack() as permits:
-                await self._boundary.enter(
-                    inbound.endpoint, inbound.tenant, permits, inbound.interactive
-                )
+                await self._boundary.enter_tenant(inbound.tenant, permits)
                 payload = await inbound.payload()
+                if inbound.interactive:
+                    await self._boundary.enter_shared(inbound.endpoint, permits)
                 if inbound.watch is not None:
                     await permits.enter_async_context(inbound.watch())
                 call = self._resolve(inbound, payload)
@@ -136,13 +143,13 @@ class Pipeline:
         route = self._routes[endpoint]
         prompt = self._prompt(inbound, payload)
         output = output_tokens(endpoint, payload, route.max_output_tokens)
-        demand = Demand(prompt, output, bool(payload.get("tools")))
+        demand = Demand(prompt, output * choices(payload), bool(payload.get("tools")))
         chosen = classify(self._scheduling, inbound.lane, tenant, route, demand)
         if self._overload.state >= OverloadState.DEGRADED:
             model = self._degrade(chosen, endpoint, model, payload)
             prompt = self._prompt(inbound, payload)
             output = output_tokens(endpoint, payload, route.max_output_tokens)
-        output = _cap_output(chosen, payload, output)
+        output = _cap_output(chosen, payload, output) * choices(payload)
         timeout_s = route.default_timeout_s if inbound.timeout_s is None else inbound.timeout_s
         return Call(
             endpoint,

@@ -92,6 +92,10 @@ def test_interpolation_default_and_typed_values():
         (lambda c: c["models"][0].update(colour="red"), "models[0].colour: Extra inputs"),
         (lambda c: c["tenants"][0]["keys"][0].update(sha256="abc"), "tenants[0].keys[0]"),
         (lambda c: c["tenants"][0].update(models=["nope"]), "unknown models ['nope']"),
+        (
+            lambda c: c["tenants"][0].update(lanes=["vip"]),
+            "tenant 'alice' lanes names unknown lane",
+        ),
         (lambda c: c["models"].append(c["models"][0]), "duplicate name 'chat' in models"),
         (lambda c: c.update(server={"port": "many"}), "server.port"),
         (

@@ -232,7 +232,9 @@ async def test_streamed_usage_settles_the_reservation_and_stays_hidden_unless_as
         assert '"usage":{' not in hidden
         assert hidden.rstrip().endswith("data: [DONE]")
         assert '"usage":{' in shown
-        assert pool.counters.tokens_reserved == 2 * (10 + 5)
+        # The estimate counts every string and key of the message: "role", "user",
+        # "content" and the 40 characters of text.
+        assert pool.counters.tokens_reserved == 2 * (1 + 1 + 2 + 10 + 5)
         assert pool.counters.tokens_used == 2 * (10 + 5)
         no_cap = {
             "model": "chat",

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
+from sluicegate.api.server import guarded
 from sluicegate.app import Runtime, build
 from sluicegate.config.loader import parse_settings
 from sluicegate.core.limits import LimitStore
@@ -37,7 +38,7 @@ async def inprocess_gateway(
             port=port,
             lifespan="on",
             log_level="warning",
-            http="httptools",
+            http=guarded(settings.edge),
             access_log=False,
         )
     )

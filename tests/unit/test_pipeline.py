@@ -251,3 +251,17 @@ async def test_a_limit_store_lost_mid_request_does_not_fail_the_answer():
     store = FailsAfterAdmission(MemoryLimitStore(FakeClock()))
     async with running(raw, {}, store) as h:
         assert await h.ask(h.inbound(max_tokens=10))
+
+
+async def test_n_and_best_of_multiply_the_output_reservation():
+    """300 tokens a choice is within 1,000 a minute; four choices of it are not."""
+    raw = config({"name": "a"})
+    raw["tenants"][0]["limits"] = {"tokens_per_minute": 1000}
+    async with running(raw, {}) as h:
+        await h.ask(h.inbound(max_tokens=300))
+        for many in ({"n": 4}, {"best_of": 4}):
+            with pytest.raises(GatewayError) as info:
+                await h.ask(h.inbound(max_tokens=300, **many))
+            assert info.value.code == "tenant_token_limited"
+            assert info.value.should_retry is False
+        assert len(h.providers["a"].bodies) == 1

@@ -1,7 +1,8 @@
 """Gates at the edge, cheapest first, each refusing at once (no hidden queue).
 
-Concurrency is checked before the body is read; rates and token quotas once the
-body gave an estimate. Each is one all-or-nothing decision of the limit store, and
+The tenant's concurrency is checked before the body is read, the route's and the
+aggregate's once it is in (a slow body must not hold shared capacity); rates and token
+quotas once the body gave an estimate. Each is one all-or-nothing decision of the limit store, and
 what it took is handed to the caller's exit stack the moment it is taken, so it is
 released whatever happens to the request.
 """
@@ -40,6 +41,10 @@ class _Quotas:
     tokens: tuple[int, ...]
 
 
+_Slots = tuple[Ask | None, tuple[_Gate, ...]]
+"""One decision of the limit store (None: no limit to check) and what each slot answers."""
+
+
 class Boundary:
     def __init__(
         self, leases: Leases, routes: Mapping[Endpoint, RoutePolicy], aggregate: Quota
@@ -47,20 +52,28 @@ class Boundary:
         self._leases = leases
         self._routes = routes
         self._aggregate = aggregate
-        self._slot_gates: dict[tuple[Endpoint, str, bool], tuple[Ask | None, tuple[_Gate, ...]]]
-        self._slot_gates = {}
+        self._tenant_slots: dict[str, _Slots] = {}
+        self._shared_slots: dict[Endpoint, _Slots] = {}
         self._quota_plans: dict[str, _Quotas] = {}
 
-    async def enter(
-        self, endpoint: Endpoint, tenant: Tenant, permits: AsyncExitStack, interactive: bool
-    ) -> None:
-        """Concurrency gates: the route, the tenant, then all tenants together. Work that
-        is not interactive HTTP traffic (jobs) takes only the tenant's slot: the route's
-        and the aggregate's protect the HTTP edge, and jobs have their own bounds."""
-        key = (endpoint, tenant.name, interactive)
-        gates = self._slot_gates.get(key)
+    async def enter_tenant(self, tenant: Tenant, permits: AsyncExitStack) -> None:
+        """The tenant's concurrency slot, taken before the body is read: a body trickled
+        in slowly holds only its own tenant's capacity. Jobs take it too."""
+        gates = self._tenant_slots.get(tenant.name)
         if gates is None:
-            gates = self._slot_gates[key] = self._slots(endpoint, tenant, interactive)
+            gates = self._tenant_slots[tenant.name] = self._tenant_gates(tenant)
+        await self._hold(gates, permits)
+
+    async def enter_shared(self, endpoint: Endpoint, permits: AsyncExitStack) -> None:
+        """The route's and the aggregate's slots, taken once the body is in. Only
+        interactive HTTP traffic takes them: they protect the HTTP edge, and jobs have
+        their own bounds."""
+        gates = self._shared_slots.get(endpoint)
+        if gates is None:
+            gates = self._shared_slots[endpoint] = self._shared_gates(endpoint)
+        await self._hold(gates, permits)
+
+    async def _hold(self, gates: _Slots, permits: AsyncExitStack) -> None:
         wanted, named = gates
         if wanted is None:
             return
@@ -73,22 +86,22 @@ class Boundary:
             raise gate.reason.error(f"{gate.who} is at its concurrency limit of {slot.limit}")
         permits.push_async_callback(self._leases.give_back, decision)
 
-    def _slots(
-        self, endpoint: Endpoint, tenant: Tenant, interactive: bool
-    ) -> tuple[Ask | None, tuple[_Gate, ...]]:
-        """The one decision `enter` asks for this route, tenant and kind of work: built
-        once, since the limits are fixed at start."""
+    def _tenant_gates(self, tenant: Tenant) -> _Slots:
+        limit = tenant.quota.max_concurrency
+        if limit is None:
+            return None, ()
+        gate = _Gate(Refusal.TENANT_CONCURRENCY, f"tenant {tenant.name}")
+        return Ask(slots=(Slot(keys.tenant_slots(tenant.name), limit),)), (gate,)
+
+    def _shared_gates(self, endpoint: Endpoint) -> _Slots:
+        """Built once per route, since the limits are fixed at start."""
         slots: list[tuple[Slot, _Gate]] = []
         route_limit = self._routes[endpoint].max_concurrency
-        if interactive and route_limit is not None:
+        if route_limit is not None:
             who = f"route {endpoint.value}"
             slots.append((Slot(keys.route_slots(endpoint.value), route_limit), _capacity(who)))
-        tenant_limit = tenant.quota.max_concurrency
-        if tenant_limit is not None:
-            gate = _Gate(Refusal.TENANT_CONCURRENCY, f"tenant {tenant.name}")
-            slots.append((Slot(keys.tenant_slots(tenant.name), tenant_limit), gate))
         aggregate_limit = self._aggregate.max_concurrency
-        if interactive and aggregate_limit is not None:
+        if aggregate_limit is not None:
             slots.append((Slot(keys.AGGREGATE_SLOTS, aggregate_limit), _capacity("aggregate")))
         if not slots:
             return None, ()

@@ -2,6 +2,11 @@
 
 The default counts ceil(characters / 4): tokenizer tables (tiktoken) download on first
 use, which fails offline. Any `Tokenizer` (text -> count) can replace it.
+
+Everything the model reads is counted, not only `content`: every string (and object key)
+under the prompt's fields, tools and function schemas included, and a token id or other
+scalar as one token. A prompt hidden in `tools`, `tool_calls` arguments, `name`, a data
+URL or a token array would otherwise pass budgets and reservations as nearly free.
 """
 
 from __future__ import annotations
@@ -13,20 +18,23 @@ from sluicegate.core.types import Endpoint
 
 Tokenizer = Callable[[str], int]
 
+_PROMPT_FIELDS = {
+    Endpoint.CHAT: ("messages", "tools", "functions", "response_format"),
+    Endpoint.COMPLETIONS: ("prompt", "suffix"),
+    Endpoint.EMBEDDINGS: ("input",),
+}
+
 
 def chars_over_four(text: str) -> int:
     return -(-len(text) // 4)
 
 
 def prompt_tokens(endpoint: Endpoint, payload: dict[str, Any], count: Tokenizer) -> int:
-    if endpoint is Endpoint.CHAT:
-        return sum(_message_tokens(m.get("content"), count) for m in payload["messages"])
-    field = payload["prompt" if endpoint is Endpoint.COMPLETIONS else "input"]
-    return _message_tokens(field, count)
+    return sum(_leaf_tokens(payload.get(field), count) for field in _PROMPT_FIELDS[endpoint])
 
 
 def output_tokens(endpoint: Endpoint, payload: dict[str, Any], route_cap: int) -> int:
-    """The output to reserve: the request's own cap, else the route's."""
+    """The output to reserve for one choice: the request's own cap, else the route's."""
     if endpoint is Endpoint.EMBEDDINGS:
         return 0
     asked = payload.get("max_completion_tokens", payload.get("max_tokens"))
@@ -35,17 +43,31 @@ def output_tokens(endpoint: Endpoint, payload: dict[str, Any], route_cap: int) -
     return route_cap
 
 
-def _message_tokens(content: object, count: Tokenizer) -> int:
-    if isinstance(content, str):
-        return count(content)
-    if isinstance(content, list):
-        total = 0
-        for part in content:
-            if isinstance(part, str):
-                total += count(part)
-            elif isinstance(part, int):
-                total += 1
-            elif isinstance(part, dict) and isinstance(part.get("text"), str):
-                total += count(part["text"])
-        return total
-    return 0
+def choices(payload: dict[str, Any]) -> int:
+    """How many answers the upstream generates: `n`, or `best_of` when larger."""
+    return max(_count_field(payload, "n"), _count_field(payload, "best_of"))
+
+
+def _count_field(payload: dict[str, Any], name: str) -> int:
+    value = payload.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 1 else 1
+
+
+def _leaf_tokens(value: object, count: Tokenizer) -> int:
+    """Tokens of every string and object key under `value`; any other scalar is one.
+    Iterative, so no nesting the parser accepted can exhaust the stack."""
+    total = 0
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            total += count(item)
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                total += count(key)
+                pending.append(inner)
+        elif isinstance(item, list):
+            pending.extend(item)
+        elif item is not None:
+            total += 1
+    return total

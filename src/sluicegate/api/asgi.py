@@ -32,6 +32,12 @@ SSE_HEADERS: Headers = [
 ]
 
 
+ABORT = "sluicegate.abort"
+"""The scope extension by which the server lets the app abort its connection."""
+
+CLOSE: Headers = [(b"connection", b"close")]
+
+
 class ClientDisconnected(CallerGone):
     """The HTTP client disconnected."""
 
@@ -81,6 +87,78 @@ async def read_body(receive: Receive, limit: int) -> bytes:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def shown(path: str) -> str:
+    """A request path fit for a log line or a message: quoted and escaped (a decoded
+    `%0a` is a newline) and cut short, since the path is whatever the client sent."""
+    text = repr(path)
+    return text if len(text) <= 200 else f"{text[:200]}..."
+
+
+class SendGuard:
+    """`send`, bounded: a send that waits longer than `timeout_s` for the client to read
+    (or past the request's deadline, see `bound_by`) aborts the connection.
+
+    The server's `send` waits for its write buffer to drain with no bound, so a client
+    that stops reading would otherwise hold whatever the response holds (permits,
+    slots, an upstream connection) for ever. Aborting makes it an ordinary disconnect:
+    the request ends as the caller's failure (499), which no breaker learns from. One
+    timer per response checks every quarter of `timeout_s` (and at the deadline); a send
+    only stamps the time. Without the server's abort extension (another ASGI server)
+    sends are unbounded.
+    """
+
+    __slots__ = (
+        "_abort", "_aborted", "_deadline", "_loop", "_send", "_since", "_tick_s", "_timeout_s",
+        "_timer",
+    )  # fmt: skip
+
+    def __init__(self, scope: Scope, send: Send, timeout_s: float) -> None:
+        self._send = send
+        self._abort: Callable[[], None] | None = scope.get("extensions", {}).get(ABORT)
+        self._loop = asyncio.get_running_loop()
+        self._timeout_s = timeout_s
+        self._tick_s = timeout_s / 4
+        self._since: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._deadline = float("inf")
+        self._aborted = False
+
+    def bound_by(self, left_s: float) -> None:
+        """No send may wait past the request's deadline, `left_s` from now."""
+        self._deadline = self._loop.time() + left_s
+
+    async def __call__(self, message: Message) -> None:
+        if self._timer is None and self._abort is not None and not self._aborted:
+            self._arm(self._loop.time())
+        self._since = self._loop.time()
+        try:
+            await self._send(message)
+        finally:
+            self._since = None
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check(self) -> None:
+        since, now = self._since, self._loop.time()
+        if since is not None and (now - since >= self._timeout_s or now >= self._deadline):
+            self._timer = None
+            self._aborted = True
+            assert self._abort is not None
+            self._abort()
+            return
+        self._arm(now)
+
+    def _arm(self, now: float) -> None:
+        """The next check: a quarter of the timeout on, or at the deadline if sooner."""
+        at = now + self._tick_s
+        if now < self._deadline < at:
+            at = self._deadline
+        self._timer = self._loop.call_at(at, self._check)
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:
@@ -202,7 +280,11 @@ class Router:
 
 def _no_route(scope: Scope) -> GatewayError:
     return GatewayError(
-        404, "unknown_route", f"no route {scope['path']}", ErrorType.NOT_FOUND, should_retry=False
+        404,
+        "unknown_route",
+        f"no route {shown(scope['path'])}",
+        ErrorType.NOT_FOUND,
+        should_retry=False,
     )
 
 
@@ -210,7 +292,7 @@ def _no_method(scope: Scope) -> GatewayError:
     return GatewayError(
         405,
         "method_not_allowed",
-        f"{scope['method']} is not allowed on {scope['path']}",
+        f"{scope['method']} is not allowed on {shown(scope['path'])}",
         ErrorType.INVALID_REQUEST,
         should_retry=False,
     )

@@ -3,6 +3,7 @@ the rest and records each request's outcome."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from typing import Any
 import orjson
 
 from sluicegate.api.asgi import (
+    CLOSE,
     JSON_HEADERS,
     SSE_HEADERS,
     ClientDisconnected,
@@ -19,7 +21,9 @@ from sluicegate.api.asgi import (
     Router,
     Scope,
     Send,
+    SendGuard,
     error_body,
+    error_headers,
     header,
     read_body,
     send_bytes,
@@ -61,6 +65,7 @@ class Gateway:
         status: Callable[[], Awaitable[dict[str, Any]]],
     ) -> None:
         self._settings = settings
+        self._edge = settings.edge
         self._status = status
         self._authenticate = Authenticator(settings.keys)
         self._admin_keys = settings.admin_keys
@@ -89,7 +94,8 @@ class Gateway:
     async def _inference(
         self, endpoint: Endpoint, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        exchange = Exchange(send, self._clock.now())
+        guard = SendGuard(scope, send, self._edge.write_timeout_s)
+        exchange = Exchange(guard, self._clock.now())
         in_flight = self._metrics.in_flight(endpoint.value)
         in_flight.inc()
         try:
@@ -99,6 +105,7 @@ class Gateway:
                 # Refused before the pipeline, which records everything after this.
                 self._metrics.answered(endpoint.value, UNKNOWN_MODEL, err.status)
                 raise
+            guard.bound_by(self._time_left_s(endpoint, inbound))
             await self._serve(inbound, exchange)
         except GatewayError as err:
             await self._fail(exchange, err)
@@ -108,16 +115,28 @@ class Gateway:
             log.exception("unexpected failure on %s", endpoint.path)
             await self._fail(exchange, _internal())
         finally:
+            guard.close()
             in_flight.dec()
+
+    def _time_left_s(self, endpoint: Endpoint, inbound: Inbound) -> float:
+        timeout_s = inbound.timeout_s or self._settings.routes[endpoint].default_timeout_s
+        return inbound.arrived_s + timeout_s - self._clock.now()
 
     def _inbound(
         self, endpoint: Endpoint, scope: Scope, receive: Receive, arrived_s: float
     ) -> Inbound:
-        """What the headers say; the body is read by the pipeline, after the gates."""
-        limit = self._settings.max_body_bytes
+        """What the headers say; the body is read by the pipeline, after the tenant's gate,
+        within `server.body_timeout_s`."""
+        limit, timeout_s = self._settings.max_body_bytes, self._edge.body_timeout_s
+        _identity_encoding(scope)
 
         async def payload() -> dict[str, Any]:
-            return parse(endpoint, await read_body(receive, limit))
+            try:
+                async with asyncio.timeout(timeout_s):
+                    body = await read_body(receive, limit)
+            except TimeoutError:
+                raise _body_late(timeout_s) from None
+            return parse(endpoint, body)
 
         return Inbound(
             endpoint,
@@ -157,6 +176,8 @@ class Gateway:
         if exchange.started:
             event = frame(error_body(err))
             await exchange.send({"type": "http.response.body", "body": event})
+        elif err.status in _UNREAD_BODY:
+            await send_bytes(exchange.send, err.status, error_body(err), error_headers(err) + CLOSE)
         else:
             await send_error(exchange.send, err)
 
@@ -226,6 +247,35 @@ def _client_retries(scope: Scope) -> int:
     if value is None or not value.isdigit():
         return 0
     return int(value[:6])
+
+
+_UNREAD_BODY = frozenset({408, 413, 415})
+"""Refusals that leave the request body unread: the connection closes after them, since
+what follows on it is not the start of a request."""
+
+
+def _identity_encoding(scope: Scope) -> None:
+    """Compressed bodies are refused: inflating one would let a few bytes on the wire
+    pass `max_body_bytes` many times over."""
+    encoding = header(scope, b"content-encoding")
+    if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
+        raise GatewayError(
+            415,
+            "unsupported_encoding",
+            "compressed request bodies are not accepted: send the body without Content-Encoding",
+            ErrorType.INVALID_REQUEST,
+            should_retry=False,
+        )
+
+
+def _body_late(timeout_s: float) -> GatewayError:
+    return GatewayError(
+        408,
+        "body_timeout",
+        f"the request body did not arrive within {timeout_s:g}s",
+        ErrorType.INVALID_REQUEST,
+        should_retry=False,
+    )
 
 
 def _internal() -> GatewayError:

@@ -14,7 +14,15 @@ from typing import Any
 
 import orjson
 
-from sluicegate.api.asgi import ClientDisconnected, Handler, Receive, Scope, Send, send_error
+from sluicegate.api.asgi import (
+    ClientDisconnected,
+    Handler,
+    Receive,
+    Scope,
+    Send,
+    send_error,
+    shown,
+)
 from sluicegate.api.auth import Authenticator
 from sluicegate.api.payloads import parse
 from sluicegate.core.clock import Clock
@@ -71,7 +79,7 @@ class Intake:
             except ClientDisconnected:
                 pass
             except Exception:
-                log.exception("unexpected failure on %s %s", scope["method"], scope["path"])
+                log.exception("unexpected failure on %s %s", scope["method"], shown(scope["path"]))
                 await send_error(send, _internal())
 
         return handle
@@ -142,7 +150,7 @@ def path_id(scope: Scope, prefix: str, suffix: str = "") -> str:
     if suffix:
         rest = rest.removesuffix(suffix) if rest.endswith(suffix) else ""
     if not rest or "/" in rest:
-        raise not_found(f"no route {scope['path']}", "unknown_route")
+        raise not_found(f"no route {shown(scope['path'])}", "unknown_route")
     return rest
 
 

@@ -1,17 +1,36 @@
-"""Run an ASGI app on uvicorn with the fast loop and parser, the same way for every command."""
+"""Run an ASGI app on uvicorn with the fast loop and parser, the same way for every command.
+
+uvicorn bounds neither the receipt of a request's headers nor their number or size, and
+its `limit_concurrency` answers 503 only once a request's headers have arrived, so an
+idle or trickling connection holds a file descriptor for ever. `GuardedHttp` adds what is
+missing at the protocol, where the bytes arrive (an ASGI app sees a request only once its
+headers are in): a connection limit, a deadline for the headers, and bounds on their
+count and size. It also hands the app a way to abort its connection
+(`scope["extensions"]["sluicegate.abort"]`): closing a connection whose client stopped
+reading would wait for ever for the unsent bytes to drain.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import signal
 import socket
 from types import FrameType
 
+import orjson
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from sluicegate.api.asgi import Handler
+from sluicegate.api.asgi import ABORT, Handler
+from sluicegate.core.errors import ErrorType
+from sluicegate.core.types import EdgeLimits
 
 BACKLOG = 2048
+DEFAULT_LIMITS = EdgeLimits()
+
+log = logging.getLogger("sluicegate.server")
 
 
 def listen(
@@ -41,7 +60,12 @@ def listen(
 
 
 def serve(
-    app: Handler, listener: socket.socket, *, log_level: str = "warning", graceful_s: float = 5.0
+    app: Handler,
+    listener: socket.socket,
+    *,
+    log_level: str = "warning",
+    graceful_s: float = 5.0,
+    limits: EdgeLimits = DEFAULT_LIMITS,
 ) -> None:
     """Serve until SIGINT/SIGTERM; open requests get `graceful_s` to finish, then the
     app's shutdown runs, and this returns.
@@ -54,7 +78,7 @@ def serve(
     config = uvicorn.Config(
         app,
         loop="uvloop",
-        http="httptools",
+        http=guarded(limits),
         lifespan="on",
         access_log=False,
         log_level=log_level,
@@ -67,6 +91,109 @@ def serve(
             uvicorn.Server(config).run(sockets=[listener])
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def guarded(limits: EdgeLimits) -> type[GuardedHttp]:
+    """The protocol class uvicorn instantiates per connection, bound to `limits`."""
+    return type("GuardedHttp", (GuardedHttp,), {"limits": limits})
+
+
+class _Refused(Exception):
+    """Raised inside a parser callback so httptools stops; the status says why."""
+
+
+class GuardedHttp(HttpToolsProtocol):
+    limits = DEFAULT_LIMITS
+
+    _refusal: bytes | None = None
+    _header_timer: asyncio.TimerHandle | None = None
+    _header_count = 0
+    _header_bytes = 0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            log.warning("refused a connection: %d are open", len(self.connections) - 1)
+            self._refuse(b"503 Service Unavailable", "too many open connections")
+            return
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._header_count = self._header_bytes = 0
+        self._arm()
+        self.scope["extensions"] = {ABORT: self._abort}
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url), 0)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value), 1)
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a parser error, which is how a refused header arrives."""
+        if self._refusal is None:
+            super().send_400_response(msg)
+        else:
+            self._refuse(self._refusal, "the request headers are too large")
+
+    def _count(self, size: int, headers: int) -> None:
+        self._header_bytes += size
+        self._header_count += headers
+        limits = self.limits
+        if self._header_count > limits.max_headers:
+            self._refusal = b"431 Request Header Fields Too Large"
+            raise _Refused(f"more than {limits.max_headers} headers")
+        if self._header_bytes > limits.max_header_bytes:
+            self._refusal = b"431 Request Header Fields Too Large"
+            raise _Refused(f"headers over {limits.max_header_bytes} bytes")
+
+    def _arm(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(
+                self.limits.header_timeout_s, self._headers_late
+            )
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        self._refuse(b"408 Request Timeout", "the request headers did not arrive in time")
+
+    def _refuse(self, status: bytes, reason: str) -> None:
+        """Answer in OpenAI's error shape and close: no app has seen this request."""
+        code, kind = _CODES[status[:3]]
+        body = orjson.dumps(
+            {"error": {"message": reason, "type": kind, "param": None, "code": code}}
+        )
+        head = b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n"
+        length = b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n"
+        if not self.transport.is_closing():
+            self.transport.write(head + length + body)
+            self.transport.close()
+
+    def _abort(self) -> None:
+        self.transport.abort()
+
+
+_CODES = {
+    b"408": ("header_timeout", ErrorType.INVALID_REQUEST),
+    b"431": ("headers_too_large", ErrorType.INVALID_REQUEST),
+    b"503": ("too_many_connections", ErrorType.UNAVAILABLE),
+}
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

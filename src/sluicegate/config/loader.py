@@ -31,6 +31,7 @@ from sluicegate.core.types import (
     BreakerPolicy,
     DegradedPolicy,
     Deployment,
+    EdgeLimits,
     Endpoint,
     JobPolicy,
     Ladder,
@@ -139,6 +140,7 @@ def _to_settings(config: GatewayConfig, env: Mapping[str, str], source: str) -> 
             spec.limits.max_prompt_tokens,
             spec.weight,
             spec.lane,
+            None if spec.lanes is None else frozenset(spec.lanes),
         )
         tenants.append(tenant)
         for k_index, key in enumerate(spec.keys):
@@ -164,6 +166,7 @@ def _to_settings(config: GatewayConfig, env: Mapping[str, str], source: str) -> 
         ),
         jobs=_jobs(config.jobs),
         redis=_redis(config.redis) if config.store == "redis" else None,
+        edge=EdgeLimits(**config.server.model_dump(exclude={"host", "port", "max_body_bytes"})),
     )
 
 

@@ -27,6 +27,12 @@ class ServerConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    max_connections: int = Field(default=4096, ge=1, description="open client connections")
+    header_timeout_s: Seconds = Field(default=10.0, description="a request's line and headers")
+    max_headers: int = Field(default=100, ge=8)
+    max_header_bytes: int = Field(default=16 * 1024, ge=1024, description="line + headers")
+    body_timeout_s: Seconds = Field(default=30.0, description="a request's whole body")
+    write_timeout_s: Seconds = Field(default=30.0, description="one send to a client")
 
 
 class QuotaConfig(Strict):
@@ -268,6 +274,11 @@ class TenantConfig(Strict):
     limits: TenantLimitsConfig = TenantLimitsConfig()
     weight: float = Field(default=1.0, gt=0, description="share of service under contention")
     lane: str | None = Field(default=None, description="default lane of this tenant's requests")
+    lanes: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description="lanes it may ask for by header; omit for its own lane and every lower one",
+    )
 
 
 class AdminConfig(Strict):
@@ -405,6 +416,9 @@ class GatewayConfig(Strict):
         lanes = {lane.name for lane in self.scheduling.lanes}
         named = [(f"tenant {t.name!r}", t.lane) for t in self.tenants]
         named += [(f"route {r}", getattr(self.routes, r).lane) for r in RoutesConfig.model_fields]
+        named += [
+            (f"tenant {t.name!r} lanes", lane) for t in self.tenants for lane in t.lanes or ()
+        ]
         for who, lane in named:
             if lane is not None and lane not in lanes:
                 raise ValueError(f"{who} names unknown lane {lane!r}")

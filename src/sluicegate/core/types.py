@@ -284,6 +284,8 @@ class Tenant:
     max_prompt_tokens: int | None = None
     weight: float = 1.0
     lane: str | None = None
+    lanes: frozenset[str] | None = None
+    """The lanes it may ask for by header; None: its own lane and every lower one."""
 
     def may_use(self, model: str) -> bool:
         return self.allowed_models is None or model in self.allowed_models
@@ -370,6 +372,21 @@ class RedisPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class EdgeLimits:
+    """What one client connection may cost: the server enforces the first four before
+    the app sees a request, the edge the rest."""
+
+    max_connections: int = 4096
+    header_timeout_s: float = 10.0
+    max_headers: int = 100
+    max_header_bytes: int = 16 * 1024
+    """The request line and every header together."""
+    body_timeout_s: float = 30.0
+    write_timeout_s: float = 30.0
+    """The longest one send to a client may wait for it to read."""
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     """Everything the gateway needs at run time; `keys` maps sha256(key) to its tenant."""
 
@@ -400,3 +417,4 @@ class Settings:
     jobs: JobPolicy = JobPolicy()
     redis: RedisPolicy | None = None
     """The shared limit store; None: this process's memory."""
+    edge: EdgeLimits = EdgeLimits()

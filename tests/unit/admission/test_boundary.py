@@ -30,6 +30,15 @@ def call(tenant: Tenant, prompt: int = 10, reserved: int = 100, route=DEFAULT_RO
     return Call(Endpoint.CHAT, tenant, MODEL, route, LANE, {}, False, 0.0, 60.0, prompt, reserved)
 
 
+async def enter(
+    gate: Boundary, endpoint: Endpoint, tenant: Tenant, permits: AsyncExitStack
+) -> None:
+    """The gates in the pipeline's order: the tenant's, then (once the body is in) the
+    route's and the aggregate's."""
+    await gate.enter_tenant(tenant, permits)
+    await gate.enter_shared(endpoint, permits)
+
+
 async def refusal(coro) -> GatewayError:
     with pytest.raises(GatewayError) as info:
         await coro
@@ -40,8 +49,8 @@ async def test_tenant_concurrency_is_429_without_retry_after_and_released_on_exi
     gate, store = boundary()
     tenant = Tenant("a", None, Quota(max_concurrency=1))
     async with AsyncExitStack() as permits:
-        await gate.enter(Endpoint.CHAT, tenant, permits, True)
-        err = await refusal(gate.enter(Endpoint.CHAT, tenant, AsyncExitStack(), True))
+        await enter(gate, Endpoint.CHAT, tenant, permits)
+        err = await refusal(enter(gate, Endpoint.CHAT, tenant, AsyncExitStack()))
         assert (err.status, err.code, err.retry_after_s) == (
             429,
             "tenant_concurrency_limited",
@@ -53,23 +62,23 @@ async def test_tenant_concurrency_is_429_without_retry_after_and_released_on_exi
 async def test_route_and_aggregate_concurrency_are_503():
     gate, store = boundary(RoutePolicy(max_concurrency=1), Quota(max_concurrency=5))
     async with AsyncExitStack() as permits:
-        await gate.enter(Endpoint.CHAT, Tenant("a", None), permits, True)
-        err = await refusal(gate.enter(Endpoint.CHAT, Tenant("b", None), AsyncExitStack(), True))
+        await enter(gate, Endpoint.CHAT, Tenant("a", None), permits)
+        err = await refusal(enter(gate, Endpoint.CHAT, Tenant("b", None), AsyncExitStack()))
         assert (err.status, err.code) == (503, "capacity_exhausted")
-        await gate.enter(Endpoint.EMBEDDINGS, Tenant("b", None), permits, True)
+        await enter(gate, Endpoint.EMBEDDINGS, Tenant("b", None), permits)
     assert await store.in_use(keys.AGGREGATE_SLOTS) == 0
 
 
 async def test_a_refused_later_gate_leaves_no_earlier_slot_taken():
     gate, store = boundary(aggregate=Quota(max_concurrency=1))
     async with AsyncExitStack() as permits:
-        await gate.enter(Endpoint.CHAT, Tenant("a", None, Quota(max_concurrency=3)), permits, True)
+        await enter(gate, Endpoint.CHAT, Tenant("a", None, Quota(max_concurrency=3)), permits)
     async with AsyncExitStack() as held:
-        await gate.enter(Endpoint.CHAT, Tenant("x", None), held, True)
+        await enter(gate, Endpoint.CHAT, Tenant("x", None), held)
         with pytest.raises(GatewayError):
             async with AsyncExitStack() as permits:
-                await gate.enter(
-                    Endpoint.CHAT, Tenant("a", None, Quota(max_concurrency=3)), permits, True
+                await enter(
+                    gate, Endpoint.CHAT, Tenant("a", None, Quota(max_concurrency=3)), permits
                 )
         assert await store.in_use(keys.tenant_slots("a")) == 0
 
@@ -149,17 +158,30 @@ async def test_a_request_larger_than_the_whole_quota_is_not_worth_retrying():
     assert "needs 5000 tokens" in err.message
 
 
+async def test_only_the_tenants_slot_is_held_while_the_body_arrives():
+    """A body trickled in holds its tenant's slot, not the route's or the aggregate's,
+    which every tenant shares."""
+    gate, store = boundary(route=RoutePolicy(max_concurrency=1), aggregate=Quota(max_concurrency=1))
+    async with AsyncExitStack() as reading:
+        await gate.enter_tenant(Tenant("slow", None, Quota(max_concurrency=5)), reading)
+        assert await store.in_use(keys.tenant_slots("slow")) == 1
+        async with AsyncExitStack() as permits:
+            await enter(gate, Endpoint.CHAT, Tenant("b", None), permits)
+            assert await store.in_use(keys.route_slots("chat")) == 1
+            assert await store.in_use(keys.AGGREGATE_SLOTS) == 1
+
+
 async def test_work_that_is_not_interactive_takes_only_the_tenants_slot():
     """Jobs are bound by their tenant's concurrency, not by the HTTP route's or the
     aggregate's, which guard interactive traffic."""
     gate, store = boundary(route=RoutePolicy(max_concurrency=1), aggregate=Quota(max_concurrency=1))
     tenant = Tenant("a", None, Quota(max_concurrency=2))
     async with AsyncExitStack() as permits:
-        await gate.enter(Endpoint.CHAT, tenant, permits, False)
-        await gate.enter(Endpoint.CHAT, tenant, permits, False)
+        await gate.enter_tenant(tenant, permits)
+        await gate.enter_tenant(tenant, permits)
         assert await store.in_use(keys.tenant_slots("a")) == 2
         assert await store.in_use(keys.route_slots("chat")) == 0
         assert await store.in_use(keys.AGGREGATE_SLOTS) == 0
-        err = await refusal(gate.enter(Endpoint.CHAT, tenant, AsyncExitStack(), False))
+        err = await refusal(gate.enter_tenant(tenant, AsyncExitStack()))
         assert err.code == "tenant_concurrency_limited"
     assert await store.in_use(keys.tenant_slots("a")) == 0

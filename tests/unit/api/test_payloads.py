@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from sluicegate.api.payloads import parse
+from sluicegate.api.payloads import MAX_DEPTH, parse
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.types import Endpoint
 
@@ -34,3 +34,37 @@ def test_good_body_is_returned_as_a_dict():
         Endpoint.CHAT, b'{"model": "m", "messages": [{"role": "user"}], "stream": true}'
     )
     assert payload["stream"] is True
+
+
+def nested(depth: int) -> bytes:
+    inner = b"[" * (depth - 1) + b"]" * (depth - 1)
+    return b'{"model": "m", "messages": [{}], "x": ' + inner + b"}"
+
+
+def test_nesting_the_gateway_could_not_send_on_is_a_400():
+    assert parse(Endpoint.CHAT, nested(MAX_DEPTH))["model"] == "m"
+    for depth in (MAX_DEPTH + 1, 300, 1000):
+        with pytest.raises(GatewayError) as info:
+            parse(Endpoint.CHAT, nested(depth))
+        assert info.value.status == 400
+        assert "deeper than" in info.value.message
+
+
+def test_brackets_inside_strings_are_not_nesting():
+    body = b'{"model": "m", "messages": [{"content": "' + b"[{" * 500 + b'"}]}'
+    assert parse(Endpoint.CHAT, body)["messages"][0]["content"].startswith("[{")
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens", "n", "best_of"])
+@pytest.mark.parametrize("value", ['"100"', "1.5", "true", "-1", "[1]", "1e3"])
+def test_token_fields_must_be_integers(field, value):
+    body = f'{{"model": "m", "messages": [{{}}], "{field}": {value}}}'.encode()
+    with pytest.raises(GatewayError) as info:
+        parse(Endpoint.CHAT, body)
+    assert info.value.status == 400
+    assert f"'{field}' must be a non-negative integer" in info.value.message
+
+
+def test_integer_and_null_token_fields_pass():
+    body = b'{"model": "m", "messages": [{}], "max_tokens": 5, "n": null, "best_of": 0}'
+    assert parse(Endpoint.CHAT, body)["max_tokens"] == 5

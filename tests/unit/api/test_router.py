@@ -50,3 +50,13 @@ async def test_other_methods_get_405_and_other_paths_404():
     assert (status, body["error"]["code"]) == (405, "method_not_allowed")
     status, body = await call(routes, "GET", "/v2/jobs")
     assert (status, body["error"]["code"]) == (404, "unknown_route")
+
+
+async def test_a_path_is_quoted_escaped_and_cut_short_where_it_is_shown():
+    """uvicorn decodes `%0a` into a newline: a raw path could forge a log line."""
+    status, body = await call(router(), "GET", "/v2/x\nERROR forged")
+    assert status == 404
+    assert "\n" not in body["error"]["message"]
+    assert "'/v2/x\\nERROR forged'" in body["error"]["message"]
+    _, body = await call(router(), "GET", "/v2/" + "a" * 10_000)
+    assert len(body["error"]["message"]) < 300

@@ -31,7 +31,7 @@ def test_lane_comes_from_the_header_else_tenant_else_route_else_default():
     assert lane_of(
         tenant=Tenant("t", None, lane="background"), route=RoutePolicy(lane="heavy")
     ) == ("background")
-    assert lane_of(asked="heavy", tenant=Tenant("t", None, lane="background")) == "heavy"
+    assert lane_of(asked="heavy", tenant=Tenant("t", None, lane="interactive")) == "heavy"
 
 
 def test_long_prompts_and_costly_requests_are_demoted():
@@ -52,3 +52,24 @@ def test_unknown_lane_is_a_400():
     with pytest.raises(GatewayError) as info:
         lane_of(asked="vip")
     assert (info.value.status, info.value.code) == (400, "unknown_lane")
+
+
+def test_the_header_moves_a_request_down_never_up_past_its_own_lane():
+    heavy = Tenant("t", None, lane="heavy")
+    assert lane_of(asked="background", tenant=heavy) == "background"
+    assert lane_of(asked="heavy", tenant=heavy) == "heavy"
+    with pytest.raises(GatewayError) as info:
+        lane_of(asked="interactive", tenant=heavy)
+    assert (info.value.status, info.value.code) == (403, "lane_not_allowed")
+    assert "heavy or a lower-priority lane" in info.value.message
+    with pytest.raises(GatewayError):
+        lane_of(asked="heavy", route=RoutePolicy(lane="background"))
+
+
+def test_a_tenant_listing_lanes_may_ask_for_exactly_those():
+    vip = Tenant("t", None, lane="background", lanes=frozenset({"interactive"}))
+    assert lane_of(asked="interactive", tenant=vip) == "interactive"
+    assert lane_of(asked="background", tenant=vip) == "background"
+    with pytest.raises(GatewayError) as info:
+        lane_of(asked="heavy", tenant=vip)
+    assert "background, interactive" in info.value.message
