@@ -112,13 +112,11 @@ class Pipeline:
             async with AsyncExitStack() as permits:
                 await self._boundary.enter_tenant(inbound.tenant, permits)
                 payload = await inbound.payload()
-                if inbound.interactive:
-                    await self._boundary.enter_shared(inbound.endpoint, permits)
                 if inbound.watch is not None:
                     await permits.enter_async_context(inbound.watch())
                 call = self._resolve(inbound, payload)
                 tally = Tally()
-                await self._boundary.charge(call, permits, tally)
+                await self._boundary.admit(call, permits, tally, inbound.interactive)
                 started = await self._first_answer(call, inbound.avoid)
                 attempt, answer = started.attempt, started.answer
                 try:

@@ -1,8 +1,9 @@
 """Gates at the edge, cheapest first, each refusing at once (no hidden queue).
 
-The tenant's concurrency is checked before the body is read, the route's and the
-aggregate's once it is in (a slow body must not hold shared capacity); rates and token
-quotas once the body gave an estimate. Each is one all-or-nothing decision of the limit store, and
+The tenant's concurrency is checked before the body is read; once the body is in and
+gave an estimate, the route's and the aggregate's concurrency (a slow body must not hold
+shared capacity) with the rates and token quotas, in one decision. Each of the two is
+one all-or-nothing decision of the limit store (one round trip to a shared one), and
 what it took is handed to the caller's exit stack the moment it is taken, so it is
 released whatever happens to the request.
 """
@@ -17,7 +18,7 @@ from sluicegate.core import keys
 from sluicegate.core.call import Call, Tally
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.leases import Leases, store_unavailable
-from sluicegate.core.limits import Ask, Charge, Refused, Slot, StoreUnavailable, priced
+from sluicegate.core.limits import Ask, Charge, Part, Refused, Slot, StoreUnavailable, priced
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Endpoint, Quota, RoutePolicy, Tenant
 
@@ -33,10 +34,12 @@ class _Gate:
 
 @dataclass(frozen=True, slots=True)
 class _Quotas:
-    """A tenant's rate decision, built once: its token charges (at `tokens`) are
-    priced per request."""
+    """The decision once the body is in, built once per tenant, route and kind of work:
+    the shared slots (answered by `slot_gates`) and the rates (by `gates`), whose token
+    charges (at `tokens`) are priced per request."""
 
     ask: Ask
+    slot_gates: tuple[_Gate, ...]
     gates: tuple[_Gate, ...]
     tokens: tuple[int, ...]
 
@@ -53,8 +56,7 @@ class Boundary:
         self._routes = routes
         self._aggregate = aggregate
         self._tenant_slots: dict[str, _Slots] = {}
-        self._shared_slots: dict[Endpoint, _Slots] = {}
-        self._quota_plans: dict[str, _Quotas] = {}
+        self._quota_plans: dict[tuple[str, Endpoint, bool], _Quotas] = {}
 
     async def enter_tenant(self, tenant: Tenant, permits: AsyncExitStack) -> None:
         """The tenant's concurrency slot, taken before the body is read: a body trickled
@@ -62,15 +64,6 @@ class Boundary:
         gates = self._tenant_slots.get(tenant.name)
         if gates is None:
             gates = self._tenant_slots[tenant.name] = self._tenant_gates(tenant)
-        await self._hold(gates, permits)
-
-    async def enter_shared(self, endpoint: Endpoint, permits: AsyncExitStack) -> None:
-        """The route's and the aggregate's slots, taken once the body is in. Only
-        interactive HTTP traffic takes them: they protect the HTTP edge, and jobs have
-        their own bounds."""
-        gates = self._shared_slots.get(endpoint)
-        if gates is None:
-            gates = self._shared_slots[endpoint] = self._shared_gates(endpoint)
         await self._hold(gates, permits)
 
     async def _hold(self, gates: _Slots, permits: AsyncExitStack) -> None:
@@ -82,8 +75,7 @@ class Boundary:
         except StoreUnavailable:
             raise store_unavailable() from None
         if isinstance(decision, Refused):
-            slot, gate = wanted.slots[decision.index], named[decision.index]
-            raise gate.reason.error(f"{gate.who} is at its concurrency limit of {slot.limit}")
+            raise _full(wanted.slots[decision.index], named[decision.index])
         permits.push_async_callback(self._leases.give_back, decision)
 
     def _tenant_gates(self, tenant: Tenant) -> _Slots:
@@ -107,24 +99,34 @@ class Boundary:
             return None, ()
         return Ask(slots=tuple(slot for slot, _ in slots)), tuple(gate for _, gate in slots)
 
-    async def charge(self, call: Call, permits: AsyncExitStack, tally: Tally) -> None:
-        """Prompt budgets, then request and token rates of the tenant and the aggregate."""
+    async def admit(
+        self, call: Call, permits: AsyncExitStack, tally: Tally, shared: bool = True
+    ) -> None:
+        """Prompt budgets, then in one decision the route's and the aggregate's slots
+        (`shared`: only interactive HTTP traffic takes them, since they protect the HTTP
+        edge and jobs have their own bounds) and the request and token rates of the
+        tenant and the aggregate."""
         self._check_prompt_budget(call)
-        plan = self._quota_plans.get(call.tenant.name)
+        key = (call.tenant.name, call.endpoint, shared)
+        plan = self._quota_plans.get(key)
         if plan is None:
-            plan = self._quota_plans[call.tenant.name] = self._quotas(call.tenant)
-        if not plan.gates:
+            plan = self._quota_plans[key] = self._quotas(call.tenant, call.endpoint, shared)
+        if not plan.gates and not plan.slot_gates:
             return
         ask = plan.ask
         if plan.tokens:
-            ask = Ask((), (), priced(ask.charges, plan.tokens, call.reserved_tokens))
+            ask = Ask((), ask.slots, priced(ask.charges, plan.tokens, call.reserved_tokens))
         try:
             decision = await self._leases.take(ask)
         except StoreUnavailable:
             raise store_unavailable() from None
         if isinstance(decision, Refused):
+            if decision.part is Part.SLOT:
+                raise _full(ask.slots[decision.index], plan.slot_gates[decision.index])
             charge, gate = ask.charges[decision.index], plan.gates[decision.index]
             raise gate.reason.error(_rate_message(charge, gate), decision.retry_after_s)
+        if ask.slots:
+            permits.push_async_callback(self._leases.give_back, decision)
         for index in plan.tokens:
             permits.push_async_callback(self._settle, ask.charges[index], tally)
 
@@ -137,13 +139,17 @@ class Boundary:
         if budget is not None and prompt > budget:
             raise _too_long(prompt, f"tenant {call.tenant.name}", budget)
 
-    def _quotas(self, tenant: Tenant) -> _Quotas:
-        """The tenant's and the aggregate's rates a request of this tenant is charged:
-        one unit of each request rate, its token reservation of each token rate."""
+    def _quotas(self, tenant: Tenant, endpoint: Endpoint, shared: bool) -> _Quotas:
+        """The shared slots, and the tenant's and the aggregate's rates a request of
+        this tenant is charged: one unit of each request rate, its token reservation
+        of each token rate."""
+        slots, slot_gates = self._shared_gates(endpoint) if shared else (None, ())
         plan = list(self._plan(tenant))
         gates = tuple(gate for _, gate in plan)
         tokens = tuple(i for i, gate in enumerate(gates) if gate.is_tokens)
-        return _Quotas(Ask((), (), tuple(charge for charge, _ in plan)), gates, tokens)
+        taken = () if slots is None else slots.slots
+        ask = Ask((), taken, tuple(charge for charge, _ in plan))
+        return _Quotas(ask, slot_gates, gates, tokens)
 
     def _plan(self, tenant: Tenant) -> Iterator[tuple[Charge, _Gate]]:
         name = tenant.name
@@ -178,6 +184,10 @@ def _too_long(prompt: int, who: str, budget: int) -> GatewayError:
     return Refusal.PROMPT_TOO_LONG.error(
         f"the prompt has about {prompt} tokens; {who} allows at most {budget}"
     )
+
+
+def _full(slot: Slot, gate: _Gate) -> GatewayError:
+    return gate.reason.error(f"{gate.who} is at its concurrency limit of {slot.limit}")
 
 
 def _capacity(who: str) -> _Gate:

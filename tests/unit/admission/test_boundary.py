@@ -34,9 +34,9 @@ async def enter(
     gate: Boundary, endpoint: Endpoint, tenant: Tenant, permits: AsyncExitStack
 ) -> None:
     """The gates in the pipeline's order: the tenant's, then (once the body is in) the
-    route's and the aggregate's."""
+    route's and the aggregate's with the rates."""
     await gate.enter_tenant(tenant, permits)
-    await gate.enter_shared(endpoint, permits)
+    await gate.admit(call(tenant)._replace(endpoint=endpoint), permits, Tally())
 
 
 async def refusal(coro) -> GatewayError:
@@ -87,8 +87,8 @@ async def test_tenant_rate_is_429_with_the_windows_retry_after():
     gate, _ = boundary()
     tenant = Tenant("a", None, Quota(requests=Rate(2, 60, 2)))
     for _ in range(2):
-        await gate.charge(call(tenant), AsyncExitStack(), Tally())
-    err = await refusal(gate.charge(call(tenant), AsyncExitStack(), Tally()))
+        await gate.admit(call(tenant), AsyncExitStack(), Tally())
+    err = await refusal(gate.admit(call(tenant), AsyncExitStack(), Tally()))
     assert (err.status, err.code, err.retry_after_s) == (
         429,
         "tenant_rate_limited",
@@ -99,8 +99,8 @@ async def test_tenant_rate_is_429_with_the_windows_retry_after():
 async def test_token_quota_limits_by_tokens_not_by_requests_and_refunds_the_request():
     gate, store = boundary()
     tenant = Tenant("a", None, Quota(requests=Rate(100, 60, 100), tokens=Rate(1000, 60, 1000)))
-    await gate.charge(call(tenant, reserved=900), AsyncExitStack(), Tally())
-    err = await refusal(gate.charge(call(tenant, reserved=200), AsyncExitStack(), Tally()))
+    await gate.admit(call(tenant, reserved=900), AsyncExitStack(), Tally())
+    err = await refusal(gate.admit(call(tenant, reserved=200), AsyncExitStack(), Tally()))
     assert err.code == "tenant_token_limited"
     assert err.retry_after_s == pytest.approx(6.0)
     assert await store.available(keys.tenant_requests("a"), Rate(100, 60, 100)) == pytest.approx(99)
@@ -113,7 +113,7 @@ async def test_token_reservation_is_settled_with_the_reported_usage():
     admitted = call(tenant, reserved=800)
     async with AsyncExitStack() as permits:
         tally = Tally()
-        await gate.charge(admitted, permits, tally)
+        await gate.admit(admitted, permits, tally)
         assert await store.available(keys.tenant_tokens("a"), rate) == pytest.approx(200)
         tally.used_tokens = 50
     assert await store.available(keys.tenant_tokens("a"), rate) == pytest.approx(950)
@@ -122,10 +122,10 @@ async def test_token_reservation_is_settled_with_the_reported_usage():
 async def test_aggregate_rate_is_503_even_when_each_tenant_is_within_its_own():
     gate, _ = boundary(aggregate=Quota(requests=Rate(3, 60, 3)))
     for name in "abc":
-        await gate.charge(
+        await gate.admit(
             call(Tenant(name, None, Quota(requests=Rate(10, 60, 10)))), AsyncExitStack(), Tally()
         )
-    err = await refusal(gate.charge(call(Tenant("d", None)), AsyncExitStack(), Tally()))
+    err = await refusal(gate.admit(call(Tenant("d", None)), AsyncExitStack(), Tally()))
     assert (err.status, err.code) == (503, "capacity_exhausted")
     assert err.retry_after_s == pytest.approx(20)
 
@@ -133,14 +133,14 @@ async def test_aggregate_rate_is_503_even_when_each_tenant_is_within_its_own():
 async def test_prompt_over_budget_is_400_naming_the_budget():
     gate, _ = boundary()
     err = await refusal(
-        gate.charge(
+        gate.admit(
             call(Tenant("a", None, max_prompt_tokens=50), prompt=51), AsyncExitStack(), Tally()
         )
     )
     assert (err.status, err.code, err.should_retry) == (400, "prompt_too_long", False)
     assert "at most 50" in err.message
     err = await refusal(
-        gate.charge(
+        gate.admit(
             call(Tenant("a", None), prompt=51, route=RoutePolicy(max_prompt_tokens=40)),
             AsyncExitStack(),
             Tally(),
@@ -152,7 +152,7 @@ async def test_prompt_over_budget_is_400_naming_the_budget():
 async def test_a_request_larger_than_the_whole_quota_is_not_worth_retrying():
     gate, _ = boundary()
     tenant = Tenant("a", None, Quota(tokens=Rate(1000, 60, 1000)))
-    err = await refusal(gate.charge(call(tenant, reserved=5000), AsyncExitStack(), Tally()))
+    err = await refusal(gate.admit(call(tenant, reserved=5000), AsyncExitStack(), Tally()))
     assert err.should_retry is False
     assert err.retry_after_s is None
     assert "needs 5000 tokens" in err.message
@@ -177,11 +177,27 @@ async def test_work_that_is_not_interactive_takes_only_the_tenants_slot():
     gate, store = boundary(route=RoutePolicy(max_concurrency=1), aggregate=Quota(max_concurrency=1))
     tenant = Tenant("a", None, Quota(max_concurrency=2))
     async with AsyncExitStack() as permits:
-        await gate.enter_tenant(tenant, permits)
-        await gate.enter_tenant(tenant, permits)
+        for _ in range(2):
+            await gate.enter_tenant(tenant, permits)
+            await gate.admit(call(tenant), permits, Tally(), shared=False)
         assert await store.in_use(keys.tenant_slots("a")) == 2
         assert await store.in_use(keys.route_slots("chat")) == 0
         assert await store.in_use(keys.AGGREGATE_SLOTS) == 0
         err = await refusal(gate.enter_tenant(tenant, AsyncExitStack()))
         assert err.code == "tenant_concurrency_limited"
     assert await store.in_use(keys.tenant_slots("a")) == 0
+
+
+async def test_the_shared_slots_and_the_rates_are_one_decision():
+    """One round trip once the body is in: a rate that refuses leaves the route's and
+    the aggregate's slots untaken, and a full slot charges no rate."""
+    gate, store = boundary(route=RoutePolicy(max_concurrency=1), aggregate=Quota(max_concurrency=5))
+    tenant = Tenant("a", None, Quota(requests=Rate(1, 60, 1)))
+    async with AsyncExitStack() as permits:
+        await enter(gate, Endpoint.CHAT, tenant, permits)
+        err = await refusal(enter(gate, Endpoint.CHAT, Tenant("b", None), AsyncExitStack()))
+        assert err.code == "capacity_exhausted"
+    err = await refusal(enter(gate, Endpoint.CHAT, tenant, AsyncExitStack()))
+    assert err.code == "tenant_rate_limited"
+    assert await store.in_use(keys.route_slots("chat")) == 0
+    assert await store.in_use(keys.AGGREGATE_SLOTS) == 0
