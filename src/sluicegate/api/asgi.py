@@ -72,8 +72,12 @@ async def send_error(send: Send, err: GatewayError) -> None:
     await send_bytes(send, err.status, error_body(err), error_headers(err))
 
 
-async def read_body(receive: Receive, limit: int) -> bytes:
-    """Read the whole request body, refusing it once it passes `limit` bytes."""
+async def read_body(
+    receive: Receive, limit: int, into: Callable[[bytes], None] | None = None
+) -> bytes:
+    """Read the whole request body, refusing it once it passes `limit` bytes. With
+    `into` (a streaming parser), each part goes there as it arrives, none is kept, and
+    the answer is empty."""
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -84,7 +88,10 @@ async def read_body(receive: Receive, limit: int) -> bytes:
         size += len(chunk)
         if size > limit:
             raise Refusal.BODY_TOO_LARGE.error(f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
+        if into is None:
+            chunks.append(chunk)
+        else:
+            into(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 

@@ -17,7 +17,6 @@ from dataclasses import replace
 from typing import Any
 
 from sluicegate.api.asgi import (
-    ClientDisconnected,
     Receive,
     Router,
     Scope,
@@ -33,7 +32,6 @@ from sluicegate.api.ledger import BatchLedger
 from sluicegate.api.multipart import FormReader
 from sluicegate.api.payloads import json_object
 from sluicegate.core.errors import GatewayError, bad_request, not_found
-from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Endpoint, Tenant
 from sluicegate.jobs.model import Batch, BatchStatus, FileInfo, Job, StoredFile
 
@@ -66,7 +64,7 @@ class BatchRoutes:
     async def _upload(self, tenant: Tenant, scope: Scope, receive: Receive, send: Send) -> None:
         intake = self._intake
         reader = FormReader(header(scope, b"content-type") or b"")
-        await _feed(reader, receive, intake.policy.max_file_bytes)
+        await read_body(receive, intake.policy.max_file_bytes, reader.feed)
         form = reader.fields()
         purpose, upload = form.get("purpose"), form.get("file")
         if purpose is None or purpose.content != INPUT_PURPOSE.encode():
@@ -219,22 +217,6 @@ def _lines(content: bytes) -> Iterator[tuple[int, bytes]]:
         start = end
         if line.strip():
             yield number, line
-
-
-async def _feed(reader: FormReader, receive: Receive, limit: int) -> None:
-    """The request body into `reader` as it arrives, refused once past `limit` bytes."""
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnected
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise Refusal.BODY_TOO_LARGE.error(f"the upload exceeds the limit of {limit} bytes")
-        reader.feed(chunk)
-        if not message.get("more_body", False):
-            return
 
 
 def _request(intake: Intake, tenant: Tenant, endpoint: Endpoint, line: bytes) -> tuple[str, bytes]:
