@@ -146,8 +146,14 @@ def probe_at(limit: float) -> capacity.Measure:
 async def test_the_search_finds_the_highest_passing_rate_within_its_resolution() -> None:
     found = await capacity.search(probe_at(37.0), 100.0, 6)
     assert len(found.probes) == 6
-    assert 37.0 / 8 ** (1 / 64) <= found.rate_rps <= 37.0
+    resolution = (capacity.BRACKET * capacity.ABOVE) ** (1 / 64)
+    assert 37.0 / resolution <= found.rate_rps <= 37.0
     assert all(p.passed == (p.rate_rps <= 37.0) for p in found.probes)
+
+
+async def test_the_search_reaches_above_the_ceiling_where_short_probes_still_pass() -> None:
+    found = await capacity.search(probe_at(1000.0), 100.0, 5)
+    assert 100.0 < found.rate_rps < 100.0 * capacity.ABOVE
 
 
 async def test_below_the_bracket_the_search_halves_a_bounded_number_of_times() -> None:

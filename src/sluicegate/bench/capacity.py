@@ -1,11 +1,12 @@
 """Capacity of a variant: the highest Poisson rate the backend alone serves inside the SLO.
 
-A bisection in log space between a ceiling computed from the simulator's timing (the rate
-at which a full batch would be busy all the time, which no SLO can beat) and an eighth of
-it; each step is one short probe against the simulator alone, and a rate passes when at
-least 99 % of its requests succeeded inside the SLO. `steps` probes narrow the bracket
-to a factor 8^(1/2^steps) (5 steps: within 7 %), so the cost is `steps` x probe length
-(plus the probes' drains), bounded whatever the variant.
+A bisection in log space over [ceiling / 8, 1.5 x ceiling], where the ceiling is computed
+from the simulator's timing (the rate at which a full batch would be busy all the time,
+which no steady state can beat; the top lies above it because a short probe can pass
+there before a queue builds). Each step is one short probe against the simulator alone,
+and a rate passes when at least 99 % of its requests succeeded inside the SLO. `steps`
+probes narrow the bracket to a factor 12^(1/2^steps) (5 steps: within 8 %), so the cost
+is `steps` x probe length (plus the probes' drains), bounded whatever the variant.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from sluicegate.sim.engine import EngineSettings
 
 IN_SLO = 0.99
 BRACKET = 8.0
+ABOVE = 1.5
 EXTRA_STEPS = 2
 """Halvings below the bracket when no probe in it passed, before giving up."""
 
@@ -78,8 +80,9 @@ def ceiling_rps(
 
 
 async def search(measure: Measure, ceiling: float, steps: int) -> Capacity:
-    """Bisect log(rate) in [ceiling / BRACKET, ceiling]; below it, halve while nothing passed."""
-    low, high = math.log(ceiling / BRACKET), math.log(ceiling)
+    """Bisect log(rate) in [ceiling / BRACKET, ceiling x ABOVE]; below it, halve while
+    nothing passed."""
+    low, high = math.log(ceiling / BRACKET), math.log(ceiling * ABOVE)
     probes: list[Probe] = []
     for _ in range(steps):
         middle = (low + high) / 2

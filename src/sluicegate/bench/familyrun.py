@@ -32,7 +32,7 @@ from sluicegate.bench.stack import TargetError, sim_flags, started
 from sluicegate.bench.traffic import Run, Target, Traffic
 
 DEFAULT_OUT = Path("bench/results/family")
-FULL = {"duration": 30.0, "probe": 12.0, "steps": 4, "probe_requests": 30}
+FULL = {"duration": 30.0, "probe": 12.0, "steps": 5, "probe_requests": 30}
 QUICK = {"duration": 8.0, "probe": 4.0, "steps": 2, "probe_requests": 8}
 MAX_PROBE_FACTOR = 2.0
 """A probe lasts `probe` seconds, longer at a low rate to see `probe_requests` requests
@@ -79,17 +79,6 @@ def run(args: argparse.Namespace) -> int:
         for variant in variants:
             print(f"{variant.name}: {variant.describe()}")
         return 0
-    results = []
-    try:
-        with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            for variant in variants:
-                print(f"bench family: {variant.name}: {variant.describe()}", file=sys.stderr)
-                sized = Sizes(duration_s, probe_s, steps, probe_requests)
-                measured = runner.run(_variant(variant, sized, args.out / variant.name))
-                results.append(measured)
-    except (ServiceError, TargetError) as exc:
-        print(f"bench family: {exc}", file=sys.stderr)
-        return 1
     setup = {
         "seed": args.seed,
         "first": args.first,
@@ -99,10 +88,18 @@ def run(args: argparse.Namespace) -> int:
         "steps": steps,
         "quick": args.quick,
     }
-    doc = document(setup, results)
-    report.write_json(args.out / "family.json", doc)
-    (args.out / "family.txt").write_text(text(doc))
-    print(text(doc))
+    sized = Sizes(duration_s, probe_s, steps, probe_requests)
+    results: list[dict[str, Any]] = []
+    try:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            for variant in variants:
+                print(f"bench family: {variant.name}: {variant.describe()}", file=sys.stderr)
+                results.append(runner.run(_variant(variant, sized, args.out / variant.name)))
+                _write(args.out, document(setup, results))
+    except (ServiceError, TargetError) as exc:
+        print(f"bench family: {exc}", file=sys.stderr)
+        return 1
+    print(text(document(setup, results)))
     print(f"bench family: results in {args.out}", file=sys.stderr)
     return 0
 
@@ -136,7 +133,7 @@ async def _variant(variant: Variant, sizes: Sizes, out: Path) -> dict[str, Any]:
         result["error"] = "no capacity found: no probe kept 99 % inside the SLO"
         return result
     slowdown_at_s = variant.slowdown_at * duration_s if variant.slowdown is not None else None
-    effective = _effective(normal, slowed, slowdown_at_s, duration_s)
+    effective = _effective(normal, slowed, slowdown_at_s, duration_s, _mean_cost_s(variant))
     result["capacity"]["effective"] = effective
     scenario = family.scenario(
         variant, best.rate_rps, best.service_s, duration_s, variant.timeout_s() + 5
@@ -240,27 +237,28 @@ async def _drive(scenario: Scenario, target: Target) -> Run:
         return await Traffic(scenario, target, session).run()
 
 
+def _mean_cost_s(variant: Variant) -> float:
+    """The expected work of one of the variant's requests (work is linear in tokens), not
+    the probe's sample mean: a few long requests more or less in a probe would move it."""
+    return capacity.request_cost_s(variant.engine(), *variant.mean_tokens())
+
+
 def _effective(
     normal: capacity.Capacity,
     slowed: capacity.Capacity | None,
     slowdown_at_s: float | None,
     duration_s: float,
+    cost_s: float,
 ) -> dict[str, float]:
     """Capacity over the run: with a slowdown, each capacity weighted by its time."""
     best = normal.best
     assert best is not None
-    work = best.rate_rps * best.cost_s
-    if slowed is None or slowdown_at_s is None:
-        return {"rps": best.rate_rps, "work": work}
-    slow = slowed.best
-    slow_rps, slow_work = (
-        (0.0, 0.0) if slow is None else (slow.rate_rps, slow.rate_rps * slow.cost_s)
-    )
-    before = slowdown_at_s / duration_s
-    return {
-        "rps": before * best.rate_rps + (1 - before) * slow_rps,
-        "work": before * work + (1 - before) * slow_work,
-    }
+    rps = best.rate_rps
+    if slowed is not None and slowdown_at_s is not None:
+        slow = slowed.best
+        before = slowdown_at_s / duration_s
+        rps = before * rps + (1 - before) * (0.0 if slow is None else slow.rate_rps)
+    return {"rps": rps, "work": rps * cost_s}
 
 
 def _capacity_json(found: capacity.Capacity | None) -> dict[str, Any] | None:
@@ -304,6 +302,12 @@ def _parameters(variant: Variant) -> dict[str, Any]:
             for t in variant.tenants
         ],
     }
+
+
+def _write(out: Path, doc: Mapping[str, Any]) -> None:
+    """After every variant, so a run cut short keeps what it measured."""
+    report.write_json(out / "family.json", doc)
+    (out / "family.txt").write_text(text(doc))
 
 
 def _write_scenario(path: Path, scenario: Scenario) -> None:
@@ -376,7 +380,8 @@ DEFINITIONS = {
     "refusal p99": familymetrics.REFUSAL_SOURCE,
     "demand": "work asked per second by a tenant's requests, served or not",
     "fair share": "max-min fair share by weight of the capacity's work per second (the "
-    "passing probe's rate x its mean work per request) among tenants that sent anything",
+    "capacity's rate x the expected work of the variant's requests) among tenants that "
+    "sent anything",
     "queue wait": "TTFT (first send, retries included) less the simulator's own prefill step "
     "(sim_timing in the usage event): waiting in the gateway's queue, the backend's queue "
     "and between retries alike, so policy on and off compare",
