@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import aiohttp
@@ -9,6 +10,7 @@ import openai
 import orjson
 import pytest
 
+from tests.sim.conftest import StartSim
 from tests.sim.helpers import stats
 from tests.support.processes import Proc
 
@@ -202,3 +204,38 @@ async def test_malformed_requests_get_openai_shaped_400(
     current = await stats(http, sim)
     assert (current["received"], current["started"]) == (1, 0)
     assert "Traceback" not in sim.output()
+
+
+async def _usage_event(http: aiohttp.ClientSession, url: str, max_tokens: int) -> dict[str, object]:
+    body = {
+        "model": "sim-model",
+        "messages": [{"role": "user", "content": "x" * 400}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    async with http.post(url + "/v1/chat/completions", json=body) as resp:
+        events = (await resp.read()).split(b"\n\n")
+    usage_events = [
+        orjson.loads(e[6:]) for e in events if e.startswith(b"data: {") and b'"usage"' in e
+    ]
+    assert len(usage_events) == 1
+    return usage_events[0]
+
+
+async def test_usage_event_tells_the_engine_queue_wait_and_prefill(
+    start_sim: StartSim, http: aiohttp.ClientSession
+) -> None:
+    """One sequence at a time: the second request waits in the engine for the first."""
+    sim = start_sim("--max-num-seqs", "1")
+    first, second = await asyncio.gather(
+        _usage_event(http, sim.url, 30), _usage_event(http, sim.url, 30)
+    )
+    timings = sorted(
+        (event["sim_timing"] for event in (first, second)), key=lambda t: t["waiting_s"]
+    )
+    assert timings[0]["waiting_s"] < 0.05
+    # 30 steps of at least 8 ms each ran before the second was taken into the batch.
+    assert timings[1]["waiting_s"] >= 0.2
+    for timing in timings:
+        assert 0 < timing["prefill_s"] < 0.2

@@ -63,6 +63,7 @@ class _Exchange:
         self.last_s: float | None = None
         self.chunks = 0
         self.usage: dict[str, Any] = {}
+        self.prefill_s: float | None = None
 
     def token(self) -> None:
         self.last_s = self.since()
@@ -83,6 +84,7 @@ class _Exchange:
             last_token_s=self.last_s,
             prompt_tokens=int(self.usage.get("prompt_tokens") or 0),
             output_tokens=int(self.usage.get("completion_tokens") or self.chunks),
+            backend_prefill_s=self.prefill_s,
         )
 
 
@@ -139,6 +141,8 @@ def _stream_event(event: dict[str, Any], exchange: _Exchange) -> str | None:
         return _code(event["error"]) or "stream_error"
     if event.get("usage"):
         exchange.usage = event["usage"]
+        prefill = (event.get("sim_timing") or {}).get("prefill_s")
+        exchange.prefill_s = float(prefill) if isinstance(prefill, int | float) else None
     for choice in event.get("choices") or ():
         if (choice.get("delta") or {}).get("content") or choice.get("text"):
             exchange.token()

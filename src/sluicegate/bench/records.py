@@ -27,6 +27,9 @@ class Attempt:
     last_token_s: float | None = None
     prompt_tokens: int = 0
     output_tokens: int = 0
+    backend_prefill_s: float | None = None
+    """The simulator's own time from taking the request into its batch to its first token
+    (its `sim_timing`); None from any other backend."""
 
     @property
     def ok(self) -> bool:
@@ -48,6 +51,9 @@ class Record:
     stream: bool
     start_s: float
     attempts: tuple[Attempt, ...]
+    asked_prompt_tokens: int = 0
+    asked_output_tokens: int = 0
+    """What the request asked for (prompt, max output tokens), served or not: its demand."""
 
     @property
     def last(self) -> Attempt:
@@ -85,6 +91,13 @@ class Record:
         if last.first_token_s is None or last.last_token_s is None:
             return None
         return (last.last_token_s - last.first_token_s) / (last.output_tokens - 1)
+
+    @property
+    def queue_wait_s(self) -> float | None:
+        """TTFT less the backend's own prefill: all the caller waited before the backend
+        began its request (gateway queue, backend queue, retries), whoever queued it."""
+        ttft, prefill = self.ttft_s, self.last.backend_prefill_s
+        return None if ttft is None or prefill is None else max(0.0, ttft - prefill)
 
     @property
     def waiting_until_s(self) -> float:

@@ -223,6 +223,8 @@ def _record_json(record: Record, lanes: Mapping[str, Slo]) -> dict[str, object]:
         "ttft_s": record.ttft_s,
         "tpot_s": record.tpot_s,
         "e2e_s": record.e2e_s,
+        "queue_wait_s": record.queue_wait_s,
+        "asked_tokens": [record.asked_prompt_tokens, record.asked_output_tokens],
         "prompt_tokens": record.last.prompt_tokens,
         "output_tokens": record.last.output_tokens,
         "in_slo": summary.meets(record, lanes[record.lane]),

@@ -62,13 +62,14 @@ class Run:
 class _Request:
     """A request in progress; what it has seen so far survives its cancellation."""
 
-    __slots__ = ("attempts", "flow", "sending_since", "start_s")
+    __slots__ = ("asked", "attempts", "flow", "sending_since", "start_s")
 
     def __init__(self, flow: int, start_s: float) -> None:
         self.flow = flow
         self.start_s = start_s
         self.attempts: list[Attempt] = []
         self.sending_since: float | None = None
+        self.asked = (0, 0)
 
     def record(self, flow: Flow, now_s: float) -> Record | None:
         attempts = list(self.attempts)
@@ -76,7 +77,15 @@ class _Request:
             attempts.append(Attempt(self.sending_since, now_s, 0, UNFINISHED))
         if not attempts:
             return None
-        return Record(flow.tenant, flow.lane, self.flow, flow.stream, self.start_s, tuple(attempts))
+        return Record(
+            flow.tenant,
+            flow.lane,
+            self.flow,
+            flow.stream,
+            self.start_s,
+            tuple(attempts),
+            *self.asked,
+        )
 
 
 class Traffic:
@@ -176,13 +185,16 @@ class Traffic:
         return task
 
     async def _send(self, request: _Request, flow: Flow, rng: random.Random) -> None:
+        prompt_tokens = count(flow.prompt_tokens, rng)
+        output_tokens = count(flow.output_tokens, rng)
+        request.asked = (prompt_tokens, output_tokens)
         prepared = client.prepare(
             self._target.base_url,
             self._scenario.model,
             self._target.keys[flow.tenant],
             flow.lane,
-            prompt_tokens=count(flow.prompt_tokens, rng),
-            output_tokens=count(flow.output_tokens, rng),
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
             stream=flow.stream,
             timeout_s=flow.timeout_s,
         )

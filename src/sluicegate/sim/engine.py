@@ -106,6 +106,7 @@ class Sequence:
         "model",
         "priority",
         "prompt_tokens",
+        "scheduled_s",
         "state",
     )
 
@@ -119,6 +120,7 @@ class Sequence:
         self.hang = hang
         self.blocks = 0
         self.arrival_s = now
+        self.scheduled_s = now
         self.first_token_s = 0.0
         self.finish_s = 0.0
         self.generated = 0
@@ -129,6 +131,14 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.state is State.FINISHED
+
+    def timing(self) -> dict[str, float]:
+        """Where the time to first token went inside the engine: its waiting queue, then its
+        prefill step; a client subtracts the latter to see how long it waited in front."""
+        return {
+            "waiting_s": self.scheduled_s - self.arrival_s,
+            "prefill_s": max(0.0, self.first_token_s - self.scheduled_s),
+        }
 
     async def wait(self, seen: int) -> None:
         """Return once more than `seen` tokens exist or the sequence has finished."""
@@ -340,6 +350,7 @@ class Engine:
             self._free_blocks -= blocks
             seq.blocks = blocks
             seq.state = State.RUNNING
+            seq.scheduled_s = self._clock.now()
             self._running[id(seq)] = seq
             if not seq.hang:
                 prefill_tokens += seq.prompt_tokens

@@ -117,9 +117,18 @@ class StreamEvents:
         size = len(pieces)
         return b"".join([pieces[index % size] for index in range(start, stop)])
 
-    def closing(self, token_usage: dict[str, int] | None) -> bytes:
-        """The finish event, the usage event when asked for, and the `[DONE]` sentinel."""
+    def closing(
+        self, token_usage: dict[str, int] | None, timing: dict[str, float] | None = None
+    ) -> bytes:
+        """The finish event, the usage event when asked for, and the `[DONE]` sentinel.
+
+        `timing` rides on the usage event as `sim_timing` (unknown fields are ignored by
+        the SDKs), so a benchmark behind a gateway learns the backend's own share of TTFT.
+        """
         if token_usage is None:
             return self._final + _DONE
-        usage_event = self._head + b',"choices":[],"usage":' + orjson.dumps(token_usage) + b"}"
+        usage_event = self._head + b',"choices":[],"usage":' + orjson.dumps(token_usage)
+        if timing is not None:
+            usage_event += b',"sim_timing":' + orjson.dumps(timing)
+        usage_event += b"}"
         return self._final + b"data: " + usage_event + b"\n\n" + _DONE

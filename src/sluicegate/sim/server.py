@@ -248,7 +248,12 @@ class SimServer:
             await send(_part(rest))
             self._drop()
         token_usage = usage(request.prompt_tokens, limit) if request.include_usage else None
-        await send({"type": "http.response.body", "body": rest + events.closing(token_usage)})
+        closing = (
+            events.closing(token_usage, seq.timing())
+            if isinstance(events, StreamEvents)
+            else events.closing(token_usage)
+        )
+        await send({"type": "http.response.body", "body": rest + closing})
 
     async def _embedding(self, payload: Payload, receive: Receive, send: Send) -> None:
         request = parse_embedding(payload)

@@ -1,0 +1,192 @@
+"""A family variant's figures, from one run's records: pure functions, like `summary`.
+
+Each figure is the issue's definition, computed from what the client saw, except where
+the gateway exposes its own measure (it does not time refusals nor publish per-request
+predictions, so refusal time is the client's and the predictor's error is unavailable).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from sluicegate.bench.records import Record
+from sluicegate.bench.scenario import Slo
+from sluicegate.bench.stats import jain, percentile
+from sluicegate.bench.summary import REFUSALS, WAITED, goodput_rps, meets
+
+Cost = Callable[[Record], float]
+"""A request's work: seconds of a full backend batch (`capacity.request_cost_s`)."""
+
+WINDOW_S = 1.0
+PREDICTOR = {
+    "available": False,
+    "why": "the gateway publishes no per-request prediction: its expected-wait estimate "
+    "only decides 503 overloaded refusals, and neither it nor the wait it predicted for "
+    "a dispatched request is exposed in a header or a metric",
+}
+REFUSAL_SOURCE = (
+    "client: send to end of an attempt the gateway refused at once (its own refusal codes "
+    "but expired and deadline_exceeded), as the client saw it over loopback; the gateway "
+    "exposes refusal counts (sluicegate_refusals) but no refusal duration"
+)
+
+
+def max_min_shares(
+    demands: Mapping[str, float], weights: Mapping[str, float], capacity: float
+) -> dict[str, float]:
+    """Max-min fair shares by weight (water-filling): a tenant asking less than its weighted
+    part gets what it asks, and what it leaves is split among the rest by weight."""
+    shares = dict.fromkeys(demands, 0.0)
+    left = capacity
+    open_ = {tenant for tenant, demand in demands.items() if demand > 0}
+    while open_ and left > 0:
+        total_weight = sum(weights[tenant] for tenant in open_)
+        per_weight = left / total_weight
+        sated = {t for t in open_ if demands[t] - shares[t] <= per_weight * weights[t]}
+        if not sated:
+            for tenant in open_:
+                shares[tenant] += per_weight * weights[tenant]
+            return shares
+        for tenant in sated:
+            left -= demands[tenant] - shares[tenant]
+            shares[tenant] = demands[tenant]
+        open_ -= sated
+    return shares
+
+
+def admitted_ttft_s(record: Record) -> float | None:
+    """The successful attempt's own send to first token: what the gateway promised."""
+    last = record.last
+    if not record.ok or last.first_token_s is None:
+        return None
+    return last.first_token_s - last.start_s
+
+
+def refused(record: Record) -> bool:
+    """The gateway turned away at least one of the request's attempts."""
+    return any(attempt.error in REFUSALS for attempt in record.attempts)
+
+
+def recovery(
+    records: Sequence[Record], promise_s: float, since_s: float, until_s: float
+) -> dict[str, object]:
+    """From `since_s` (a slowdown), to the end of the last 1 s window before `until_s` whose
+    admitted TTFT p95 (windows by attempt start) broke the promise; 0 if none did."""
+    windows: dict[int, list[float]] = defaultdict(list)
+    for record in records:
+        ttft = admitted_ttft_s(record)
+        start = record.last.start_s
+        if ttft is not None and since_s <= start < until_s:
+            windows[int((start - since_s) // WINDOW_S)].append(ttft)
+    count = max(1, math.ceil((until_s - since_s) / WINDOW_S))
+    breached = [i for i, values in windows.items() if percentile(values, 95) > promise_s]
+    after = (max(breached) + 1) * WINDOW_S if breached else 0.0
+    return {
+        "since_s": since_s,
+        "recovery_s": after,
+        "recovered": not breached or max(breached) < count - 1,
+        "windows": count,
+        "windows_breached": len(breached),
+    }
+
+
+def tenants(
+    records: Sequence[Record],
+    weights: Mapping[str, float],
+    cost: Cost,
+    capacity_work: float,
+    duration_s: float,
+) -> dict[str, dict[str, object]]:
+    """Each tenant's demand (the work its requests asked per second, served or not) against
+    its max-min share of the capacity in the same unit, and what it got."""
+    by_tenant: dict[str, list[Record]] = {tenant: [] for tenant in weights}
+    for record in records:
+        by_tenant[record.tenant].append(record)
+    demands = {t: sum(map(cost, rs)) / duration_s for t, rs in by_tenant.items()}
+    shares = max_min_shares(demands, weights, capacity_work)
+    found: dict[str, dict[str, object]] = {}
+    for tenant, members in by_tenant.items():
+        waits = [w for r in members if (w := r.queue_wait_s) is not None]
+        served = sum(cost(r) for r in members if r.ok) / duration_s
+        found[tenant] = {
+            "weight": weights[tenant],
+            "requests": len(members),
+            "demand": demands[tenant],
+            "fair_share": shares[tenant],
+            "above_share": demands[tenant] > shares[tenant],
+            "served": served,
+            "served_of_share": served / shares[tenant] if shares[tenant] > 0 else math.nan,
+            "queue_wait_p95_ms": 1000 * percentile(waits, 95),
+            "queue_wait_samples": len(waits),
+            "refused_fraction": _fraction(sum(refused(r) for r in members), len(members)),
+            "failed_fraction": _fraction(sum(not r.ok for r in members), len(members)),
+        }
+    return found
+
+
+def figures(
+    records: Sequence[Record],
+    lanes: Mapping[str, Slo],
+    weights: Mapping[str, float],
+    cost: Cost,
+    capacity: Mapping[str, float],
+    duration_s: float,
+    promise_s: float,
+    slowdown_at_s: float | None,
+) -> dict[str, object]:
+    """The variant's figures for one run; `capacity` has `rps` and `work` (per second)."""
+    goodput = goodput_rps(records, lanes, duration_s)
+    good_work = sum(cost(r) for r in records if meets(r, lanes[r.lane])) / duration_s
+    ttfts = [t for r in records if (t := admitted_ttft_s(r)) is not None]
+    at_once = [
+        a.end_s - a.start_s
+        for r in records
+        for a in r.attempts
+        if a.error in REFUSALS and a.error not in WAITED
+    ]
+    per_tenant = tenants(records, weights, cost, capacity["work"], duration_s)
+    below = [f for f in per_tenant.values() if not f["above_share"] and f["requests"]]
+    above = [f["served_of_share"] for f in per_tenant.values() if f["above_share"]]
+    ttft_p95 = percentile(ttfts, 95)
+    return {
+        "requests": len(records),
+        "goodput_rps": goodput,
+        "goodput_rps_of_capacity": _ratio(goodput, capacity["rps"]),
+        "goodput_work": good_work,
+        "goodput_of_capacity": _ratio(good_work, capacity["work"]),
+        "admitted": len(ttfts),
+        "admitted_ttft_p95_s": ttft_p95,
+        "admitted_ttft_p95_of_promise": ttft_p95 / promise_s,
+        "refusals_at_once": len(at_once),
+        "refusal_p99_ms": 1000 * percentile(at_once, 99),
+        "refusal_source": REFUSAL_SOURCE,
+        "tenants": per_tenant,
+        "at_or_below_share": {
+            "tenants": len(below),
+            "queue_wait_p95_ms_max": _max(f["queue_wait_p95_ms"] for f in below),
+            "refused_fraction_max": _max(f["refused_fraction"] for f in below),
+        },
+        "above_share": {
+            "tenants": len(above),
+            "jain_served_of_share": jain(above) if len(above) >= 2 else math.nan,
+        },
+        "predictor": PREDICTOR,
+        "recovery": None
+        if slowdown_at_s is None
+        else recovery(records, promise_s, slowdown_at_s, duration_s),
+    }
+
+
+def _ratio(part: float, whole: float) -> float:
+    return part / whole if whole > 0 else math.nan
+
+
+def _fraction(part: int, whole: int) -> float:
+    return part / whole if whole else math.nan
+
+
+def _max(values: Iterable[object]) -> float:
+    found = [v for v in values if isinstance(v, float) and not math.isnan(v)]
+    return max(found) if found else math.nan

@@ -1,0 +1,459 @@
+"""`sluicegate bench family`: seeded traffic variants, each measured against its own capacity.
+
+For each variant, in the same run: its capacity (the simulator alone, see `capacity`), a
+second capacity under its slowdown if it has one, then its traffic through the gateway
+with the policy on and with it off. Every variant's scenario is written as a file that
+`sluicegate bench run` replays alone; the run's figures go to `family.json` and
+`family.txt`, per variant and the worst over variants.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sluicegate.bench import capacity, family, familymetrics, page, report, runreport, summary
+from sluicegate.bench.args import loop_factory, positive
+from sluicegate.bench.family import Variant
+from sluicegate.bench.loadgen import make_session
+from sluicegate.bench.procs import Child, ServiceError, service
+from sluicegate.bench.records import Record
+from sluicegate.bench.scenario import Scenario
+from sluicegate.bench.stack import TargetError, sim_flags, started
+from sluicegate.bench.traffic import Run, Target, Traffic
+
+DEFAULT_OUT = Path("bench/results/family")
+FULL = {"duration": 30.0, "probe": 12.0, "steps": 5, "probe_requests": 30}
+QUICK = {"duration": 8.0, "probe": 4.0, "steps": 2, "probe_requests": 8}
+MAX_PROBE_FACTOR = 2.0
+"""A probe lasts `probe` seconds, longer at a low rate to see `probe_requests` requests
+(99 % of too few requests says little), but never more than twice `probe`."""
+PROBE_DRAIN_MARGIN_S = 1.0
+CONNECTIONS = 4096
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--variants", type=positive(int), default=4, help="variants to run (default %(default)s)")
+    add("--seed", type=int, default=1, help="the family's seed (default %(default)s)")
+    add("--first", type=int, default=0, help="index of the first variant (default %(default)s)")
+    add(
+        "--duration",
+        type=positive(float),
+        help=f"seconds of traffic per run (default {FULL['duration']:g}; "
+        f"{QUICK['duration']:g} with --quick)",
+    )
+    add(
+        "--probe",
+        type=positive(float),
+        help=f"seconds per capacity probe (default {FULL['probe']:g}; {QUICK['probe']:g} quick)",
+    )
+    add(
+        "--steps",
+        type=positive(int),
+        help=f"probes per capacity search (default {FULL['steps']}; {QUICK['steps']} quick)",
+    )
+    add("--quick", action="store_true", help="short runs and probes, for the smoke test")
+    add("--print", action="store_true", help="print the variants' parameters and stop")
+    add("--out", type=Path, default=DEFAULT_OUT, help="output folder (default %(default)s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """0 once every variant ran; 1 when a process failed."""
+    sizes = QUICK if args.quick else FULL
+    duration_s = args.duration or sizes["duration"]
+    probe_s = args.probe or sizes["probe"]
+    steps = int(args.steps or sizes["steps"])
+    probe_requests = int(sizes["probe_requests"])
+    variants = [family.generate(args.seed, args.first + i) for i in range(args.variants)]
+    if args.print:
+        for variant in variants:
+            print(f"{variant.name}: {variant.describe()}")
+        return 0
+    setup = {
+        "seed": args.seed,
+        "first": args.first,
+        "variants": args.variants,
+        "duration_s": duration_s,
+        "probe_s": probe_s,
+        "steps": steps,
+        "quick": args.quick,
+    }
+    sized = Sizes(duration_s, probe_s, steps, probe_requests)
+    results: list[dict[str, Any]] = []
+    try:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            for variant in variants:
+                print(f"bench family: {variant.name}: {variant.describe()}", file=sys.stderr)
+                results.append(runner.run(_variant(variant, sized, args.out / variant.name)))
+                _write(args.out, document(setup, results))
+    except (ServiceError, TargetError) as exc:
+        print(f"bench family: {exc}", file=sys.stderr)
+        return 1
+    print(text(document(setup, results)))
+    print(f"bench family: results in {args.out}", file=sys.stderr)
+    return 0
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    duration_s: float
+    probe_s: float
+    steps: int
+    probe_requests: int
+
+    def probe_length_s(self, rate: float) -> float:
+        wanted = self.probe_requests / rate
+        return min(self.probe_s * MAX_PROBE_FACTOR, max(self.probe_s, wanted))
+
+
+async def _variant(variant: Variant, sizes: Sizes, out: Path) -> dict[str, Any]:
+    duration_s = sizes.duration_s
+    normal = await _capacity(variant, sizes, None, out)
+    slowed = None
+    if variant.slowdown is not None:
+        slowed = await _capacity(variant, sizes, variant.slowdown, out)
+    best = normal.best
+    result: dict[str, Any] = {
+        "variant": variant.name,
+        "description": variant.describe(),
+        "parameters": _parameters(variant),
+        "capacity": {"normal": _capacity_json(normal), "slowed": _capacity_json(slowed)},
+    }
+    if best is None:
+        result["error"] = "no capacity found: no probe kept 99 % inside the SLO"
+        return result
+    slowdown_at_s = variant.slowdown_at * duration_s if variant.slowdown is not None else None
+    effective = _effective(normal, slowed, slowdown_at_s, duration_s, _mean_cost_s(variant))
+    result["capacity"]["effective"] = effective
+    scenario = family.scenario(
+        variant, best.rate_rps, best.service_s, duration_s, variant.timeout_s() + 5
+    )
+    scenario = scenario.model_copy(update={"capacity_rps": effective["rps"]})
+    _write_scenario(out / "scenario.yaml", scenario)
+    weights = {t.name: float(t.weight) for t in variant.tenants}
+    cost = _cost(variant)
+    for policy in ("on", "off"):
+        run_scenario = scenario.model_copy(update={"policy": policy})
+        records = await _through_gateway(run_scenario, out / f"policy-{policy}")
+        result[f"policy_{policy}"] = familymetrics.figures(
+            records,
+            scenario.lanes,
+            weights,
+            cost,
+            effective,
+            duration_s,
+            family.PROMISE_S,
+            slowdown_at_s,
+        )
+    return result
+
+
+async def _capacity(
+    variant: Variant, sizes: Sizes, slowdown: float | None, out: Path
+) -> capacity.Capacity:
+    prompt, output = variant.mean_tokens()
+    ceiling = capacity.ceiling_rps(variant.engine(), prompt, output, slowdown or 1.0)
+    drain_s = variant.timeout_s() + PROBE_DRAIN_MARGIN_S
+    flags = sim_flags(variant.sim())
+    if slowdown is not None:
+        flags += ["--slowdown", f"{slowdown:g}"]
+    label = "slowed" if slowdown else "normal"
+    with _sim(flags, out / f"capacity-{label}") as sim:
+        target = Target(
+            base_url=f"{sim.url}/v1",
+            keys={t.name: "unused" for t in variant.tenants},
+            label="simulator alone",
+            check=sim.check_alive,
+        )
+
+        async def measure(rate: float) -> capacity.Probe:
+            scenario = family.probe(variant, rate, sizes.probe_length_s(rate), drain_s)
+            found = await _drive(scenario, target)
+            return probe_of(rate, found.records, scenario, _cost(variant))
+
+        return await capacity.search(measure, ceiling, sizes.steps)
+
+
+def _cost(variant: Variant) -> familymetrics.Cost:
+    settings = variant.engine()
+
+    def cost(record: Record) -> float:
+        prompt, output = record.asked_prompt_tokens, record.asked_output_tokens
+        return capacity.request_cost_s(settings, prompt, output)
+
+    return cost
+
+
+def probe_of(
+    rate: float, records: Sequence[Record], scenario: Scenario, cost: familymetrics.Cost
+) -> capacity.Probe:
+    lanes = scenario.lanes
+    in_slo = sum(summary.meets(r, lanes[r.lane]) for r in records)
+    ok = [r for r in records if r.ok]
+    return capacity.Probe(
+        rate_rps=rate,
+        requests=len(records),
+        in_slo=in_slo / len(records) if records else 0.0,
+        cost_s=sum(map(cost, records)) / len(records) if records else math.nan,
+        service_s=sum(r.e2e_s for r in ok) / len(ok) if ok else math.nan,
+    )
+
+
+@contextmanager
+def _sim(flags: Sequence[str], logs: Path) -> Iterator[Child]:
+    logs.mkdir(parents=True, exist_ok=True)
+    with service("sim", ["sim", *flags], "/health", logs) as sim:
+        yield sim
+
+
+async def _through_gateway(scenario: Scenario, out: Path) -> list[Record]:
+    with started(scenario, out) as target:
+        found = await _drive(scenario, target)
+    setup = {
+        "file": str(out.parent / "scenario.yaml"),
+        "target": target.label,
+        "policy": scenario.policy,
+        "quick": False,
+        "rate_scale": 1.0,
+        "gateway_config": target.gateway_config,
+    }
+    doc = runreport.document(scenario, found, setup)
+    runreport.write(out, doc, found.records, scenario.lanes, page.html(doc, runreport.tables(doc)))
+    return found.records
+
+
+async def _drive(scenario: Scenario, target: Target) -> Run:
+    async with make_session(CONNECTIONS) as session:
+        return await Traffic(scenario, target, session).run()
+
+
+def _mean_cost_s(variant: Variant) -> float:
+    """The expected work of one of the variant's requests (work is linear in tokens), not
+    the probe's sample mean: a few long requests more or less in a probe would move it."""
+    return capacity.request_cost_s(variant.engine(), *variant.mean_tokens())
+
+
+def _effective(
+    normal: capacity.Capacity,
+    slowed: capacity.Capacity | None,
+    slowdown_at_s: float | None,
+    duration_s: float,
+    cost_s: float,
+) -> dict[str, float]:
+    """Capacity over the run: with a slowdown, each capacity weighted by its time."""
+    best = normal.best
+    assert best is not None
+    rps = best.rate_rps
+    if slowed is not None and slowdown_at_s is not None:
+        slow = slowed.best
+        before = slowdown_at_s / duration_s
+        rps = before * rps + (1 - before) * (0.0 if slow is None else slow.rate_rps)
+    return {"rps": rps, "work": rps * cost_s}
+
+
+def _capacity_json(found: capacity.Capacity | None) -> dict[str, Any] | None:
+    if found is None:
+        return None
+    return {
+        "rps": found.rate_rps,
+        "ceiling_rps": found.ceiling_rps,
+        "probes": [
+            {
+                "rate_rps": p.rate_rps,
+                "requests": p.requests,
+                "in_slo": p.in_slo,
+                "passed": p.passed,
+                "cost_s": p.cost_s,
+                "service_s": p.service_s,
+            }
+            for p in found.probes
+        ],
+    }
+
+
+def _parameters(variant: Variant) -> dict[str, Any]:
+    return {
+        "overload": variant.overload,
+        "batch": variant.batch,
+        "retry": variant.retry,
+        "caller_ratio": variant.caller_ratio,
+        "slowdown": variant.slowdown,
+        "slowdown_at": variant.slowdown_at,
+        "timeout_s": variant.timeout_s(),
+        "tenants": [
+            {
+                "name": t.name,
+                "weight": t.weight,
+                "arrival": t.arrival,
+                "share": t.share,
+                "prompt_tokens": [t.prompt().low, t.prompt().high],
+                "output_tokens": [t.output().low, t.output().high],
+            }
+            for t in variant.tenants
+        ],
+    }
+
+
+def _write(out: Path, doc: Mapping[str, Any]) -> None:
+    """After every variant, so a run cut short keeps what it measured."""
+    report.write_json(out / "family.json", doc)
+    (out / "family.txt").write_text(text(doc))
+
+
+def _write_scenario(path: Path, scenario: Scenario) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(_scenario_file(scenario))
+
+
+def _scenario_file(scenario: Scenario) -> str:
+    head = (
+        f"# {scenario.description}\n# Generated by `sluicegate bench family`; capacity_rps was "
+        "measured in the same run. Replay alone:\n"
+        "#   sluicegate bench run scenario.yaml --policy on|off\n"
+    )
+    return head + yaml.safe_dump(scenario.model_dump(mode="json"), sort_keys=False)
+
+
+def worst(results: Sequence[Mapping[str, Any]], policy: str) -> dict[str, float]:
+    """The worst of each figure over the variants that ran (NaN-free where measured)."""
+    runs = [r[f"policy_{policy}"] for r in results if f"policy_{policy}" in r]
+
+    def pick(values: list[float], choose: Callable[[list[float]], float]) -> float:
+        found = [v for v in values if not math.isnan(v)]
+        return choose(found) if found else math.nan
+
+    recoveries = [float(r["recovery"]["recovery_s"]) for r in runs if r["recovery"] is not None]
+    return {
+        "goodput_of_capacity": pick([r["goodput_of_capacity"] for r in runs], min),
+        "admitted_ttft_p95_of_promise": pick(
+            [r["admitted_ttft_p95_of_promise"] for r in runs], max
+        ),
+        "refusal_p99_ms": pick([r["refusal_p99_ms"] for r in runs], max),
+        "below_share_queue_wait_p95_ms": pick(
+            [r["at_or_below_share"]["queue_wait_p95_ms_max"] for r in runs], max
+        ),
+        "below_share_refused_fraction": pick(
+            [r["at_or_below_share"]["refused_fraction_max"] for r in runs], max
+        ),
+        "above_share_jain": pick([r["above_share"]["jain_served_of_share"] for r in runs], min),
+        "recovery_s": pick(recoveries, max),
+        "unrecovered": float(
+            sum(not r["recovery"]["recovered"] for r in runs if r["recovery"] is not None)
+        ),
+    }
+
+
+def document(setup: Mapping[str, Any], results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    return report.envelope(
+        "family",
+        setup,
+        DEFINITIONS,
+        [],
+        variants=list(results),
+        worst={policy: worst(results, policy) for policy in ("on", "off")},
+    )
+
+
+DEFINITIONS = {
+    "capacity": capacity.__doc__ or "",
+    "effective capacity": "with a slowdown, the normal and slowed capacities weighted by the "
+    "time the run spent at each",
+    "work": "a request's seconds of a full backend batch (its prefill and its share of the "
+    "full-batch decode steps, from the tokens it asked for): goodput and fair shares are "
+    "counted in work, so a policy cannot score by serving short requests first, and a run "
+    "whose mix of tenants differs from the probe's (closed loops, bursts) still compares",
+    "goodput": "distinct requests (a request and its retries count once) that succeeded with "
+    "their first token inside the 2 s promise from their first send: their work per second "
+    "of the run over the capacity's work per second (goodput %); the same count in "
+    "requests/s over capacity in requests/s is goodput_rps_of_capacity",
+    "admitted TTFT": "the successful attempt's own send to first token, p95",
+    "refusal p99": familymetrics.REFUSAL_SOURCE,
+    "demand": "work asked per second by a tenant's requests, served or not",
+    "fair share": "max-min fair share by weight of the capacity's work per second (the "
+    "capacity's rate x the expected work of the variant's requests) among tenants that "
+    "sent anything",
+    "queue wait": "TTFT (first send, retries included) less the simulator's own prefill step "
+    "(sim_timing in the usage event): waiting in the gateway's queue, the backend's queue "
+    "and between retries alike, so policy on and off compare",
+    "refused fraction": "requests with at least one attempt refused by the gateway",
+    "Jain": "Jain's index of served / fair share among tenants whose demand exceeds their share",
+    "recovery": "from the slowdown to the end of the last 1 s window (by attempt start) whose "
+    "admitted TTFT p95 broke the promise; 0 when none did",
+    "predictor": familymetrics.PREDICTOR["why"],
+}
+
+
+def text(doc: Mapping[str, Any]) -> str:
+    headers = [
+        "variant",
+        "policy",
+        "capacity/s",
+        "goodput %",
+        "TTFT p95 s",
+        "refusal p99 ms",
+        "fair wait p95 ms",
+        "fair refused %",
+        "Jain above",
+        "recovery s",
+    ]
+    rows = []
+    for result in doc["variants"]:
+        if "error" in result:
+            rows.append([result["variant"], "-", result["error"], *["-"] * 7])
+            continue
+        for policy in ("on", "off"):
+            f = result[f"policy_{policy}"]
+            below = f["at_or_below_share"]
+            rec = f["recovery"]
+            rows.append(
+                [
+                    result["variant"],
+                    policy,
+                    _num(result["capacity"]["effective"]["rps"], 2),
+                    _num(100 * f["goodput_of_capacity"], 1),
+                    _num(f["admitted_ttft_p95_s"], 2),
+                    _num(f["refusal_p99_ms"], 1),
+                    _num(below["queue_wait_p95_ms_max"], 0),
+                    _num(100 * below["refused_fraction_max"], 1),
+                    _num(f["above_share"]["jain_served_of_share"], 3),
+                    "-" if rec is None else _recovery(rec),
+                ]
+            )
+    for policy, w in doc["worst"].items():
+        rows.append(
+            [
+                "WORST",
+                policy,
+                "",
+                _num(100 * w["goodput_of_capacity"], 1),
+                _num(w["admitted_ttft_p95_of_promise"] * family.PROMISE_S, 2),
+                _num(w["refusal_p99_ms"], 1),
+                _num(w["below_share_queue_wait_p95_ms"], 0),
+                _num(100 * w["below_share_refused_fraction"], 1),
+                _num(w["above_share_jain"], 3),
+                _num(w["recovery_s"], 0),
+            ]
+        )
+    described = "\n".join(f"  {r['variant']}: {r['description']}" for r in doc["variants"])
+    notes = "\n".join(f"  {k}: {v}" for k, v in doc["definitions"].items())
+    table = report.table(headers, rows, left=2)
+    return f"Traffic family\n{described}\n\n{table}\n\nDefinitions:\n{notes}\n"
+
+
+def _recovery(found: Mapping[str, Any]) -> str:
+    value = _num(found["recovery_s"], 0)
+    return value if found["recovered"] else f">{value}"
+
+
+def _num(value: float | None, digits: int) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}"

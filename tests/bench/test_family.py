@@ -1,0 +1,137 @@
+"""The traffic family's generator: seeded, covering every range, never narrowing the lanes."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sluicegate.bench import family
+from sluicegate.bench.arrivals import Burst, Closed, Poisson
+from sluicegate.bench.scenario import load
+
+SEEDS = range(400)
+
+
+@pytest.fixture(scope="module")
+def variants() -> list[family.Variant]:
+    return [family.generate(seed, index) for seed in SEEDS for index in range(2)]
+
+
+def test_a_seed_and_an_index_always_give_the_same_variant() -> None:
+    assert family.generate(7, 3) == family.generate(7, 3)
+    assert family.generate(7, 3) != family.generate(7, 4)
+    assert family.generate(7, 3) != family.generate(8, 3)
+
+
+def test_variants_stay_inside_every_range_and_reach_both_ends(
+    variants: list[family.Variant],
+) -> None:
+    overloads = [v.overload for v in variants]
+    assert 1.5 <= min(overloads) < 1.6
+    assert 3.9 < max(overloads) <= 4.0
+    counts = {len(v.tenants) for v in variants}
+    assert counts == set(range(2, 11))
+    ratios = [v.caller_ratio for v in variants]
+    assert min(ratios) >= 1.0 - 1e-9
+    assert max(ratios) <= 10.0 + 1e-9
+    assert min(ratios) < 1.2
+    assert max(ratios) > 9.5
+    batches = [v.batch for v in variants]
+    assert min(batches) == 8
+    assert max(batches) == 64
+    slowdowns = [v.slowdown for v in variants if v.slowdown is not None]
+    assert 0.3 < len(slowdowns) / len(variants) < 0.7
+    assert 1.5 <= min(slowdowns) < 1.6
+    assert 2.9 < max(slowdowns) <= 3.0
+    tenants = [t for v in variants for t in v.tenants]
+    assert {t.arrival for t in tenants} == {"poisson", "burst", "closed"}
+    assert {v.retry for v in variants} == {"none", "immediate", "backoff"}
+    prompts = [t.prompt() for t in tenants]
+    outputs = [t.output() for t in tenants]
+    assert min(p.low for p in prompts) == 64
+    assert max(p.high for p in prompts) == 4000
+    assert min(o.low for o in outputs) == 16
+    assert max(o.high for o in outputs) == 1000
+
+
+def test_shares_sum_to_one_with_the_stated_caller_ratio(variants: list[family.Variant]) -> None:
+    for variant in variants:
+        assert math.isclose(sum(t.share for t in variant.tenants), 1.0)
+        assert 1.0 <= variant.caller_ratio <= 10.0 + 1e-9
+
+
+def test_every_variant_runs_the_readme_lanes_unchanged(variants: list[family.Variant]) -> None:
+    lanes = {yaml.safe_dump(family.gateway_config(v)["scheduling"]) for v in variants}
+    assert len(lanes) == 1
+    scheduling = family.gateway_config(variants[0])["scheduling"]
+    assert scheduling["fairness"] == "vtc"
+    interactive, batch = scheduling["lanes"]
+    assert (interactive["ttft_slo_s"], interactive["max_queue_age_s"]) == (2, 10)
+    assert batch["priority"] < interactive["priority"]
+    for variant in variants[:50]:
+        config = family.gateway_config(variant)
+        assert config["pools"] == [{"name": "sim", "max_concurrency": variant.batch}]
+        (deployment,) = config["models"][0]["deployments"]
+        assert deployment["metrics"]["max_num_seqs"] == variant.batch
+
+
+def test_the_scenario_offers_overload_times_capacity_and_slows_down_on_time() -> None:
+    variant = next(
+        v
+        for v in (family.generate(seed, 0) for seed in SEEDS)
+        if v.slowdown and {t.arrival for t in v.tenants} == {"poisson", "burst", "closed"}
+    )
+    capacity, service_s, duration_s = 10.0, 2.0, 30.0
+    scenario = family.scenario(variant, capacity, service_s, duration_s, 20.0)
+    offered = 0.0
+    for tenant, flow in zip(variant.tenants, scenario.flows, strict=True):
+        rate = variant.overload * capacity * tenant.share
+        arrival = flow.arrival
+        if isinstance(arrival, Poisson):
+            offered += arrival.rate
+            assert math.isclose(arrival.rate, rate)
+        elif isinstance(arrival, Burst):
+            every = arrival.at_s[1] - arrival.at_s[0]
+            assert arrival.count == max(1, round(rate * every))
+            offered += arrival.count / every
+        else:
+            assert isinstance(arrival, Closed)
+            assert arrival.clients == max(1, round(rate * (tenant.think_s + service_s)))
+        assert flow.timeout_s >= family.TIMEOUT_S
+    assert offered > 0
+    (event,) = scenario.events
+    assert event.at_s == pytest.approx(variant.slowdown_at * duration_s)
+    assert event.faults == {"slowdown": variant.slowdown}
+
+
+def test_a_variant_prints_as_a_scenario_file_that_loads_alone(tmp_path: Path) -> None:
+    variant = family.generate(3, 1)
+    scenario = family.scenario(variant, 5.0, 1.0, 30.0, 20.0)
+    path = tmp_path / "variant.yaml"
+    path.write_text(yaml.safe_dump(scenario.model_dump(mode="json"), sort_keys=False))
+    assert load(path) == scenario
+
+
+def test_the_probe_keeps_each_tenants_shape_at_its_share_of_the_rate() -> None:
+    variant = family.generate(5, 0)
+    probe = family.probe(variant, 12.0, 10.0, 5.0)
+    rates = [flow.arrival.rate for flow in probe.flows if isinstance(flow.arrival, Poisson)]
+    assert len(rates) == len(variant.tenants)
+    assert sum(rates) == pytest.approx(12.0)
+    assert [f.prompt_tokens for f in probe.flows] == [t.prompt() for t in variant.tenants]
+    assert probe.events == []
+
+
+def test_long_answers_get_a_timeout_long_enough_to_finish() -> None:
+    long = [
+        v
+        for v in (family.generate(seed, 0) for seed in SEEDS)
+        if v.batch == 64 and max(t.output().high for t in v.tenants) == 1000
+    ]
+    assert long
+    for variant in long:
+        # A full batch of 64 steps about 46 ms: 1,000 tokens take 46 s, far past 15 s.
+        assert variant.timeout_s() > 1000 * 0.046 * (variant.slowdown or 1.0)

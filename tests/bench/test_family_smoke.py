@@ -1,0 +1,83 @@
+"""`sluicegate bench family --quick`: one small variant end to end, every figure computed.
+
+The variant is the first of the family whose requests are short, so the smoke stays
+short; the figures are whatever the run measured, checked for presence and range only.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sluicegate.bench import family
+from sluicegate.bench.scenario import load
+from tests.bench.conftest import is_number, run_bench
+
+
+def small_seed() -> int:
+    """The first seed whose variant 0 has few tenants, short answers, a wide batch."""
+    for seed in range(1000):
+        variant = family.generate(seed, 0)
+        small = (
+            variant.slowdown is None
+            and len(variant.tenants) <= 3
+            and max(t.output().high for t in variant.tenants) <= 150
+            and variant.batch >= 16
+            and {t.arrival for t in variant.tenants} != {"burst"}
+        )
+        if small:
+            return seed
+    raise AssertionError("no small variant in the family")
+
+
+def fraction(value: object) -> bool:
+    return is_number(value) and 0.0 <= value <= 1.0  # type: ignore[operator]
+
+
+def test_quick_family_finds_capacity_and_reports_every_figure(tmp_path: Path) -> None:
+    seed = small_seed()
+    done = run_bench(
+        "family", "--variants", "1", "--seed", str(seed), "--quick", "--out", str(tmp_path)
+    )
+    assert "WORST" in done.stdout
+    doc = json.loads((tmp_path / "family.json").read_text())
+    (result,) = doc["variants"]
+    variant = family.generate(seed, 0)
+    assert result["variant"] == variant.name
+    found = result["capacity"]["normal"]
+    assert is_number(found["rps"])
+    assert 0 < found["rps"] <= found["ceiling_rps"]
+    assert any(probe["passed"] for probe in found["probes"])
+    assert result["capacity"]["effective"]["rps"] == found["rps"]
+    for policy in ("on", "off"):
+        figures = result[f"policy_{policy}"]
+        assert figures["requests"] > 0
+        assert figures["admitted"] > 0
+        assert is_number(figures["goodput_of_capacity"])
+        assert figures["goodput_of_capacity"] > 0
+        assert is_number(figures["goodput_rps_of_capacity"])
+        assert 0 < figures["admitted_ttft_p95_s"] < variant.timeout_s()
+        refusal = figures["refusal_p99_ms"]
+        assert (refusal is None) == (figures["refusals_at_once"] == 0)
+        tenants = figures["tenants"]
+        assert set(tenants) == {t.name for t in variant.tenants}
+        capacity_work = result["capacity"]["effective"]["work"]
+        assert sum(t["fair_share"] for t in tenants.values()) <= capacity_work * (1 + 1e-9)
+        for tenant in tenants.values():
+            assert tenant["demand"] > 0
+            assert tenant["served"] >= 0
+            assert fraction(tenant["refused_fraction"])
+            assert fraction(tenant["failed_fraction"])
+            assert tenant["queue_wait_samples"] > 0
+            assert tenant["queue_wait_p95_ms"] >= 0
+        above = figures["above_share"]
+        if above["tenants"] >= 2:
+            assert 1 / above["tenants"] <= above["jain_served_of_share"] <= 1 + 1e-9
+        assert figures["predictor"]["available"] is False
+        assert figures["recovery"] is None
+    worst = doc["worst"]["on"]
+    assert worst["goodput_of_capacity"] == result["policy_on"]["goodput_of_capacity"]
+    assert worst["recovery_s"] is None
+    replay = load(tmp_path / variant.name / "scenario.yaml")
+    assert replay.capacity_rps == found["rps"]
+    assert replay.gateway == family.gateway_config(variant)

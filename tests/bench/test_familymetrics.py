@@ -1,0 +1,178 @@
+"""A variant's figures and its capacity search, on hand-made records and a scripted probe."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from sluicegate.bench import capacity, familymetrics
+from sluicegate.bench.records import Attempt, Record
+from sluicegate.bench.scenario import Slo
+from sluicegate.sim.engine import EngineSettings
+
+LANES = {"interactive": Slo(ttft_s=2.0)}
+
+
+def served(
+    start: float, ttft: float, tenant: str = "a", prefill: float = 0.05, asked: int = 100
+) -> Record:
+    attempt = Attempt(
+        start, start + ttft + 1, 200, first_token_s=start + ttft, backend_prefill_s=prefill
+    )
+    return Record(tenant, "interactive", 0, True, start, (attempt,), asked, 10)
+
+
+def refused_then_served(start: float, tenant: str = "a") -> Record:
+    refusal = Attempt(start, start + 0.002, 503, "overloaded")
+    ok = Attempt(start + 0.5, start + 1.5, 200, first_token_s=start + 0.7, backend_prefill_s=0.05)
+    return Record(tenant, "interactive", 0, True, start, (refusal, ok), 100, 10)
+
+
+def refused(start: float, tenant: str) -> Record:
+    attempt = Attempt(start, start + 0.003, 503, "overloaded")
+    return Record(tenant, "interactive", 0, True, start, (attempt,), 100, 10)
+
+
+def unit_cost(record: Record) -> float:
+    return 1.0
+
+
+def test_max_min_gives_the_small_their_demand_and_splits_the_rest_by_weight() -> None:
+    shares = familymetrics.max_min_shares(
+        {"small": 1.0, "mid": 10.0, "big": 10.0, "idle": 0.0},
+        {"small": 1.0, "mid": 1.0, "big": 2.0, "idle": 5.0},
+        9.0,
+    )
+    assert shares["small"] == 1.0
+    assert shares["mid"] == pytest.approx(8 / 3)
+    assert shares["big"] == pytest.approx(16 / 3)
+    assert shares["idle"] == 0.0
+
+
+def test_max_min_gives_everyone_their_demand_when_it_fits() -> None:
+    demands = {"a": 1.0, "b": 2.0}
+    assert familymetrics.max_min_shares(demands, {"a": 1.0, "b": 1.0}, 10.0) == demands
+
+
+def test_max_min_with_nobody_sated_is_proportional_to_weight() -> None:
+    shares = familymetrics.max_min_shares({"a": 10.0, "b": 10.0}, {"a": 1.0, "b": 3.0}, 8.0)
+    assert shares == {"a": 2.0, "b": 6.0}
+
+
+def test_a_request_and_its_retry_count_once_in_goodput() -> None:
+    records = [refused_then_served(0.0), served(1.0, 0.5)]
+    found = familymetrics.figures(
+        records, LANES, {"a": 1.0}, unit_cost, {"rps": 1.0, "work": 1.0}, 10.0, 2.0, None
+    )
+    assert found["goodput_rps"] == pytest.approx(0.2)
+    assert found["goodput_of_capacity"] == pytest.approx(0.2)
+    assert found["admitted"] == 2
+    assert found["refusals_at_once"] == 1
+    assert found["refusal_p99_ms"] == pytest.approx(2.0)
+
+
+def test_goodput_leaves_out_a_late_first_token_and_weighs_work() -> None:
+    records = [served(0.0, 2.5, asked=100), served(1.0, 0.5, asked=300)]
+
+    def by_tokens(record: Record) -> float:
+        return record.asked_prompt_tokens / 100
+
+    found = familymetrics.figures(
+        records, LANES, {"a": 1.0}, by_tokens, {"rps": 1.0, "work": 3.0}, 1.0, 2.0, None
+    )
+    assert found["goodput_rps"] == 1.0
+    assert found["goodput_of_capacity"] == 1.0
+    assert found["goodput_rps_of_capacity"] == 1.0
+    assert found["admitted_ttft_p95_s"] > 2.0
+
+
+def test_queue_wait_is_ttft_less_the_backends_prefill() -> None:
+    assert served(0.0, 0.8, prefill=0.3).queue_wait_s == pytest.approx(0.5)
+    plain = Record("a", "interactive", 0, True, 0.0, (Attempt(0.0, 1.0, 200, first_token_s=0.5),))
+    assert plain.queue_wait_s is None
+
+
+def test_tenants_below_their_share_get_wait_and_refusals_the_others_jain() -> None:
+    small = [served(float(i), 0.3, "small", prefill=0.1) for i in range(4)]
+    big = [served(float(i), 1.9, "big") for i in range(8)] + [refused(0.5, "big")] * 8
+    heavy = [served(float(i), 1.9, "heavy") for i in range(2)] + [refused(0.5, "heavy")] * 14
+    weights = {"small": 1.0, "big": 1.0, "heavy": 1.0}
+    found = familymetrics.figures(
+        small + big + heavy, LANES, weights, unit_cost, {"rps": 9, "work": 13.0}, 1.0, 2.0, None
+    )
+    tenants = found["tenants"]
+    assert not tenants["small"]["above_share"]
+    assert tenants["small"]["fair_share"] == 4.0
+    assert tenants["big"]["above_share"]
+    assert tenants["heavy"]["above_share"]
+    assert tenants["big"]["fair_share"] == pytest.approx(4.5)
+    assert tenants["big"]["refused_fraction"] == 0.5
+    below = found["at_or_below_share"]
+    assert below["tenants"] == 1
+    assert below["queue_wait_p95_ms_max"] == pytest.approx(200.0)
+    assert below["refused_fraction_max"] == 0.0
+    # Served / share: big 8 / 4.5, heavy 2 / 4.5.
+    x, y = 8 / 4.5, 2 / 4.5
+    assert found["above_share"]["jain_served_of_share"] == pytest.approx(
+        (x + y) ** 2 / (2 * (x * x + y * y))
+    )
+    assert found["predictor"]["available"] is False
+
+
+def test_recovery_ends_with_the_last_window_that_broke_the_promise() -> None:
+    records = [served(10.2, 1.0), served(11.5, 3.0), served(12.4, 2.5), served(13.3, 0.4)]
+    found = familymetrics.recovery(records, 2.0, 10.0, 20.0)
+    assert found["recovery_s"] == 3.0
+    assert found["recovered"] is True
+    assert found["windows_breached"] == 2
+
+
+def test_recovery_is_zero_when_no_window_broke_and_unrecovered_at_the_end() -> None:
+    assert familymetrics.recovery([served(10.5, 1.0)], 2.0, 10.0, 20.0)["recovery_s"] == 0.0
+    late = familymetrics.recovery([served(19.5, 3.0)], 2.0, 10.0, 20.0)
+    assert late["recovered"] is False
+    assert late["recovery_s"] == 10.0
+
+
+def probe_at(limit: float) -> capacity.Measure:
+    async def measure(rate: float) -> capacity.Probe:
+        in_slo = 1.0 if rate <= limit else 0.5
+        return capacity.Probe(rate, 100, in_slo, 0.1, 1.0)
+
+    return measure
+
+
+async def test_the_search_finds_the_highest_passing_rate_within_its_resolution() -> None:
+    found = await capacity.search(probe_at(37.0), 100.0, 6)
+    assert len(found.probes) == 6
+    resolution = (capacity.BRACKET * capacity.ABOVE) ** (1 / 64)
+    assert 37.0 / resolution <= found.rate_rps <= 37.0
+    assert all(p.passed == (p.rate_rps <= 37.0) for p in found.probes)
+
+
+async def test_the_search_reaches_above_the_ceiling_where_short_probes_still_pass() -> None:
+    found = await capacity.search(probe_at(1000.0), 100.0, 5)
+    assert 100.0 < found.rate_rps < 100.0 * capacity.ABOVE
+
+
+async def test_below_the_bracket_the_search_halves_a_bounded_number_of_times() -> None:
+    found = await capacity.search(probe_at(7.0), 100.0, 3)
+    assert found.rate_rps == pytest.approx(100 / 8 / 2)
+    nothing = await capacity.search(probe_at(0.1), 100.0, 3)
+    assert math.isnan(nothing.rate_rps)
+    assert len(nothing.probes) == 3 + capacity.EXTRA_STEPS
+
+
+def test_a_probe_passes_only_with_99_percent_inside_the_slo() -> None:
+    assert capacity.Probe(1.0, 100, 0.99, 0.1, 1.0).passed
+    assert not capacity.Probe(1.0, 100, 0.98, 0.1, 1.0).passed
+    assert not capacity.Probe(1.0, 0, 1.0, 0.1, 1.0).passed
+
+
+def test_the_ceiling_is_a_full_batch_busy_all_the_time() -> None:
+    settings = EngineSettings(max_num_seqs=10)
+    cost = capacity.request_cost_s(settings, 1000, 100)
+    # Prefill 1,000 x 50 us; 100 steps of 8 + 10 x 0.6 ms, shared by 10 sequences.
+    assert cost == pytest.approx(0.05 + 100 * 0.014 / 10)
+    assert capacity.ceiling_rps(settings, 1000, 100, 2.0) == pytest.approx(1 / (2 * cost))
