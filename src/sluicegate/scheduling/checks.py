@@ -136,8 +136,11 @@ class GateCheck:
         target.gate.withdraw()
 
     def released(self, target: Target, lane: Lane, attempt: Attempt) -> None:
+        """Only a streamed attempt's first byte is the backend's latency: a non-streamed
+        answer's comes with its whole body, whose time grows with the output asked for,
+        so long answers would shrink an adaptive limit for everyone."""
         outcome = attempt.outcome
-        evidence = outcome is Outcome.OK or outcome is Outcome.FAILED
+        evidence = attempt.call.stream and (outcome is Outcome.OK or outcome is Outcome.FAILED)
         target.gate.done(attempt.first_byte_after_s if evidence else None)
 
     def view(self) -> dict[str, Any]:

@@ -37,7 +37,7 @@ def target(clock: FakeClock) -> Target:
     return Target(DEPLOYMENT, (pool,), gate, Breaker(BreakerPolicy(), clock))
 
 
-def ended(outcome: Outcome) -> Attempt:
+def ended(outcome: Outcome, stream: bool = True) -> Attempt:
     call = Call(
         Endpoint.CHAT,
         Tenant("a", None),
@@ -45,7 +45,7 @@ def ended(outcome: Outcome) -> Attempt:
         RoutePolicy(),
         HALF,
         {},
-        False,
+        stream,
         0.0,
         10.0,
         1,
@@ -109,6 +109,10 @@ def test_only_evidence_teaches_the_adaptive_gate():
             check.dispatched(t, HALF)
             check.released(t, HALF, ended(outcome))
     assert t.gate.limit == 4
+    for _ in range(4):
+        check.dispatched(t, HALF)
+        check.released(t, HALF, ended(Outcome.OK, stream=False))
+    assert t.gate.limit == 4, "a non-streamed answer's first byte is its whole body"
     for _ in range(4):
         check.dispatched(t, HALF)
         check.released(t, HALF, ended(Outcome.FAILED))
