@@ -141,13 +141,14 @@ class Pipeline:
         route = self._routes[endpoint]
         prompt = self._prompt(inbound, payload)
         output = output_tokens(endpoint, payload, route.max_output_tokens)
-        demand = Demand(prompt, output * choices(payload), bool(payload.get("tools")))
+        answers = choices(payload)
+        demand = Demand(prompt, output * answers, bool(payload.get("tools")))
         chosen = classify(self._scheduling, inbound.lane, tenant, route, demand)
         if self._overload.state >= OverloadState.DEGRADED:
             model = self._degrade(chosen, endpoint, model, payload)
             prompt = self._prompt(inbound, payload)
             output = output_tokens(endpoint, payload, route.max_output_tokens)
-        output = _cap_output(chosen, payload, output) * choices(payload)
+        output = _cap_output(chosen, payload, output) * answers
         timeout_s = route.default_timeout_s if inbound.timeout_s is None else inbound.timeout_s
         return Call(
             endpoint,

@@ -30,7 +30,12 @@ def chars_over_four(text: str) -> int:
 
 
 def prompt_tokens(endpoint: Endpoint, payload: dict[str, Any], count: Tokenizer) -> int:
-    return sum(_leaf_tokens(payload.get(field), count) for field in _PROMPT_FIELDS[endpoint])
+    total = 0
+    for field in _PROMPT_FIELDS[endpoint]:
+        value = payload.get(field)
+        if value is not None:
+            total += _leaf_tokens(value, count)
+    return total
 
 
 def output_tokens(endpoint: Endpoint, payload: dict[str, Any], route_cap: int) -> int:

@@ -129,11 +129,18 @@ class GuardedHttp(HttpToolsProtocol):
         self.scope["extensions"] = {ABORT: self._abort}
 
     def on_url(self, url: bytes) -> None:
-        self._count(len(url), 0)
+        self._header_bytes += len(url)
+        if self._header_bytes > self.limits.max_header_bytes:
+            self._too_large()
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count(len(name) + len(value), 1)
+        """Counted inline: this runs for every header of every request."""
+        self._header_bytes += len(name) + len(value)
+        self._header_count += 1
+        limits = self.limits
+        if self._header_count > limits.max_headers or self._header_bytes > limits.max_header_bytes:
+            self._too_large()
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
@@ -147,16 +154,12 @@ class GuardedHttp(HttpToolsProtocol):
         else:
             self._refuse(self._refusal, "the request headers are too large")
 
-    def _count(self, size: int, headers: int) -> None:
-        self._header_bytes += size
-        self._header_count += headers
+    def _too_large(self) -> None:
         limits = self.limits
+        self._refusal = b"431 Request Header Fields Too Large"
         if self._header_count > limits.max_headers:
-            self._refusal = b"431 Request Header Fields Too Large"
             raise _Refused(f"more than {limits.max_headers} headers")
-        if self._header_bytes > limits.max_header_bytes:
-            self._refusal = b"431 Request Header Fields Too Large"
-            raise _Refused(f"headers over {limits.max_header_bytes} bytes")
+        raise _Refused(f"headers over {limits.max_header_bytes} bytes")
 
     def _arm(self) -> None:
         if self._header_timer is None:
