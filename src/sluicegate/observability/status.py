@@ -51,9 +51,12 @@ def snapshot(
     }
 
 
-TAKES_MAX = frozenset({"oldest_age_s", "pressure", "dispatch_interval_s"})
-"""Status fields merged across workers by their largest value; numbers are otherwise
-summed (queued, in flight, dispatched, expired, answered)."""
+TAKES_MAX = frozenset(
+    {"oldest_age_s", "pressure", "service_gap_s", "wait_correction", "after_dispatch_s"}
+)
+"""Status fields merged across workers by their largest value (ages, the worst pressure,
+the slowest service and the worst correction a worker learnt); numbers are otherwise
+summed (queued, in flight, dispatched, expired, shed, answered)."""
 
 
 def whole_server(own: int, count: int, documents: Mapping[int, dict[str, Any]]) -> dict[str, Any]:

@@ -65,7 +65,7 @@ def test_shared_settings_take_the_largest_value_and_start_times_the_earliest():
 
 def test_the_status_document_names_the_worker_and_merges_the_server():
     def doc(queued: int, age_s: float, circuit: str) -> dict:
-        lane = {"queued": queued, "oldest_age_s": age_s}
+        lane = {"queued": queued, "oldest_age_s": age_s, "wait_correction": age_s, "shed": 1}
         return {
             "models": {"m": {"lanes": {"l": lane}, "deployments": {"d": {"circuit": circuit}}}},
             "overload": {"state": "normal"},
@@ -76,7 +76,8 @@ def test_the_status_document_names_the_worker_and_merges_the_server():
     assert status["worker"] == 1
     assert status["workers"] == {"count": 3, "answered": [0, 1], "missing": [2]}
     server = status["server"]
-    assert server["models"]["m"]["lanes"]["l"] == {"queued": 5, "oldest_age_s": 1.5}
+    lane = {"queued": 5, "oldest_age_s": 1.5, "wait_correction": 1.5, "shed": 2}
+    assert server["models"]["m"]["lanes"]["l"] == lane
     assert server["models"]["m"]["deployments"]["d"]["circuit"] == ["closed", "open"]
     assert server["overload"]["state"] == "normal"
     assert server["answered"] == 50
