@@ -151,9 +151,11 @@ async def test_the_search_finds_the_highest_passing_rate_within_its_resolution()
     assert all(p.passed == (p.rate_rps <= 37.0) for p in found.probes)
 
 
-async def test_the_search_reaches_above_the_ceiling_where_short_probes_still_pass() -> None:
+async def test_short_probes_passing_above_the_ceiling_leave_the_capacity_at_the_ceiling() -> None:
     found = await capacity.search(probe_at(1000.0), 100.0, 5)
-    assert 100.0 < found.rate_rps < 100.0 * capacity.ABOVE
+    assert found.best is not None
+    assert 100.0 < found.best.rate_rps < 100.0 * capacity.ABOVE
+    assert found.rate_rps == 100.0
 
 
 async def test_below_the_bracket_the_search_halves_a_bounded_number_of_times() -> None:

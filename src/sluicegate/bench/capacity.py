@@ -4,7 +4,8 @@ A bisection in log space over [ceiling / 8, 1.5 x ceiling], where the ceiling is
 from the simulator's timing (the rate at which a full batch would be busy all the time,
 which no steady state can beat; the top lies above it because a short probe can pass
 there before a queue builds). Each step is one short probe against the simulator alone,
-and a rate passes when at least 99 % of its requests succeeded inside the SLO. `steps`
+and a rate passes when at least 99 % of its requests succeeded inside the SLO; the
+capacity is the best passing rate, but never above the ceiling. `steps`
 probes narrow the bracket to a factor 12^(1/2^steps) (5 steps: within 8 %), so the cost
 is `steps` x probe length (plus the probes' drains), bounded whatever the variant.
 """
@@ -52,9 +53,12 @@ class Capacity:
 
     @property
     def rate_rps(self) -> float:
-        """NaN when no probe passed: the variant has no capacity to compare with."""
+        """The best passing rate, held to the ceiling: a short probe can pass above it
+        before a queue builds, but no steady state can (the family's second baseline
+        run found 1.39x the ceiling). NaN when no probe passed: the variant has no
+        capacity to compare with."""
         best = self.best
-        return math.nan if best is None else best.rate_rps
+        return math.nan if best is None else min(best.rate_rps, self.ceiling_rps)
 
 
 Measure = Callable[[float], Awaitable[Probe]]

@@ -136,7 +136,7 @@ async def _variant(variant: Variant, sizes: Sizes, out: Path) -> dict[str, Any]:
     effective = _effective(normal, slowed, slowdown_at_s, duration_s, _mean_cost_s(variant))
     result["capacity"]["effective"] = effective
     scenario = family.scenario(
-        variant, best.rate_rps, best.service_s, duration_s, variant.timeout_s() + 5
+        variant, normal.rate_rps, best.service_s, duration_s, variant.timeout_s() + 5
     )
     scenario = scenario.model_copy(update={"capacity_rps": effective["rps"]})
     _write_scenario(out / "scenario.yaml", scenario)
@@ -251,13 +251,12 @@ def _effective(
     cost_s: float,
 ) -> dict[str, float]:
     """Capacity over the run: with a slowdown, each capacity weighted by its time."""
-    best = normal.best
-    assert best is not None
-    rps = best.rate_rps
+    rps = normal.rate_rps
+    assert not math.isnan(rps)
     if slowed is not None and slowdown_at_s is not None:
-        slow = slowed.best
+        slow = 0.0 if slowed.best is None else slowed.rate_rps
         before = slowdown_at_s / duration_s
-        rps = before * rps + (1 - before) * (0.0 if slow is None else slow.rate_rps)
+        rps = before * rps + (1 - before) * slow
     return {"rps": rps, "work": rps * cost_s}
 
 
