@@ -334,7 +334,8 @@ async def test_replicas_together_keep_the_backend_queue_within_the_lanes_bound(h
 async def test_tenants_split_over_two_replicas_share_one_pool_fairly(fleet, http, scope):
     """A's callers reach replica 1 only, B's and C's replica 2 only, all backlogged on one
     pool: with fleet fairness each gets about a third of the tokens; with local fairness
-    A, alone on its replica, gets about half (shown, not asserted)."""
+    A, alone on its replica, gets more than either of the others (0.38-0.53 measured:
+    how much more depends on how the two replicas' dispatchers race for freed slots)."""
     one, two = fleet.start(
         2,
         pool={"max_concurrency": 4},
@@ -359,7 +360,7 @@ async def test_tenants_split_over_two_replicas_share_one_pool_fairly(fleet, http
     if scope == "fleet":
         assert all(0.27 <= share <= 0.40 for share in shares.values()), shares
     else:
-        assert shares["a"] > 0.40, shares
+        assert shares["a"] > max(shares["b"], shares["c"]), shares
 
 
 @pytest.fixture
