@@ -117,7 +117,7 @@ def test_tenants_below_their_share_get_wait_and_refusals_the_others_jain() -> No
     assert found["above_share"]["jain_served_of_share"] == pytest.approx(
         (x + y) ** 2 / (2 * (x * x + y * y))
     )
-    assert found["predictor"]["available"] is False
+    assert found["predictor"] is None
 
 
 def test_recovery_ends_with_the_last_window_that_broke_the_promise() -> None:
@@ -178,3 +178,12 @@ def test_the_ceiling_is_a_full_batch_busy_all_the_time() -> None:
     # Prefill 1,000 x 50 us; 100 steps of 8 + 10 x 0.6 ms, shared by 10 sequences.
     assert cost == pytest.approx(0.05 + 100 * 0.014 / 10)
     assert capacity.ceiling_rps(settings, 1000, 100, 2.0) == pytest.approx(1 / (2 * cost))
+
+
+def test_quantiles_of_a_histogram_are_interpolated_within_their_bucket() -> None:
+    buckets = [(0.1, 50.0), (0.5, 90.0), (1.0, 100.0), (math.inf, 100.0)]
+    found = familymetrics.histogram_quantiles(buckets, (50, 95, 10))
+    assert found == {"p50": pytest.approx(0.1), "p95": pytest.approx(0.75), "p10": 0.02}
+    assert math.isnan(familymetrics.histogram_quantiles([(1.0, 0.0)], (50,))["p50"])
+    beyond = familymetrics.histogram_quantiles([(1.0, 1.0), (math.inf, 4.0)], (95,))
+    assert beyond["p95"] == math.inf, "past the last bound: no bound to interpolate to"

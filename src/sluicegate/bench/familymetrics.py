@@ -1,8 +1,8 @@
 """A family variant's figures, from one run's records: pure functions, like `summary`.
 
 Each figure is the issue's definition, computed from what the client saw, except where
-the gateway exposes its own measure (it does not time refusals nor publish per-request
-predictions, so refusal time is the client's and the predictor's error is unavailable).
+the gateway exposes its own measure: the predictor's error is read from the gateway's
+histogram of it; refusals the gateway does not time, so their time is the client's.
 """
 
 from __future__ import annotations
@@ -20,17 +20,50 @@ Cost = Callable[[Record], float]
 """A request's work: seconds of a full backend batch (`capacity.request_cost_s`)."""
 
 WINDOW_S = 1.0
-PREDICTOR = {
-    "available": False,
-    "why": "the gateway publishes no per-request prediction: its expected-wait estimate "
-    "only decides 503 overloaded refusals, and neither it nor the wait it predicted for "
-    "a dispatched request is exposed in a header or a metric",
-}
+PREDICTOR_ERROR = "sluicegate_queue_wait_prediction_error_seconds"
+PREDICTOR_SOURCE = (
+    "gateway: |real - predicted| queue wait of each request dispatched from a queue, from "
+    f"its histogram {PREDICTOR_ERROR} read after the run; quantiles interpolated linearly "
+    "within the histogram's buckets"
+)
 REFUSAL_SOURCE = (
     "client: send to end of an attempt the gateway refused at once (its own refusal codes "
     "but expired and deadline_exceeded), as the client saw it over loopback; the gateway "
     "exposes refusal counts (sluicegate_refusals) but no refusal duration"
 )
+
+
+def histogram_quantiles(
+    buckets: Sequence[tuple[float, float]], quantiles: Sequence[float]
+) -> dict[str, float]:
+    """Quantiles (in %) of a cumulative histogram given as (upper bound, count) pairs,
+    interpolated linearly within a bucket, as Prometheus' histogram_quantile does; NaN
+    when it counted nothing."""
+    ordered = sorted(buckets)
+    total = ordered[-1][1] if ordered else 0.0
+    found: dict[str, float] = {}
+    for q in quantiles:
+        rank, lower, below, value = total * q / 100, 0.0, 0.0, math.nan
+        for upper, count in ordered:
+            if total > 0 and count >= rank:
+                value = upper if math.isinf(upper) else lower
+                if not math.isinf(upper) and count > below:
+                    value = lower + (upper - lower) * (rank - below) / (count - below)
+                break
+            lower, below = upper, count
+        found[f"p{q:g}"] = value
+    return found
+
+
+def predictor_error(buckets: Sequence[tuple[float, float]]) -> dict[str, object]:
+    """The predictor's error over the run, from its histogram's buckets."""
+    quantiles = histogram_quantiles(buckets, (50, 95))
+    return {
+        "samples": max((count for _, count in buckets), default=0.0),
+        "p50_s": quantiles["p50"],
+        "p95_s": quantiles["p95"],
+        "source": PREDICTOR_SOURCE,
+    }
 
 
 def max_min_shares(
@@ -135,8 +168,10 @@ def figures(
     duration_s: float,
     promise_s: float,
     slowdown_at_s: float | None,
+    predictor: Mapping[str, object] | None = None,
 ) -> dict[str, object]:
-    """The variant's figures for one run; `capacity` has `rps` and `work` (per second)."""
+    """The variant's figures for one run; `capacity` has `rps` and `work` (per second);
+    `predictor` is `predictor_error`'s, None for a run whose gateway predicts nothing."""
     goodput = goodput_rps(records, lanes, duration_s)
     good_work = sum(cost(r) for r in records if meets(r, lanes[r.lane])) / duration_s
     ttfts = [t for r in records if (t := admitted_ttft_s(r)) is not None]
@@ -172,7 +207,7 @@ def figures(
             "tenants": len(above),
             "jain_served_of_share": jain(above) if len(above) >= 2 else math.nan,
         },
-        "predictor": PREDICTOR,
+        "predictor": predictor,
         "recovery": None
         if slowdown_at_s is None
         else recovery(records, promise_s, slowdown_at_s, duration_s),

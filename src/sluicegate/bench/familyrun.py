@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import math
 import sys
+from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from sluicegate.bench import capacity, family, familymetrics, page, report, runreport, summary
 from sluicegate.bench.args import loop_factory, positive
@@ -144,7 +146,7 @@ async def _variant(variant: Variant, sizes: Sizes, out: Path) -> dict[str, Any]:
     cost = _cost(variant)
     for policy in ("on", "off"):
         run_scenario = scenario.model_copy(update={"policy": policy})
-        records = await _through_gateway(run_scenario, out / f"policy-{policy}")
+        records, predictor = await _through_gateway(run_scenario, out / f"policy-{policy}")
         result[f"policy_{policy}"] = familymetrics.figures(
             records,
             scenario.lanes,
@@ -154,6 +156,7 @@ async def _variant(variant: Variant, sizes: Sizes, out: Path) -> dict[str, Any]:
             duration_s,
             family.PROMISE_S,
             slowdown_at_s,
+            predictor if policy == "on" else None,
         )
     return result
 
@@ -216,9 +219,11 @@ def _sim(flags: Sequence[str], logs: Path) -> Iterator[Child]:
         yield sim
 
 
-async def _through_gateway(scenario: Scenario, out: Path) -> list[Record]:
+async def _through_gateway(scenario: Scenario, out: Path) -> tuple[list[Record], dict[str, object]]:
+    """The run's records, and the predictor's error as the gateway measured it."""
     with started(scenario, out) as target:
         found = await _drive(scenario, target)
+        buckets = await _prediction_error_buckets(target.metrics["gateway"])
     setup = {
         "file": str(out.parent / "scenario.yaml"),
         "target": target.label,
@@ -229,7 +234,21 @@ async def _through_gateway(scenario: Scenario, out: Path) -> list[Record]:
     }
     doc = runreport.document(scenario, found, setup)
     runreport.write(out, doc, found.records, scenario.lanes, page.html(doc, runreport.tables(doc)))
-    return found.records
+    return found.records, familymetrics.predictor_error(buckets)
+
+
+async def _prediction_error_buckets(url: str) -> list[tuple[float, float]]:
+    """The gateway's histogram of the predictor's error, summed over its lanes."""
+    async with make_session(1) as session, session.get(url) as response:
+        response.raise_for_status()
+        text = await response.text()
+    counts: dict[float, float] = defaultdict(float)
+    for metric in text_string_to_metric_families(text):
+        if metric.name == familymetrics.PREDICTOR_ERROR:
+            for sample in metric.samples:
+                if sample.name.endswith("_bucket"):
+                    counts[float(sample.labels["le"])] += sample.value
+    return sorted(counts.items())
 
 
 async def _drive(scenario: Scenario, target: Target) -> Run:
@@ -346,6 +365,9 @@ def worst(results: Sequence[Mapping[str, Any]], policy: str) -> dict[str, float]
         ),
         "above_share_jain": pick([r["above_share"]["jain_served_of_share"] for r in runs], min),
         "recovery_s": pick(recoveries, max),
+        "predictor_error_p95_s": pick(
+            [r["predictor"]["p95_s"] for r in runs if r["predictor"] is not None], max
+        ),
         "unrecovered": float(
             sum(not r["recovery"]["recovered"] for r in runs if r["recovery"] is not None)
         ),
@@ -388,7 +410,7 @@ DEFINITIONS = {
     "Jain": "Jain's index of served / fair share among tenants whose demand exceeds their share",
     "recovery": "from the slowdown to the end of the last 1 s window (by attempt start) whose "
     "admitted TTFT p95 broke the promise; 0 when none did",
-    "predictor": familymetrics.PREDICTOR["why"],
+    "predictor error": familymetrics.PREDICTOR_SOURCE,
 }
 
 
@@ -404,11 +426,12 @@ def text(doc: Mapping[str, Any]) -> str:
         "fair refused %",
         "Jain above",
         "recovery s",
+        "pred. err p50/p95 s",
     ]
     rows = []
     for result in doc["variants"]:
         if "error" in result:
-            rows.append([result["variant"], "-", result["error"], *["-"] * 7])
+            rows.append([result["variant"], "-", result["error"], *["-"] * 8])
             continue
         for policy in ("on", "off"):
             f = result[f"policy_{policy}"]
@@ -426,6 +449,7 @@ def text(doc: Mapping[str, Any]) -> str:
                     _num(100 * below["refused_fraction_max"], 1),
                     _num(f["above_share"]["jain_served_of_share"], 3),
                     "-" if rec is None else _recovery(rec),
+                    _predictor(f["predictor"]),
                 ]
             )
     for policy, w in doc["worst"].items():
@@ -441,6 +465,7 @@ def text(doc: Mapping[str, Any]) -> str:
                 _num(100 * w["below_share_refused_fraction"], 1),
                 _num(w["above_share_jain"], 3),
                 _num(w["recovery_s"], 0),
+                "" if policy == "off" else f"-/{_num(w['predictor_error_p95_s'], 2)}",
             ]
         )
     described = "\n".join(f"  {r['variant']}: {r['description']}" for r in doc["variants"])
@@ -452,6 +477,12 @@ def text(doc: Mapping[str, Any]) -> str:
 def _recovery(found: Mapping[str, Any]) -> str:
     value = _num(found["recovery_s"], 0)
     return value if found["recovered"] else f">{value}"
+
+
+def _predictor(found: Mapping[str, Any] | None) -> str:
+    if found is None:
+        return "-"
+    return f"{_num(found['p50_s'], 2)}/{_num(found['p95_s'], 2)}"
 
 
 def _num(value: float | None, digits: int) -> str:

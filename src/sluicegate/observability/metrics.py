@@ -266,16 +266,6 @@ class CapacityCollector(Collector):
             "Learnt ratio of real to predicted queue waits (1: the predictor is right).",
             labels=labels,
         )
-        predicted = CounterMetricFamily(
-            "sluicegate_queue_wait_predicted",
-            "Queued requests whose real wait was compared with the wait predicted for them.",
-            labels=labels,
-        )
-        error = CounterMetricFamily(
-            "sluicegate_queue_wait_prediction_error_seconds",
-            "Sum of |real - predicted| queue waits of those requests.",
-            labels=labels,
-        )
         service = GaugeMetricFamily(
             "sluicegate_tenant_service",
             "Each tenant's weighted service counter in the fair scheduler (tokens).",
@@ -304,11 +294,9 @@ class CapacityCollector(Collector):
                 expired.add_metric(key, lane.expired)
                 shed.add_metric(key, lane.shed)
                 correction.add_metric(key, lane.wait_correction)
-                predicted.add_metric(key, lane.predicted)
-                error.add_metric(key, lane.prediction_error_s_total)
                 for tenant, counter in lane.service.items():
                     service.add_metric([*key, tenant], counter)
-        yield from (depth, oldest, dispatched, expired, shed, correction, predicted, error)
+        yield from (depth, oldest, dispatched, expired, shed, correction)
         yield from (service, yield_rate, yield_cuts)
 
     def _gate_families(self) -> Iterator[Metric]:
@@ -444,6 +432,15 @@ class GatewayMetrics:
             "histogram",
             ("model", "lane"),
             buckets((0.0, *LATENCY_BUCKETS_S)),
+            r,
+        )
+        self._prediction_error = PlainFamily(
+            "sluicegate_queue_wait_prediction_error_seconds",
+            "How far each queued request's real wait was from the wait predicted when it "
+            "was admitted (|real - predicted|), before later predictions were corrected.",
+            "histogram",
+            ("model", "lane"),
+            latency,
             r,
         )
         self._attempts = PlainFamily(
@@ -592,8 +589,10 @@ class GatewayMetrics:
     ) -> None:
         self.registry.register(CapacityCollector(pools, dispatchers, gates))
 
-    def queue_waited(self, model: str, lane: str, wait_s: float) -> None:
+    def queue_waited(self, model: str, lane: str, wait_s: float, predicted_s: float | None) -> None:
         self._queue_wait.labels(model, lane).observe(wait_s)
+        if predicted_s is not None:
+            self._prediction_error.labels(model, lane).observe(abs(wait_s - predicted_s))
 
     def job_backlog(self, lane: str, size: int, oldest_age_s: float) -> None:
         self._job_backlog.labels(lane).set(size)

@@ -34,8 +34,13 @@ from sluicegate.scheduling.attempt import Attempt, Target
 from sluicegate.scheduling.checks import DispatchCheck, NotNow, default_checks
 from sluicegate.scheduling.fairness import FairnessPolicy
 from sluicegate.scheduling.promise import Shedder, WaitPredictor
-from sluicegate.scheduling.queues import LaneQueue, Waiter
+from sluicegate.scheduling.queues import LaneQueue, Place, Waiter
 from sluicegate.scheduling.yielding import Yielding
+
+CODEL_TARGET = 0.5
+"""CoDel's target as a fraction of the queue budget. A request that waits the whole
+budget expires (`_age_limit_s`); a queue whose requests keep waiting past half of it
+for an interval is running late and sheds before they do."""
 
 
 @dataclass(slots=True)
@@ -63,9 +68,6 @@ class LaneView:
     shed: int
     wait_correction: float
     """Real over predicted queue waits, as learnt: 1 when the predictor is right."""
-    predicted: int
-    """Queued requests whose real wait was compared with their prediction."""
-    prediction_error_s_total: float
     after_dispatch_s: float
     """Smoothed time from dispatch to the first token of the lane's streamed requests."""
 
@@ -102,7 +104,7 @@ class Dispatcher:
         targets: Sequence[Target],
         fairness: Callable[[Lane], FairnessPolicy],
         clock: Clock,
-        on_wait: Callable[[str, str, float], None] | None = None,
+        on_wait: Callable[[str, str, float, float | None], None] | None = None,
         paused: Callable[[Lane], bool] = lambda lane: False,
         chain: bool = False,
         checks: Sequence[DispatchCheck] | None = None,
@@ -121,8 +123,14 @@ class Dispatcher:
         }
         self.stats = {lane.name: LaneStats() for lane in self.lanes}
         self.predictor = WaitPredictor()
-        self._shedders = {lane.name: Shedder() for lane in self.lanes}
+        self._shedders: dict[str, dict[str, Shedder]] = {lane.name: {} for lane in self.lanes}
+        """CoDel per lane and tenant, as FQ-CoDel keeps one per flow: a tenant served
+        behind the others' shares sheds its own late requests, while theirs, on time,
+        cannot hide its queue's sojourn."""
         self.targets = list(targets)
+        self._batch = sum(target.full for target in self.targets)
+        """Requests the deployments take at once: before any service gap is measured, a
+        promised lane queues at most one such batch."""
         self.checks = tuple(default_checks() if checks is None else checks)
         self._plans: dict[tuple[str, str], tuple[DispatchCheck, ...]] = {}
         self._chain = chain
@@ -161,8 +169,6 @@ class Dispatcher:
                     queue.fairness.service(),
                     stats.shed,
                     forecast.correction,
-                    forecast.predicted,
-                    forecast.error_s_total,
                     forecast.after_dispatch_s,
                 )
             )
@@ -214,7 +220,7 @@ class Dispatcher:
         if not ahead and not self._paused(lane):
             refusal = await self._try(attempt)
             if refusal is None:
-                self._dispatched(attempt, 0.0, from_queue=False)
+                self._dispatched(attempt, 0.0, None, None)
                 return
         else:
             refusal = Refusal.LANE_BACKLOGGED.error(
@@ -270,13 +276,14 @@ class Dispatcher:
             self.queues[other.name].size for other in self.lanes if other.priority >= lane.priority
         )
 
-    def _served_before(self, call: Call) -> int:
-        """Queued requests that would go before `call`: all of the lanes above, and in
-        its own lane those the fair order serves first (`LaneQueue.served_before`)."""
+    def _place(self, call: Call) -> Place:
+        """Where `call` would wait: behind all of the lanes above, and in its own lane
+        behind those the fair order serves first (`LaneQueue.place`)."""
         lane = call.lane
         own = self.queues[lane.name]
+        place = own.place(call.tenant.name, bool(call.client_retries))
         above = self._queued_ahead(lane) - own.size
-        return above + own.served_before(call.tenant.name, bool(call.client_retries))
+        return Place(above + place.ahead, place.mine, place.since_s)
 
     def _outlasts(self, refusal: GatewayError, call: Call, enqueued_s: float) -> bool:
         """Every deployment named a time (an open circuit, a rate limit's next slot) and
@@ -286,7 +293,7 @@ class Dispatcher:
         if known is None:
             return False
         leaves_s = min(
-            enqueued_s + call.lane.max_queue_age_s, call.deadline_s - call.route.min_attempt_s
+            enqueued_s + self._age_limit_s(call.lane), call.deadline_s - call.route.min_attempt_s
         )
         return known > leaves_s - self.clock.now()
 
@@ -297,10 +304,18 @@ class Dispatcher:
         No Retry-After: when capacity comes back is not known."""
         lane = call.lane
         predictor = self.predictor
-        wait = predictor.wait_s(lane.name, self._served_before(call), self.clock.now())
-        if wait is None:
-            return None
+        place = self._place(call)
+        wait = predictor.wait_s(
+            lane.name, call.tenant.name, place.ahead, place.mine, self.clock.now(), place.since_s
+        )
         promise = lane.ttft_slo_s
+        if wait is None:
+            if promise is not None and place.ahead >= self._batch:
+                raise Refusal.OVERLOADED.error(
+                    f"the {lane.name} lane has a batch of requests waiting and no measure "
+                    f"of its service yet to promise {promise:g}s on; retry later"
+                )
+            return None
         if promise is not None and predictor.ttft_s(lane.name, wait) > promise:
             raise Refusal.OVERLOADED.error(
                 f"the {lane.name} lane's predicted time to first token "
@@ -314,35 +329,51 @@ class Dispatcher:
             )
         return wait
 
-    def _shed(self, waiter: Waiter, queue: LaneQueue) -> bool:
-        """Shed `waiter`, at its queue's head, when its lane's CoDel says so: its queue
-        has kept requests waiting past what the promise allows for an interval."""
-        lane = waiter.lane
+    def _shed_late(self, queue: LaneQueue) -> None:
+        """Shed each tenant's head whose wait its CoDel finds too long: that tenant's
+        queue has kept requests waiting past what the promise allows for an interval."""
+        lane = queue.lane
         promise = lane.ttft_slo_s
         if promise is None:
-            return False
+            return
         now = self.clock.now()
-        target = self.predictor.budget_s(lane.name, promise)
-        if not self._shedders[lane.name].should_shed(now, now - waiter.enqueued_s, target):
-            return False
-        if queue.remove(waiter) and not waiter.future.done():
-            self.stats[lane.name].shed += 1
-            waiter.future.set_result(
-                Refusal.OVERLOADED.error(
-                    f"the {lane.name} queue is shedding: its requests wait longer than its "
-                    f"{promise:g}s promise allows; retry later"
+        target = self.predictor.budget_s(lane.name, promise) * CODEL_TARGET
+        shedders = self._shedders[lane.name]
+        for waiter in queue.heads():
+            shedder = shedders.get(waiter.flow)
+            if shedder is None:
+                shedder = shedders[waiter.flow] = Shedder()
+            if not shedder.should_shed(now, now - waiter.enqueued_s, target):
+                continue
+            if queue.remove(waiter) and not waiter.future.done():
+                self.stats[lane.name].shed += 1
+                waiter.future.set_result(
+                    Refusal.OVERLOADED.error(
+                        f"the {lane.name} queue is shedding: its requests wait longer than "
+                        f"its {promise:g}s promise allows; retry later"
+                    )
                 )
-            )
-        return True
+
+    def _age_limit_s(self, lane: Lane) -> float:
+        """How long a request of `lane` may wait queued: its `max_queue_age_s`, and in a
+        promised lane no longer than the promise leaves for the queue (`budget_s`): a
+        request that waited that long would be served late, on capacity that could
+        serve one on time."""
+        promise = lane.ttft_slo_s
+        if promise is None:
+            return lane.max_queue_age_s
+        return min(lane.max_queue_age_s, self.predictor.budget_s(lane.name, promise))
 
     async def _wait(self, waiter: Waiter, queue: LaneQueue) -> None:
         """The intentional wait point: bounded by the lane's age limit and the deadline,
         both timed on the dispatcher's clock."""
         call, lane = waiter.call, waiter.lane
-        age_limit = waiter.enqueued_s + lane.max_queue_age_s
+        waited_s = self._age_limit_s(lane)
+        age_limit = waiter.enqueued_s + waited_s
         deadline = call.deadline_s - call.route.min_attempt_s
         timer = self.clock.call_at(
-            min(age_limit, deadline), lambda: self._expire(waiter, queue, deadline <= age_limit)
+            min(age_limit, deadline),
+            lambda: self._expire(waiter, queue, None if deadline <= age_limit else waited_s),
         )
         try:
             refusal = await waiter.future
@@ -356,15 +387,21 @@ class Dispatcher:
         if refusal is not None:
             raise refusal.renewed()
 
-    def _expire(self, waiter: Waiter, queue: LaneQueue, by_deadline: bool) -> None:
-        """Answer a request still queued when its deadline or its lane's age limit came."""
+    def _expire(self, waiter: Waiter, queue: LaneQueue, waited_s: float | None) -> None:
+        """Answer a request still queued when its deadline (`waited_s` None) or its lane's
+        age limit came."""
         if not queue.remove(waiter) or waiter.future.done():
             return
         lane = waiter.lane
         self.stats[lane.name].expired += 1
-        if by_deadline:
+        if waited_s is None:
             error = Refusal.DEADLINE.error(
                 f"the request's deadline passed while it waited in the {lane.name} queue"
+            )
+        elif waited_s < lane.max_queue_age_s:
+            error = Refusal.EXPIRED.error(
+                f"the request waited {waited_s:.2f}s in the {lane.name} queue: served later, "
+                f"it would miss the lane's {lane.ttft_slo_s:g}s promise"
             )
         else:
             error = Refusal.EXPIRED.error(
@@ -380,11 +417,10 @@ class Dispatcher:
                 if self._paused(lane):
                     continue
                 queue = self.queues[lane.name]
+                self._shed_late(queue)
                 waiter = queue.head()
                 if waiter is None:
                     continue
-                if self._shed(waiter, queue):
-                    break
                 attempt = waiter.attempt
                 refusal = await self._try(attempt)
                 if refusal is not None:
@@ -393,13 +429,14 @@ class Dispatcher:
                     if queue.remove(waiter) and not waiter.future.done():
                         waiter.future.set_result(refusal)
                     break
+                since_s = queue.backlogged_since(waiter.flow)
                 if not queue.remove(waiter) or waiter.future.done():
                     await self.release(attempt)
                 else:
                     wait_s = self.clock.now() - waiter.enqueued_s
                     if waiter.predicted_s is not None:
                         self.predictor.waited(lane.name, waiter.predicted_s, wait_s)
-                    self._dispatched(attempt, wait_s, from_queue=True)
+                    self._dispatched(attempt, wait_s, waiter.predicted_s, since_s)
                     waiter.future.set_result(None)
                 break
             else:
@@ -510,8 +547,15 @@ class Dispatcher:
             return self.yielding
         return None
 
-    def _dispatched(self, attempt: Attempt, wait_s: float, from_queue: bool) -> None:
-        """The attempt is the caller's now: charge its tenant and note the dispatch."""
+    def _dispatched(
+        self,
+        attempt: Attempt,
+        wait_s: float,
+        predicted_s: float | None,
+        backlogged_since_s: float | None,
+    ) -> None:
+        """The attempt is the caller's now: charge its tenant and note the dispatch, from
+        its tenant's backlog begun at `backlogged_since_s` (None: it did not queue)."""
         call, lane = attempt.call, attempt.lane
         output = call.reserved_tokens - call.prompt_tokens
         attempt.charged_output = output
@@ -523,7 +567,7 @@ class Dispatcher:
         stats.in_flight += 1
         stats.wait_s_total += wait_s
         if self._on_wait is not None:
-            self._on_wait(self.model, lane.name, wait_s)
+            self._on_wait(self.model, lane.name, wait_s, predicted_s)
         now = attempt.dispatched_s = self.clock.now()
         yielding = self._yielding_for(lane)
         if yielding is not None:
@@ -535,7 +579,9 @@ class Dispatcher:
             earliest = max(self._next_dispatch_s.get(lane.name, now), now)
             self._next_dispatch_s[lane.name] = earliest + 1.0 / rate
         still_queued = any(queue.size for queue in self.queues.values())
-        self.predictor.dispatched(now, from_queue, still_queued)
+        predictor = self.predictor
+        predictor.dispatched(now, backlogged_since_s is not None, still_queued)
+        predictor.flow_dispatched(lane.name, call.tenant.name, now, backlogged_since_s)
 
     def _retry_after(self, delay_s: float | None) -> None:
         """Wake when a rate limit's next slot or a cooldown's end comes."""

@@ -6,8 +6,12 @@ and what each dispatch cost; the queues own the requests themselves.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Protocol
+
+ROUNDING = 1e-9
+"""Slack for float products meant to be whole (2/3 x 3 is not quite 2)."""
 
 
 class FairnessPolicy(Protocol):
@@ -32,8 +36,10 @@ class FairnessPolicy(Protocol):
         corrects an estimate once the real usage is known."""
         ...
 
-    def weight(self, flow: str) -> float:
-        """`flow`'s share of service relative to the others (1 for an equal share)."""
+    def turns_before(self, flow: str, mine: int, other: str, queued: int) -> int:
+        """How many of `other`'s `queued` waiting requests go before the newcomer of
+        `flow` that has `mine` of its own waiting ahead of it, if nothing else arrives:
+        the fair order as `pick` will walk it, for predicting that newcomer's wait."""
         ...
 
     def in_flight(self, flow: str, change: int) -> None:
@@ -65,8 +71,9 @@ class RoundRobin:
             del self._order[flow]
             self._order[flow] = None
 
-    def weight(self, flow: str) -> float:
-        return 1.0
+    def turns_before(self, flow: str, mine: int, other: str, queued: int) -> int:
+        """A round takes one from each flow: `other` sends one per turn of `flow`."""
+        return min(queued, mine + 1)
 
     def in_flight(self, flow: str, change: int) -> None:
         """A round gives each flow one request whatever it has in flight."""
@@ -133,5 +140,13 @@ class VirtualTokenCounter:
         cost = prompt_tokens * self._input_weight + output_tokens * self._output_weight
         self.counters[flow] = self.counters.get(flow, 0.0) + cost / self._weights.get(flow, 1.0)
 
-    def weight(self, flow: str) -> float:
-        return self._weights.get(flow, 1.0)
+    def turns_before(self, flow: str, mine: int, other: str, queued: int) -> int:
+        """The newcomer goes once `flow` holds `mine` more in flight; until then `other`
+        is picked while its in-flight count per weight stays at or below `flow`'s (ties
+        counted against the newcomer: a prediction may err long, not short). Costs are
+        taken as equal, so the counters' order is that of the in-flight counts."""
+        weights, in_flight = self._weights, self._in_flight
+        other_weight = weights.get(other, 1.0)
+        level = (in_flight.get(flow, 0) + mine) / weights.get(flow, 1.0)
+        room = level * other_weight - in_flight.get(other, 0)
+        return 0 if room < 0 else min(queued, math.floor(room + ROUNDING) + 1)

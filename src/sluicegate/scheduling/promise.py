@@ -3,7 +3,10 @@
 A queued request's wait is predicted from its place in the fair order (`LaneQueue.
 served_before`) and the dispatcher's measured service gap: the time between dispatches
 while work was waiting, so idle time never makes a busy backend look slow, and never
-less than the time since the last dispatch, so a stalled backend is seen at once. Each
+less than the time since the last dispatch, so a stalled backend is seen at once. A
+tenant that keeps a backlog is also held to its own pace, the gap between its own
+dispatches within that backlog: above its share it is passed by every newcomer below
+theirs, which its place in the order cannot foresee and its pace shows. Each
 request dispatched from a queue compares its real wait with the prediction it was
 admitted on; the ratio, smoothed in log space and bounded, corrects later predictions,
 so an estimate that is wrong in one direction cannot stay wrong. The time from dispatch
@@ -20,7 +23,7 @@ queued request miss its promise and wait out `max_queue_age_s`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 GAP_SMOOTHING = 0.2
 """Weight of the newest gap between dispatches in the smoothed service gap."""
@@ -36,16 +39,21 @@ MIN_INTERVAL_S = 0.1
 
 
 @dataclass(slots=True)
+class FlowPace:
+    """One tenant's own service gap within its current backlog in a lane."""
+
+    gap_s: float | None = None
+    last_dispatch_s: float = -math.inf
+
+
+@dataclass(slots=True)
 class LaneForecast:
     """One lane's learnt state: how wrong the predictions were, and how long the
     backend takes from dispatch to the first token."""
 
     log_correction: float = 0.0
     after_dispatch_s: float = 0.0
-    predicted: int = 0
-    """Dispatched requests whose real wait was compared with their prediction."""
-    error_s_total: float = 0.0
-    """Sum of |real - predicted| waits (before correction of later ones), for operators."""
+    flows: dict[str, FlowPace] = field(default_factory=dict)
 
     @property
     def correction(self) -> float:
@@ -78,16 +86,51 @@ class WaitPredictor:
         self._last_dispatch_s = now
         self._backlogged = still_queued
 
-    def wait_s(self, lane: str, ahead: int, now: float) -> float | None:
-        """The predicted wait of a request with `ahead` requests served before it; None
-        before any gap was measured (nothing to go on: the lane's limits decide)."""
+    def flow_dispatched(
+        self, lane: str, flow: str, now: float, backlogged_since_s: float | None
+    ) -> None:
+        """A dispatch of `flow`, from a backlog it has kept since `backlogged_since_s`
+        (None: it did not queue): its gap counts only within one backlog."""
+        pace = self.lane(lane).flows.get(flow)
+        if pace is None:
+            pace = self.lane(lane).flows[flow] = FlowPace()
+        last, pace.last_dispatch_s = pace.last_dispatch_s, now
+        if backlogged_since_s is None or backlogged_since_s > last:
+            pace.gap_s = None
+            return
+        gap, smoothed = now - last, pace.gap_s
+        pace.gap_s = gap if smoothed is None else smoothed + GAP_SMOOTHING * (gap - smoothed)
+
+    def wait_s(
+        self,
+        lane: str,
+        flow: str,
+        ahead: int,
+        mine: int,
+        now: float,
+        backlogged_since_s: float | None = None,
+    ) -> float | None:
+        """The predicted wait of a newcomer of `flow` with `ahead` requests served before
+        it, `mine` of them its own flow's, which has been backlogged since
+        `backlogged_since_s` (None: it is not); None before any gap was measured
+        (nothing to go on: the lane's limits decide)."""
         gap = self.gap_s
         if gap is None:
             return None
         last = self._last_dispatch_s
         if self._backlogged and last is not None:
             gap = max(gap, now - last)
-        return (ahead + 1) * gap * self.lane(lane).correction
+        forecast = self.lane(lane)
+        wait = (ahead + 1) * gap
+        pace = forecast.flows.get(flow)
+        if (
+            backlogged_since_s is not None
+            and pace is not None
+            and pace.gap_s is not None
+            and pace.last_dispatch_s >= backlogged_since_s
+        ):
+            wait = max(wait, (mine + 1) * max(pace.gap_s, now - pace.last_dispatch_s))
+        return wait * forecast.correction
 
     def ttft_s(self, lane: str, wait_s: float) -> float:
         """The predicted time to first token of a request that waits `wait_s`."""
@@ -96,8 +139,6 @@ class WaitPredictor:
     def waited(self, lane: str, predicted_s: float, real_s: float) -> None:
         """A queued request was dispatched: learn how far off its prediction was."""
         forecast = self.lane(lane)
-        forecast.predicted += 1
-        forecast.error_s_total += abs(real_s - predicted_s)
         step = math.log(max(real_s, SOONEST_S) / max(predicted_s, SOONEST_S))
         learnt = forecast.log_correction + CORRECTION_SMOOTHING * _bounded(step)
         forecast.log_correction = _bounded(learnt)

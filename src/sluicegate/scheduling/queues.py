@@ -11,8 +11,8 @@ once and never dispatched.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections import deque
+from dataclasses import dataclass
 
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.types import Lane
@@ -44,14 +44,28 @@ class Waiter:
         return self.call.tenant.name
 
 
+@dataclass(frozen=True, slots=True)
+class Place:
+    """A newcomer's place in its lane's queue."""
+
+    ahead: int
+    """Queued requests served before it."""
+    mine: int
+    """Of those, its own tenant's."""
+    since_s: float | None
+    """When its tenant's current backlog began; None when it has nothing queued."""
+
+
 class _Flow:
     """One tenant's waiters: first attempts, then retries, each FIFO."""
 
-    __slots__ = ("fresh", "retried")
+    __slots__ = ("fresh", "retried", "since_s")
 
     def __init__(self) -> None:
         self.fresh: deque[Waiter] = deque()
         self.retried: deque[Waiter] = deque()
+        self.since_s = 0.0
+        """When its current backlog began."""
 
     def __bool__(self) -> bool:
         return bool(self.fresh or self.retried)
@@ -86,6 +100,7 @@ class LaneQueue:
             flow = self._flows[waiter.flow] = _Flow()
         if not flow:
             self.fairness.backlogged(waiter.flow)
+            flow.since_s = waiter.enqueued_s
         flow.part(waiter).append(waiter)
         self.size += 1
         self.fresh += not waiter.call.client_retries
@@ -114,22 +129,31 @@ class LaneQueue:
             self.fairness.idle(waiter.flow)
         return True
 
-    def served_before(self, flow: str, retried: bool) -> int:
-        """How many queued now would be served before a newcomer of `flow`: its own
-        flow's first attempts (and its retries, if it is one), and of every other
-        backlogged flow as many as that flow's weight lets it send while `flow` sends
-        those and the newcomer, at most all it has. Costs are taken as equal, so this is
-        the fair order's count, not its tokens."""
+    def place(self, flow: str, retried: bool) -> Place:
+        """Where a newcomer of `flow` would stand: its own flow's first attempts (and its
+        retries, if it is one) go before it, and of every other backlogged flow as many
+        as the fairness policy's order serves first."""
         own = self._flows.get(flow)
-        mine = 0 if own is None else len(own.fresh) + (len(own.retried) if retried else 0)
-        weight = self.fairness.weight
-        turns = (mine + 1) / weight(flow)
+        if not own:
+            mine, since_s = 0, None
+        else:
+            mine = len(own.fresh) + (len(own.retried) if retried else 0)
+            since_s = own.since_s
+        turns_before = self.fairness.turns_before
         ahead = mine
         for name, other in self._flows.items():
             if name != flow and other:
-                queued = len(other.fresh) + len(other.retried)
-                ahead += min(queued, math.ceil(turns * weight(name)))
-        return ahead
+                ahead += turns_before(flow, mine, name, len(other.fresh) + len(other.retried))
+        return Place(ahead, mine, since_s)
+
+    def backlogged_since(self, flow: str) -> float | None:
+        """When `flow`'s current backlog began; None when it has nothing queued."""
+        own = self._flows.get(flow)
+        return own.since_s if own else None
+
+    def heads(self) -> list[Waiter]:
+        """Every backlogged flow's next waiter."""
+        return [flow.head() for flow in self._flows.values() if flow]
 
     def oldest_enqueued_s(self) -> float | None:
         heads = [flow.oldest_enqueued_s() for flow in self._flows.values() if flow]

@@ -431,17 +431,38 @@ async def test_lower_lanes_hold_while_a_top_lane_stream_awaits_its_first_token(c
         runner.cancel()
 
 
+async def test_before_any_measure_a_promised_lane_queues_one_batch(clock):
+    """Two slots, nothing measured yet: two may queue behind them, the third is refused
+    at once rather than promised on no evidence."""
+    pool = Pool(PoolSpec("p", 2), leases(clock))
+    promised = Lane("promised", queue_size=10, max_queue_age_s=5, ttft_slo_s=1.0)
+    dispatcher = dispatcher_for([promised], pool, clock)
+    grants = [await granted(dispatcher, attempt(clock, lane=promised)) for _ in range(2)]
+    queued = [
+        asyncio.create_task(granted(dispatcher, attempt(clock, lane=promised))) for _ in range(2)
+    ]
+    await settle()
+    assert not any(task.done() for task in queued)
+    with pytest.raises(GatewayError) as info:
+        await granted(dispatcher, attempt(clock, lane=promised))
+    assert (info.value.code, info.value.retry_after_s) == ("overloaded", None)
+    for task in queued:
+        task.cancel()
+    for grant in grants:
+        await dispatcher.release(grant)
+
+
 @pytest.mark.parametrize(("retries", "refused"), [(0, False), (1, True)])
 async def test_announced_retries_do_not_count_against_a_first_attempts_promise(
     clock, retries, refused
 ):
     """Three retries queued at 0.5 s per dispatch: 2 s with its own turn, beyond a 1 s
     promise, for a newcomer that queues behind them (a retry), not for one that goes
-    before them."""
-    pool = Pool(PoolSpec("p", 1), leases(clock))
+    before them. (Three slots held: before any measure a batch of three may queue.)"""
+    pool = Pool(PoolSpec("p", 3), leases(clock))
     lane = Lane("promised", queue_size=10, max_queue_age_s=5, ttft_slo_s=1.0)
     dispatcher = dispatcher_for([lane], pool, clock)
-    grant = await granted(dispatcher, attempt(clock, lane=lane))
+    grants = [await granted(dispatcher, attempt(clock, lane=lane)) for _ in range(3)]
     queued = [
         asyncio.create_task(
             dispatcher.acquire(Attempt(call(clock, lane=lane)._replace(client_retries=1)))
@@ -459,7 +480,8 @@ async def test_announced_retries_do_not_count_against_a_first_attempts_promise(
         assert isinstance(newcomer.exception(), GatewayError)
     for task in [*queued, newcomer]:
         task.cancel()
-    await dispatcher.release(grant)
+    for grant in grants:
+        await dispatcher.release(grant)
 
 
 async def test_a_waiter_cancelled_as_it_is_granted_leaves_every_count_at_zero(clock):

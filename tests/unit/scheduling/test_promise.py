@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 
@@ -11,7 +12,7 @@ from sluicegate.core.errors import GatewayError
 from sluicegate.core.types import Lane, PoolSpec
 from sluicegate.scheduling.fairness import RoundRobin, VirtualTokenCounter
 from sluicegate.scheduling.promise import MAX_CORRECTION, Shedder, WaitPredictor
-from sluicegate.scheduling.queues import LaneQueue, Waiter
+from sluicegate.scheduling.queues import LaneQueue, Place, Waiter
 from tests.support.clock import FakeClock
 from tests.unit.scheduling.test_dispatcher import (
     attempt,
@@ -40,8 +41,8 @@ def test_a_stalled_backend_lengthens_predictions_at_once():
     predictor = WaitPredictor()
     for now in (0.0, 0.5, 1.0):
         predictor.dispatched(now, from_queue=True, still_queued=True)
-    assert predictor.wait_s("l", 3, 1.0) == pytest.approx(4 * 0.5)
-    assert predictor.wait_s("l", 3, 4.0) == pytest.approx(4 * 3.0)
+    assert predictor.wait_s("l", "t", 3, 0, 1.0) == pytest.approx(4 * 0.5)
+    assert predictor.wait_s("l", "t", 3, 0, 4.0) == pytest.approx(4 * 3.0)
 
 
 def test_predictions_that_were_too_short_are_corrected_and_the_correction_is_bounded():
@@ -50,10 +51,10 @@ def test_predictions_that_were_too_short_are_corrected_and_the_correction_is_bou
     for now in (0.0, 1.0):
         predictor.dispatched(now, from_queue=True, still_queued=True)
     for _ in range(200):
-        predictor.waited("l", predictor.wait_s("l", 0, 1.0), real_s=2.0)
+        predictor.waited("l", predictor.wait_s("l", "t", 0, 0, 1.0), real_s=2.0)
     assert predictor.lane("l").correction == pytest.approx(2.0, rel=0.01)
     for _ in range(200):
-        predictor.waited("l", predictor.wait_s("l", 0, 1.0), real_s=1000.0)
+        predictor.waited("l", predictor.wait_s("l", "t", 0, 0, 1.0), real_s=1000.0)
     assert predictor.lane("l").correction == pytest.approx(MAX_CORRECTION)
 
 
@@ -64,11 +65,11 @@ def test_a_correction_follows_the_backend_back_when_it_speeds_up():
     for now in (0.0, 1.0):
         predictor.dispatched(now, from_queue=True, still_queued=True)
     for _ in range(100):
-        predictor.waited("l", predictor.wait_s("l", 0, 1.0), 3.0)
-    assert predictor.wait_s("l", 0, 1.0) == pytest.approx(3.0, rel=0.05)
+        predictor.waited("l", predictor.wait_s("l", "t", 0, 0, 1.0), 3.0)
+    assert predictor.wait_s("l", "t", 0, 0, 1.0) == pytest.approx(3.0, rel=0.05)
     for _ in range(100):
-        predictor.waited("l", predictor.wait_s("l", 0, 1.0), 1.0)
-    assert predictor.wait_s("l", 0, 1.0) == pytest.approx(1.0, rel=0.05)
+        predictor.waited("l", predictor.wait_s("l", "t", 0, 0, 1.0), 1.0)
+    assert predictor.wait_s("l", "t", 0, 0, 1.0) == pytest.approx(1.0, rel=0.05)
 
 
 def test_the_time_after_dispatch_shortens_the_queue_budget():
@@ -109,19 +110,85 @@ async def test_a_newcomers_place_in_the_fair_order_counts_others_only_up_to_its_
     for tenant, count in (("a", 3), ("b", 3)):
         for _ in range(count):
             queue.push(Waiter(attempt(clock, tenant=tenant, lane=PROMISED), clock.now(), None))
-    assert queue.served_before("c", retried=False) == 1 + 2, "a's first, b's first two"
-    assert queue.served_before("a", retried=False) == 3 + 3, "behind its own three"
-    assert queue_of(RoundRobin()).served_before("a", retried=False) == 0
+    assert queue.place("c", retried=False).ahead == 1 + 1, "a's first, b's first"
+    assert queue.place("a", retried=False) == Place(3 + 3, 3, clock.now()), "behind its own"
+    assert queue_of(RoundRobin()).place("a", retried=False).ahead == 0
+
+
+async def test_a_tenant_with_fewer_in_flight_for_its_weight_is_placed_before_the_others(clock):
+    fairness = VirtualTokenCounter()
+    queue = queue_of(fairness)
+    fairness.in_flight("big", 6)
+    for tenant, count in (("big", 2), ("small", 1)):
+        for _ in range(count):
+            queue.push(Waiter(attempt(clock, tenant=tenant, lane=PROMISED), clock.now(), None))
+    assert queue.place("small", retried=False).ahead == 1, "only its own: big holds six"
+    assert queue.place("big", retried=False).ahead == 2 + 1
+
+
+@pytest.mark.parametrize("seed", range(40))
+async def test_a_newcomers_predicted_place_is_where_the_fair_order_serves_it(clock, seed):
+    """Equal costs, nothing finishing: walk the policy's own picks until the newcomer
+    goes; the place predicted is that count, or more by at most one tie per tenant."""
+    rng = random.Random(seed)
+    names = [f"t{i}" for i in range(rng.randint(2, 5))]
+    fairness = VirtualTokenCounter({name: float(rng.choice((1, 2, 4))) for name in names})
+    queue = queue_of(fairness)
+    for name in names:
+        fairness.in_flight(name, rng.randint(0, 6))
+        for _ in range(rng.randint(0, 5)):
+            queue.push(Waiter(attempt(clock, tenant=name, lane=PROMISED), clock.now(), None))
+    newcomer = Waiter(attempt(clock, tenant=names[0], lane=PROMISED), clock.now(), None)
+    predicted = queue.place(names[0], retried=False).ahead
+    queue.push(newcomer)
+    served = 0
+    while (head := queue.head()) is not newcomer:
+        assert head is not None
+        queue.remove(head)
+        fairness.charge(head.flow, 10, 0)
+        fairness.in_flight(head.flow, 1)
+        served += 1
+    assert served <= predicted <= served + len(names) - 1
+
+
+def test_a_tenant_held_back_to_its_own_pace_is_predicted_at_that_pace():
+    """The backend dispatches every 0.1 s, the heavy tenant only every 1 s of them: its
+    newcomer behind two of its own waits three of its gaps, not three of the lane's."""
+    predictor = WaitPredictor()
+    for step in range(31):
+        predictor.dispatched(step * 0.1, from_queue=True, still_queued=True)
+    for now in (0.0, 1.0, 2.0, 3.0):
+        predictor.flow_dispatched("l", "heavy", now, backlogged_since_s=0.0)
+    assert predictor.wait_s("l", "light", 0, 0, 3.0) == pytest.approx(0.1)
+    assert predictor.wait_s("l", "heavy", 2, 2, 3.0, 0.0) == pytest.approx(3 * 1.0)
+    assert predictor.wait_s("l", "heavy", 2, 2, 3.0) == pytest.approx(3 * 0.1), "not queued"
+    assert predictor.wait_s("l", "heavy", 2, 2, 3.0, 3.5) == pytest.approx(3 * 0.1), (
+        "a new backlog has no pace yet"
+    )
+
+
+def test_time_between_two_backlogs_is_no_pace():
+    predictor = WaitPredictor()
+    for now in (0.0, 0.1):
+        predictor.dispatched(now, from_queue=True, still_queued=True)
+    predictor.flow_dispatched("l", "t", 0.0, backlogged_since_s=0.0)
+    predictor.flow_dispatched("l", "t", 0.1, backlogged_since_s=0.0)
+    predictor.flow_dispatched("l", "t", 60.0, backlogged_since_s=59.9)
+    assert predictor.lane("l").flows["t"].gap_s is None
+    predictor.flow_dispatched("l", "t", 60.2, backlogged_since_s=59.9)
+    assert predictor.lane("l").flows["t"].gap_s == pytest.approx(0.2)
 
 
 async def test_the_tenant_above_its_share_is_refused_and_the_one_below_it_queues(clock):
-    """A heavy tenant with 3 queued and a light one with none, 0.4 s per dispatch and a
-    2 s promise: the heavy newcomer waits its own three turns and its fourth (1.6 s)
+    """A heavy tenant with 3 in flight and 3 queued, a light one with none, 0.4 s per
+    dispatch and a 2 s promise: the heavy newcomer waits its own three turns and its fourth (1.6 s)
     plus 0.6 s after dispatch: refused; the light one goes after one of them: queued."""
-    pool = Pool(PoolSpec("p", 1), leases(clock))
+    pool = Pool(PoolSpec("p", 3), leases(clock))
     dispatcher = dispatcher_for([PROMISED], pool, clock)
     dispatcher.predictor.first_token("promised", 0.6)
-    grant = await granted(dispatcher, attempt(clock, tenant="heavy", lane=PROMISED))
+    grants = [
+        await granted(dispatcher, attempt(clock, tenant="heavy", lane=PROMISED)) for _ in range(3)
+    ]
     queued = [
         asyncio.create_task(granted(dispatcher, attempt(clock, tenant="heavy", lane=PROMISED)))
         for _ in range(3)
@@ -141,28 +208,30 @@ async def test_the_tenant_above_its_share_is_refused_and_the_one_below_it_queues
     assert dispatcher.queues["promised"].size == 4
     for task in [*queued, light]:
         task.cancel()
-    await dispatcher.release(grant)
+    for grant in grants:
+        await dispatcher.release(grant)
 
 
 async def test_a_backend_that_stops_makes_its_queue_shed_from_the_head(clock):
-    """Nothing is released: once the head has waited past the budget (the 2 s promise)
-    for an interval (1 s), the next look at the queue sheds it, with no Retry-After."""
-    pool = Pool(PoolSpec("p", 1), leases(clock))
+    """Nothing is released. Once the head has waited past CoDel's target (half the 2 s
+    budget) for an interval (half that), the next look sheds it, with no Retry-After; at
+    the budget the rest expire, never to be served late."""
+    pool = Pool(PoolSpec("p", 3), leases(clock))
     dispatcher = dispatcher_for([PROMISED], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
-        grant = await granted(dispatcher, attempt(clock, lane=PROMISED))
+        grants = [await granted(dispatcher, attempt(clock, lane=PROMISED)) for _ in range(3)]
         waiters = [
             asyncio.create_task(granted(dispatcher, attempt(clock, lane=PROMISED)))
             for _ in range(3)
         ]
         await settle()
-        for step_s in (2.1, 0.9):
+        for step_s in (1.1, 0.4):
             clock.advance(step_s)
             dispatcher.kick()
             await settle()
             assert not any(w.done() for w in waiters)
-        clock.advance(0.2)
+        clock.advance(0.1)
         dispatcher.kick()
         await settle()
         shed = [w for w in waiters if w.done()]
@@ -171,9 +240,52 @@ async def test_a_backend_that_stops_makes_its_queue_shed_from_the_head(clock):
         assert isinstance(error, GatewayError)
         assert (error.code, error.retry_after_s) == ("overloaded", None)
         assert dispatcher.view().lanes[0].shed == 1
-        for waiter in waiters:
+        clock.advance(2.0 - 1.6)
+        await settle()
+        assert all(w.done() for w in waiters)
+        assert {w.exception().code for w in waiters if w not in shed} == {"expired"}
+        for grant in grants:
+            await dispatcher.release(grant)
+    finally:
+        runner.cancel()
+
+
+async def test_a_tenant_passed_by_the_others_sheds_its_own_late_requests(clock):
+    """The heavy tenant holds both slots, so the fair order serves the light one's
+    newcomers first and the heavy queue's head ages. Light heads on time must not hide
+    that: the heavy head is shed once it has waited past CoDel's target for an interval,
+    before it would expire."""
+    pool = Pool(PoolSpec("p", 2), leases(clock))
+    dispatcher = dispatcher_for([PROMISED], pool, clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        grants = [
+            await granted(dispatcher, attempt(clock, tenant="heavy", lane=PROMISED))
+            for _ in range(2)
+        ]
+        heavy = [
+            asyncio.create_task(granted(dispatcher, attempt(clock, tenant="heavy", lane=PROMISED)))
+            for _ in range(2)
+        ]
+        await settle()
+        light = []
+        for step_s in (1.1, 0.6):
+            clock.advance(step_s)
+            light.append(
+                asyncio.create_task(
+                    granted(dispatcher, attempt(clock, tenant="light", lane=PROMISED))
+                )
+            )
+            await settle()
+        assert [w.done() for w in heavy] == [True, False]
+        error = heavy[0].exception()
+        assert isinstance(error, GatewayError)
+        assert error.code == "overloaded"
+        assert not any(w.done() for w in light)
+        for waiter in [*heavy, *light]:
             waiter.cancel()
-        await dispatcher.release(grant)
+        for grant in grants:
+            await dispatcher.release(grant)
     finally:
         runner.cancel()
 
