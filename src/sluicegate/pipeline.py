@@ -367,7 +367,7 @@ class Pipeline:
         model = UNKNOWN_MODEL if call is None else call.model.name
         status = _status(error)
         if isinstance(error, GatewayError) and error.code in REFUSALS:
-            self._metrics.refused(route, error.code, status)
+            self._metrics.refused(route, error.code, status, self._clock.now() - inbound.arrived_s)
         self._metrics.answered(route, model, status)
         if call is None or answer is None or error is not None:
             return

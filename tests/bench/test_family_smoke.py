@@ -76,6 +76,7 @@ def test_quick_family_finds_capacity_and_reports_every_figure(tmp_path: Path) ->
         predictor = figures["predictor"]
         if policy == "off":
             assert predictor is None
+            assert figures["gateway_refusals"] is None
         else:
             assert predictor["samples"] >= 0
             if predictor["samples"]:

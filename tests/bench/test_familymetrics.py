@@ -9,6 +9,7 @@ import pytest
 from sluicegate.bench import capacity, familymetrics
 from sluicegate.bench.records import Attempt, Record
 from sluicegate.bench.scenario import Slo
+from sluicegate.observability.metrics import GatewayMetrics
 from sluicegate.sim.engine import EngineSettings
 
 LANES = {"interactive": Slo(ttft_s=2.0)}
@@ -187,3 +188,19 @@ def test_quantiles_of_a_histogram_are_interpolated_within_their_bucket() -> None
     assert math.isnan(familymetrics.histogram_quantiles([(1.0, 0.0)], (50,))["p50"])
     beyond = familymetrics.histogram_quantiles([(1.0, 1.0), (math.inf, 4.0)], (95,))
     assert beyond["p95"] == math.inf, "past the last bound: no bound to interpolate to"
+
+
+def test_the_gateways_own_figures_are_read_from_its_metrics_page() -> None:
+    metrics = GatewayMetrics()
+    for _ in range(99):
+        metrics.refused("chat", "overloaded", 503, 0.0008)
+    metrics.refused("chat", "queue_full", 503, 0.2)
+    metrics.refused("chat", "expired", 503, 9.0)
+    for real, predicted in ((0.3, 0.2), (0.5, None), (1.0, 1.2)):
+        metrics.queue_waited("m", "interactive", real, predicted)
+    found = familymetrics.gateway_figures(metrics.exposition().decode())
+    assert found["refusals"] == 100, "the expiry waited: not a refusal at once"
+    assert 0.5 <= found["refusal_p99_ms"] <= 1.0
+    predictor = found["predictor"]
+    assert predictor["samples"] == 2, "only requests admitted on a prediction"
+    assert 0.1 <= predictor["p95_s"] <= 0.25

@@ -11,6 +11,8 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from sluicegate.bench.records import Record
 from sluicegate.bench.scenario import Slo
 from sluicegate.bench.stats import jain, percentile
@@ -21,6 +23,12 @@ Cost = Callable[[Record], float]
 
 WINDOW_S = 1.0
 PREDICTOR_ERROR = "sluicegate_queue_wait_prediction_error_seconds"
+GATEWAY_REFUSALS = "sluicegate_refusal_seconds"
+GATEWAY_REFUSAL_SOURCE = (
+    f"gateway: arrival to refusal, from its histogram {GATEWAY_REFUSALS}, every reason but "
+    "expired and deadline_exceeded; requests shed from a queue (overloaded) waited first "
+    "and count too, so this errs long"
+)
 PREDICTOR_SOURCE = (
     "gateway: |real - predicted| queue wait of each request dispatched from a queue, from "
     f"its histogram {PREDICTOR_ERROR} read after the run; quantiles interpolated linearly "
@@ -55,14 +63,37 @@ def histogram_quantiles(
     return found
 
 
-def predictor_error(buckets: Sequence[tuple[float, float]]) -> dict[str, object]:
-    """The predictor's error over the run, from its histogram's buckets."""
-    quantiles = histogram_quantiles(buckets, (50, 95))
+def histogram_buckets(
+    exposition: str, name: str, keep: Callable[[Mapping[str, str]], bool] = lambda _: True
+) -> list[tuple[float, float]]:
+    """(upper bound, count) of the histogram `name` in a /metrics page, summed over the
+    label sets `keep` accepts."""
+    counts: dict[float, float] = defaultdict(float)
+    for metric in text_string_to_metric_families(exposition):
+        if metric.name == name:
+            for sample in metric.samples:
+                if sample.name.endswith("_bucket") and keep(sample.labels):
+                    counts[float(sample.labels["le"])] += sample.value
+    return sorted(counts.items())
+
+
+def gateway_figures(exposition: str) -> dict[str, object]:
+    """What the gateway measured itself: the predictor's error, and how long refusals
+    other than the queue's expiries took."""
+    error = histogram_buckets(exposition, PREDICTOR_ERROR)
+    quantiles = histogram_quantiles(error, (50, 95))
+    refusals = histogram_buckets(
+        exposition, GATEWAY_REFUSALS, lambda labels: labels["reason"] not in WAITED
+    )
     return {
-        "samples": max((count for _, count in buckets), default=0.0),
-        "p50_s": quantiles["p50"],
-        "p95_s": quantiles["p95"],
-        "source": PREDICTOR_SOURCE,
+        "predictor": {
+            "samples": max((count for _, count in error), default=0.0),
+            "p50_s": quantiles["p50"],
+            "p95_s": quantiles["p95"],
+            "source": PREDICTOR_SOURCE,
+        },
+        "refusals": max((count for _, count in refusals), default=0.0),
+        "refusal_p99_ms": 1000 * histogram_quantiles(refusals, (99,))["p99"],
     }
 
 
@@ -168,10 +199,10 @@ def figures(
     duration_s: float,
     promise_s: float,
     slowdown_at_s: float | None,
-    predictor: Mapping[str, object] | None = None,
+    exposition: str | None = None,
 ) -> dict[str, object]:
     """The variant's figures for one run; `capacity` has `rps` and `work` (per second);
-    `predictor` is `predictor_error`'s, None for a run whose gateway predicts nothing."""
+    `exposition` is the gateway's /metrics after the run, None for a pass-through."""
     goodput = goodput_rps(records, lanes, duration_s)
     good_work = sum(cost(r) for r in records if meets(r, lanes[r.lane])) / duration_s
     ttfts = [t for r in records if (t := admitted_ttft_s(r)) is not None]
@@ -185,6 +216,7 @@ def figures(
     below = [f for f in per_tenant.values() if not f["above_share"] and f["requests"]]
     above = [f["served_of_share"] for f in per_tenant.values() if f["above_share"]]
     ttft_p95 = percentile(ttfts, 95)
+    gateway = None if exposition is None else gateway_figures(exposition)
     return {
         "requests": len(records),
         "goodput_rps": goodput,
@@ -207,7 +239,9 @@ def figures(
             "tenants": len(above),
             "jain_served_of_share": jain(above) if len(above) >= 2 else math.nan,
         },
-        "predictor": predictor,
+        "predictor": None if gateway is None else gateway["predictor"],
+        "gateway_refusals": None if gateway is None else gateway["refusals"],
+        "gateway_refusal_p99_ms": math.nan if gateway is None else gateway["refusal_p99_ms"],
         "recovery": None
         if slowdown_at_s is None
         else recovery(records, promise_s, slowdown_at_s, duration_s),

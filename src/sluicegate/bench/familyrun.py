@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import math
 import sys
-from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from sluicegate.bench import capacity, family, familymetrics, page, report, runreport, summary
 from sluicegate.bench.args import loop_factory, positive
@@ -146,7 +144,7 @@ async def _variant(variant: Variant, sizes: Sizes, out: Path) -> dict[str, Any]:
     cost = _cost(variant)
     for policy in ("on", "off"):
         run_scenario = scenario.model_copy(update={"policy": policy})
-        records, predictor = await _through_gateway(run_scenario, out / f"policy-{policy}")
+        records, exposition = await _through_gateway(run_scenario, out / f"policy-{policy}")
         result[f"policy_{policy}"] = familymetrics.figures(
             records,
             scenario.lanes,
@@ -156,7 +154,7 @@ async def _variant(variant: Variant, sizes: Sizes, out: Path) -> dict[str, Any]:
             duration_s,
             family.PROMISE_S,
             slowdown_at_s,
-            predictor if policy == "on" else None,
+            exposition if policy == "on" else None,
         )
     return result
 
@@ -219,11 +217,11 @@ def _sim(flags: Sequence[str], logs: Path) -> Iterator[Child]:
         yield sim
 
 
-async def _through_gateway(scenario: Scenario, out: Path) -> tuple[list[Record], dict[str, object]]:
-    """The run's records, and the predictor's error as the gateway measured it."""
+async def _through_gateway(scenario: Scenario, out: Path) -> tuple[list[Record], str]:
+    """The run's records, and the gateway's /metrics once they all ended."""
     with started(scenario, out) as target:
         found = await _drive(scenario, target)
-        buckets = await _prediction_error_buckets(target.metrics["gateway"])
+        exposition = await _metrics_page(target.metrics["gateway"])
     setup = {
         "file": str(out.parent / "scenario.yaml"),
         "target": target.label,
@@ -234,21 +232,13 @@ async def _through_gateway(scenario: Scenario, out: Path) -> tuple[list[Record],
     }
     doc = runreport.document(scenario, found, setup)
     runreport.write(out, doc, found.records, scenario.lanes, page.html(doc, runreport.tables(doc)))
-    return found.records, familymetrics.predictor_error(buckets)
+    return found.records, exposition
 
 
-async def _prediction_error_buckets(url: str) -> list[tuple[float, float]]:
-    """The gateway's histogram of the predictor's error, summed over its lanes."""
+async def _metrics_page(url: str) -> str:
     async with make_session(1) as session, session.get(url) as response:
         response.raise_for_status()
-        text = await response.text()
-    counts: dict[float, float] = defaultdict(float)
-    for metric in text_string_to_metric_families(text):
-        if metric.name == familymetrics.PREDICTOR_ERROR:
-            for sample in metric.samples:
-                if sample.name.endswith("_bucket"):
-                    counts[float(sample.labels["le"])] += sample.value
-    return sorted(counts.items())
+        return await response.text()
 
 
 async def _drive(scenario: Scenario, target: Target) -> Run:
@@ -357,6 +347,7 @@ def worst(results: Sequence[Mapping[str, Any]], policy: str) -> dict[str, float]
             [r["admitted_ttft_p95_of_promise"] for r in runs], max
         ),
         "refusal_p99_ms": pick([r["refusal_p99_ms"] for r in runs], max),
+        "gateway_refusal_p99_ms": pick([r["gateway_refusal_p99_ms"] for r in runs], max),
         "below_share_queue_wait_p95_ms": pick(
             [r["at_or_below_share"]["queue_wait_p95_ms_max"] for r in runs], max
         ),
@@ -411,6 +402,7 @@ DEFINITIONS = {
     "recovery": "from the slowdown to the end of the last 1 s window (by attempt start) whose "
     "admitted TTFT p95 broke the promise; 0 when none did",
     "predictor error": familymetrics.PREDICTOR_SOURCE,
+    "refusal p99 (gateway)": familymetrics.GATEWAY_REFUSAL_SOURCE,
 }
 
 
@@ -422,6 +414,7 @@ def text(doc: Mapping[str, Any]) -> str:
         "goodput %",
         "TTFT p95 s",
         "refusal p99 ms",
+        "gw refusal p99 ms",
         "fair wait p95 ms",
         "fair refused %",
         "Jain above",
@@ -431,7 +424,7 @@ def text(doc: Mapping[str, Any]) -> str:
     rows = []
     for result in doc["variants"]:
         if "error" in result:
-            rows.append([result["variant"], "-", result["error"], *["-"] * 8])
+            rows.append([result["variant"], "-", result["error"], *["-"] * 9])
             continue
         for policy in ("on", "off"):
             f = result[f"policy_{policy}"]
@@ -445,6 +438,7 @@ def text(doc: Mapping[str, Any]) -> str:
                     _num(100 * f["goodput_of_capacity"], 1),
                     _num(f["admitted_ttft_p95_s"], 2),
                     _num(f["refusal_p99_ms"], 1),
+                    _num(f["gateway_refusal_p99_ms"], 2),
                     _num(below["queue_wait_p95_ms_max"], 0),
                     _num(100 * below["refused_fraction_max"], 1),
                     _num(f["above_share"]["jain_served_of_share"], 3),
@@ -461,6 +455,7 @@ def text(doc: Mapping[str, Any]) -> str:
                 _num(100 * w["goodput_of_capacity"], 1),
                 _num(w["admitted_ttft_p95_of_promise"] * family.PROMISE_S, 2),
                 _num(w["refusal_p99_ms"], 1),
+                _num(w["gateway_refusal_p99_ms"], 2),
                 _num(w["below_share_queue_wait_p95_ms"], 0),
                 _num(100 * w["below_share_refused_fraction"], 1),
                 _num(w["above_share_jain"], 3),

@@ -59,6 +59,9 @@ LATENCY_BUCKETS_S = (
     300.0,
 )
 
+REFUSAL_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 2.5, 10.0)
+"""Fine below 5 ms, where a refusal answered at once should be."""
+
 UNKNOWN_MODEL = "-"
 
 
@@ -480,6 +483,15 @@ class GatewayMetrics:
             CounterChild,
             r,
         )
+        self._refusal_time = PlainFamily(
+            "sluicegate_refusal_seconds",
+            "From a refused request's arrival to its refusal, by reason (expired, "
+            "deadline_exceeded and shed requests waited in a queue first).",
+            "histogram",
+            ("route", "reason"),
+            buckets(REFUSAL_BUCKETS_S),
+            r,
+        )
         self._upstream_errors = Counter(
             "sluicegate_upstream_errors",
             "Failed upstream attempts, by normalised error code.",
@@ -524,7 +536,7 @@ class GatewayMetrics:
         )
         self._routes: dict[tuple[str, str], RouteMetrics] = {}
         self._outcomes: dict[tuple[str, str, int], CounterChild] = {}
-        self._refusals_of: dict[tuple[str, str, int], CounterChild] = {}
+        self._refusals_of: dict[tuple[str, str, int], tuple[CounterChild, HistogramChild]] = {}
         self._siblings: Siblings | None = None
 
     def route(self, route: str, model: str) -> RouteMetrics:
@@ -574,12 +586,17 @@ class GatewayMetrics:
     def watch_store(self, store: FailoverStore) -> None:
         self.registry.register(StoreCollector(store))
 
-    def refused(self, route: str, reason: str, status: int) -> None:
+    def refused(self, route: str, reason: str, status: int, took_s: float) -> None:
         key = (route, reason, status)
-        counter = self._refusals_of.get(key)
-        if counter is None:
-            counter = self._refusals_of[key] = self._refusals.labels(route, reason, str(status))
+        children = self._refusals_of.get(key)
+        if children is None:
+            children = self._refusals_of[key] = (
+                self._refusals.labels(route, reason, str(status)),
+                self._refusal_time.labels(route, reason),
+            )
+        counter, took = children
         counter.inc()
+        took.observe(took_s)
 
     def watch(
         self,
