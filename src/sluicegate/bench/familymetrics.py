@@ -26,8 +26,7 @@ PREDICTOR_ERROR = "sluicegate_queue_wait_prediction_error_seconds"
 GATEWAY_REFUSALS = "sluicegate_refusal_seconds"
 GATEWAY_REFUSAL_SOURCE = (
     f"gateway: arrival to refusal, from its histogram {GATEWAY_REFUSALS}, every reason but "
-    "expired and deadline_exceeded; requests shed from a queue (overloaded) waited first "
-    "and count too, so this errs long"
+    "those given after a wait in a queue (expired, deadline_exceeded, shed)"
 )
 PREDICTOR_SOURCE = (
     "gateway: |real - predicted| queue wait of each request dispatched from a queue, from "
@@ -36,8 +35,8 @@ PREDICTOR_SOURCE = (
 )
 REFUSAL_SOURCE = (
     "client: send to end of an attempt the gateway refused at once (its own refusal codes "
-    "but expired and deadline_exceeded), as the client saw it over loopback; the gateway "
-    "exposes refusal counts (sluicegate_refusals) but no refusal duration"
+    "but those given after a wait in a queue: expired, deadline_exceeded, shed), as the "
+    "client saw it over loopback"
 )
 
 
@@ -227,6 +226,9 @@ def figures(
         "admitted_ttft_p95_s": ttft_p95,
         "admitted_ttft_p95_of_promise": ttft_p95 / promise_s,
         "refusals_at_once": len(at_once),
+        "refusals_after_waiting": sum(
+            a.error in WAITED for r in records for a in r.attempts if a.error is not None
+        ),
         "refusal_p99_ms": 1000 * percentile(at_once, 99),
         "refusal_source": REFUSAL_SOURCE,
         "tenants": per_tenant,

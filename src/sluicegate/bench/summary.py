@@ -18,7 +18,7 @@ from sluicegate.core.refusals import Refusal
 BIN_S = 1.0
 QUANTILES = (50, 95, 99)
 REFUSALS = frozenset(Refusal)
-WAITED = frozenset({Refusal.EXPIRED, Refusal.DEADLINE})
+WAITED = frozenset({Refusal.EXPIRED, Refusal.DEADLINE, Refusal.SHED})
 """Refusals that may come after a wait in a lane's queue: their latency is that wait."""
 DEFINITIONS = {
     "capacity": "the highest Poisson arrival rate that the simulator alone (default timing) "

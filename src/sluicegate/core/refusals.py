@@ -28,6 +28,7 @@ class Refusal(enum.StrEnum):
     EXPIRED = "expired"
     BACKEND_BUSY = "backend_busy"
     OVERLOADED = "overloaded"
+    SHED = "shed"
     CIRCUIT_OPEN = "circuit_open"
     RAMPING = "deployment_ramping_up"
     LANE_SHARE = "lane_share_exhausted"
@@ -70,6 +71,7 @@ _STATUS = {
     Refusal.EXPIRED: 503,
     Refusal.BACKEND_BUSY: 503,
     Refusal.OVERLOADED: 503,
+    Refusal.SHED: 503,
     Refusal.CIRCUIT_OPEN: 503,
     Refusal.RAMPING: 503,
     Refusal.LANE_SHARE: 503,

@@ -348,7 +348,7 @@ class Dispatcher:
             if queue.remove(waiter) and not waiter.future.done():
                 self.stats[lane.name].shed += 1
                 waiter.future.set_result(
-                    Refusal.OVERLOADED.error(
+                    Refusal.SHED.error(
                         f"the {lane.name} queue is shedding: its requests wait longer than "
                         f"its {promise:g}s promise allows; retry later"
                     )

@@ -238,7 +238,7 @@ async def test_a_backend_that_stops_makes_its_queue_shed_from_the_head(clock):
         assert len(shed) == 1
         error = shed[0].exception()
         assert isinstance(error, GatewayError)
-        assert (error.code, error.retry_after_s) == ("overloaded", None)
+        assert (error.code, error.retry_after_s) == ("shed", None)
         assert dispatcher.view().lanes[0].shed == 1
         clock.advance(2.0 - 1.6)
         await settle()
@@ -280,7 +280,7 @@ async def test_a_tenant_passed_by_the_others_sheds_its_own_late_requests(clock):
         assert [w.done() for w in heavy] == [True, False]
         error = heavy[0].exception()
         assert isinstance(error, GatewayError)
-        assert error.code == "overloaded"
+        assert error.code == "shed"
         assert not any(w.done() for w in light)
         for waiter in [*heavy, *light]:
             waiter.cancel()
