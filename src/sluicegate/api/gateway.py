@@ -13,15 +13,16 @@ import orjson
 
 from sluicegate.api.asgi import (
     CLOSE,
+    CONNECTION,
     JSON_HEADERS,
     SSE_HEADERS,
     ClientDisconnected,
+    Connection,
     DisconnectWatcher,
     Receive,
     Router,
     Scope,
     Send,
-    SendGuard,
     error_body,
     error_headers,
     header,
@@ -94,8 +95,8 @@ class Gateway:
     async def _inference(
         self, endpoint: Endpoint, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        guard = SendGuard(scope, send, self._edge.write_timeout_s)
-        exchange = Exchange(guard, self._clock.now())
+        connection: Connection | None = scope.get("extensions", _NO_EXTENSIONS).get(CONNECTION)
+        exchange = Exchange(send, self._clock.now())
         in_flight = self._metrics.in_flight(endpoint.value)
         in_flight.inc()
         try:
@@ -105,7 +106,8 @@ class Gateway:
                 # Refused before the pipeline, which records everything after this.
                 self._metrics.answered(endpoint.value, UNKNOWN_MODEL, err.status)
                 raise
-            guard.bound_by(self._time_left_s(endpoint, inbound))
+            if connection is not None:
+                connection.bound_sends(self._time_left_s(endpoint, inbound))
             await self._serve(inbound, exchange)
         except GatewayError as err:
             await self._fail(exchange, err)
@@ -115,7 +117,8 @@ class Gateway:
             log.exception("unexpected failure on %s", endpoint.path)
             await self._fail(exchange, _internal())
         finally:
-            guard.close()
+            if connection is not None:
+                connection.bound_sends(None)
             in_flight.dec()
 
     def _time_left_s(self, endpoint: Endpoint, inbound: Inbound) -> float:
@@ -248,6 +251,8 @@ def _client_retries(scope: Scope) -> int:
         return 0
     return int(value[:6])
 
+
+_NO_EXTENSIONS: dict[str, Any] = {}
 
 _UNREAD_BODY = frozenset({408, 413, 415})
 """Refusals that leave the request body unread: the connection closes after them, since

@@ -5,9 +5,9 @@ its `limit_concurrency` answers 503 only once a request's headers have arrived, 
 idle or trickling connection holds a file descriptor for ever. `GuardedHttp` adds what is
 missing at the protocol, where the bytes arrive (an ASGI app sees a request only once its
 headers are in): a connection limit, a deadline for the headers, and bounds on their
-count and size. It also hands the app a way to abort its connection
-(`scope["extensions"]["sluicegate.abort"]`): closing a connection whose client stopped
-reading would wait for ever for the unsent bytes to drain.
+count and size. It also bounds how long the connection may wait for a client that stopped
+reading: uvicorn's `send` waits for its write buffer to drain with no bound, and closing
+such a connection would wait for ever too, so it is aborted.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import signal
 import socket
 from types import FrameType
@@ -23,12 +24,13 @@ import orjson
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from sluicegate.api.asgi import ABORT, Handler
+from sluicegate.api.asgi import CONNECTION, Handler
 from sluicegate.core.errors import ErrorType
 from sluicegate.core.types import EdgeLimits
 
 BACKLOG = 2048
 DEFAULT_LIMITS = EdgeLimits()
+NEVER = math.inf
 
 log = logging.getLogger("sluicegate.server")
 
@@ -103,15 +105,31 @@ class _Refused(Exception):
 
 
 class GuardedHttp(HttpToolsProtocol):
+    """uvicorn's protocol with the bounds above, and the `Connection` of asgi.CONNECTION.
+
+    A transport that refuses more bytes (uvicorn's `pause_writing`) for
+    `write_timeout_s`, or past the deadline its request set with `bound_sends`, is
+    aborted: the request sees an ordinary disconnect and ends as the caller's failure
+    (499), which no breaker learns from. Deadlines are kept as times and watched by one
+    timer per connection, armed for the earliest and re-armed when it fires, so a request
+    that meets them all creates no timer of its own.
+    """
+
     limits = DEFAULT_LIMITS
 
     _refusal: bytes | None = None
     _header_timer: asyncio.TimerHandle | None = None
     _header_count = 0
     _header_bytes = 0
+    _timer: asyncio.TimerHandle | None = None
+    _timer_at = NEVER
+    _stalled_at = NEVER
+    _sends_due = NEVER
+    _extensions: dict[str, object]
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._extensions = {CONNECTION: self}
         if len(self.connections) > self.limits.max_connections:
             log.warning("refused a connection: %d are open", len(self.connections) - 1)
             self._refuse(b"503 Service Unavailable", "too many open connections")
@@ -120,13 +138,16 @@ class GuardedHttp(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         super().connection_lost(exc)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._header_count = self._header_bytes = 0
         self._arm()
-        self.scope["extensions"] = {ABORT: self._abort}
+        self.scope["extensions"] = self._extensions
 
     def on_url(self, url: bytes) -> None:
         self._header_bytes += len(url)
@@ -161,6 +182,39 @@ class GuardedHttp(HttpToolsProtocol):
             raise _Refused(f"more than {limits.max_headers} headers")
         raise _Refused(f"headers over {limits.max_header_bytes} bytes")
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._stalled_at = self.loop.time()
+        self._wake_by(self._stall_due())
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._stalled_at = NEVER
+
+    def bound_sends(self, left_s: float | None) -> None:
+        self._sends_due = NEVER if left_s is None else self.loop.time() + left_s
+        self._wake_by(self._stall_due())
+
+    def _stall_due(self) -> float:
+        if self._stalled_at == NEVER:
+            return NEVER
+        return min(self._stalled_at + self.limits.write_timeout_s, self._sends_due)
+
+    def _wake_by(self, at: float) -> None:
+        """Have the timer fire no later than `at`; one that fires earlier re-arms itself."""
+        if at < self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self.loop.call_at(at, self._check)
+            self._timer_at = at
+
+    def _check(self) -> None:
+        self._timer, self._timer_at = None, NEVER
+        if self.loop.time() >= self._stall_due():
+            self.transport.abort()
+            return
+        self._wake_by(self._stall_due())
+
     def _arm(self) -> None:
         if self._header_timer is None:
             self._header_timer = self.loop.call_later(
@@ -187,9 +241,6 @@ class GuardedHttp(HttpToolsProtocol):
         if not self.transport.is_closing():
             self.transport.write(head + length + body)
             self.transport.close()
-
-    def _abort(self) -> None:
-        self.transport.abort()
 
 
 _CODES = {

@@ -1,0 +1,175 @@
+"""`GuardedHttp`'s deadlines on a fake loop: its clock, its timers and its tasks are the
+test's, and a transport records what the protocol did to it."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+import uvicorn
+from uvicorn.server import ServerState
+
+from sluicegate.api.asgi import CONNECTION, Receive, Scope, Send
+from sluicegate.api.server import GuardedHttp, guarded
+from sluicegate.core.types import EdgeLimits
+
+LIMITS = EdgeLimits(header_timeout_s=10, body_timeout_s=30, write_timeout_s=5)
+
+
+class Timer:
+    def __init__(self, when: float, callback: Callable[[], None]) -> None:
+        self.when, self.callback, self.cancelled = when, callback, False
+
+    def __lt__(self, other: Timer) -> bool:
+        return self.when < other.when
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Task:
+    def add_done_callback(self, callback: Callable[[Task], None]) -> None:
+        pass
+
+
+class Loop:
+    """Time moves only by `advance`; tasks run by `run_tasks`, each until it would wait."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.armed: list[Timer] = []
+        self.timers_made = 0
+        self.ready: list[Coroutine[Any, Any, None]] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
+        self.timers_made += 1
+        timer = Timer(when, callback)
+        heapq.heappush(self.armed, timer)
+        return timer
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Timer:
+        return self.call_at(self.now + delay, callback)
+
+    def create_task(self, coro: Coroutine[Any, Any, None], **_: object) -> Task:
+        self.ready.append(coro)
+        return Task()
+
+    def run_tasks(self) -> None:
+        while self.ready:
+            coro = self.ready.pop(0)
+            with pytest.raises(StopIteration):
+                coro.send(None)
+
+    def advance(self, seconds: float) -> None:
+        end = self.now + seconds
+        while self.armed and self.armed[0].when <= end:
+            timer = heapq.heappop(self.armed)
+            if not timer.cancelled:
+                self.now = max(self.now, timer.when)
+                timer.callback()
+        self.now = end
+
+
+class Transport:
+    def __init__(self) -> None:
+        self.written = b""
+        self.closed = self.aborted = False
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def is_closing(self) -> bool:
+        return self.closed or self.aborted
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+EMPTY = [(b"content-length", b"0")]
+
+
+async def answer_at_once(scope: Scope, receive: Receive, send: Send) -> None:
+    """Reads the body and answers; bounds its sends by 60 s as the gateway would."""
+    connection = scope["extensions"][CONNECTION]
+    connection.bound_sends(60)
+    await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": EMPTY})
+    await send({"type": "http.response.body", "body": b""})
+    connection.bound_sends(None)
+
+
+def connect(app: Any = answer_at_once) -> tuple[GuardedHttp, Loop, Transport]:
+    loop, transport = Loop(), Transport()
+    protocol = guarded(LIMITS)(uvicorn.Config(app, lifespan="off"), ServerState(), {}, _loop=loop)
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    return protocol, loop, transport
+
+
+REQUEST = b"POST /v1/x HTTP/1.1\r\nhost: gw\r\ncontent-length: 2\r\n\r\n{}"
+
+
+def test_a_transport_that_stays_paused_for_the_write_timeout_is_aborted():
+    protocol, loop, transport = connect()
+    loop.advance(1)
+    protocol.pause_writing()
+    loop.advance(4.9)
+    assert not transport.aborted
+    loop.advance(0.2)
+    assert transport.aborted
+
+
+def test_writing_that_resumes_in_time_is_not_aborted_and_a_new_pause_counts_afresh():
+    protocol, loop, transport = connect()
+    protocol.pause_writing()
+    loop.advance(4)
+    protocol.resume_writing()
+    loop.advance(3)
+    protocol.pause_writing()
+    loop.advance(4.9)
+    assert not transport.aborted
+    loop.advance(0.2)
+    assert transport.aborted
+
+
+def test_a_pause_past_the_requests_deadline_is_aborted_at_the_deadline():
+    protocol, loop, transport = connect()
+    protocol.bound_sends(2)
+    loop.advance(1)
+    protocol.pause_writing()
+    loop.advance(0.9)
+    assert not transport.aborted
+    loop.advance(0.2)
+    assert transport.aborted
+
+
+def test_a_deadline_set_while_paused_applies_and_lifting_it_leaves_the_write_timeout():
+    protocol, loop, transport = connect()
+    protocol.pause_writing()
+    protocol.bound_sends(1)
+    loop.advance(1.1)
+    assert transport.aborted
+    protocol, loop, transport = connect()
+    protocol.pause_writing()
+    protocol.bound_sends(1)
+    protocol.bound_sends(None)
+    loop.advance(4.9)
+    assert not transport.aborted
+    loop.advance(0.2)
+    assert transport.aborted
