@@ -34,13 +34,19 @@ SSE_HEADERS: Headers = [
 
 CONNECTION = "sluicegate.connection"
 """The scope extension by which the server (`server.GuardedHttp`) lets a request bound
-what its connection may cost: a `Connection`. Without it (another ASGI server) sends are
-unbounded."""
+what its connection may cost: a `Connection`. Without it (another ASGI server) the body's
+arrival and the sends are unbounded in time."""
 
 CLOSE: Headers = [(b"connection", b"close")]
 
 
 class Connection(Protocol):
+    def read_within(self, timeout_s: float) -> None:
+        """The request's body must be in within `timeout_s`: past it, `body_late` turns
+        true and a `receive()` waiting for more returns."""
+
+    def body_late(self) -> bool: ...
+
     def bound_sends(self, left_s: float | None) -> None:
         """No send may wait for the client to read past `left_s` from now (None: only the
         server's write timeout applies), else the connection is aborted."""
@@ -81,11 +87,14 @@ async def send_error(send: Send, err: GatewayError) -> None:
 
 
 async def read_body(
-    receive: Receive, limit: int, into: Callable[[bytes], None] | None = None
+    receive: Receive,
+    limit: int,
+    into: Callable[[bytes], None] | None = None,
+    late: Callable[[], bool] | None = None,
 ) -> bytes:
-    """Read the whole request body, refusing it once it passes `limit` bytes. With
-    `into` (a streaming parser), each part goes there as it arrives, none is kept, and
-    the answer is empty."""
+    """Read the whole request body, refusing it once it passes `limit` bytes, and with
+    TimeoutError once `late` says the rest is overdue. With `into` (a streaming parser),
+    each part goes there as it arrives, none is kept, and the answer is empty."""
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -102,6 +111,8 @@ async def read_body(
             into(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if late is not None and late():
+            raise TimeoutError
 
 
 def shown(path: str) -> str:

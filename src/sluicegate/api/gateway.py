@@ -3,7 +3,6 @@ the rest and records each request's outcome."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -101,7 +100,7 @@ class Gateway:
         in_flight.inc()
         try:
             try:
-                inbound = self._inbound(endpoint, scope, receive, exchange.arrived_s)
+                inbound = self._inbound(endpoint, scope, receive, connection, exchange.arrived_s)
             except GatewayError as err:
                 # Refused before the pipeline, which records everything after this.
                 self._metrics.answered(endpoint.value, UNKNOWN_MODEL, err.status)
@@ -126,17 +125,25 @@ class Gateway:
         return inbound.arrived_s + timeout_s - self._clock.now()
 
     def _inbound(
-        self, endpoint: Endpoint, scope: Scope, receive: Receive, arrived_s: float
+        self,
+        endpoint: Endpoint,
+        scope: Scope,
+        receive: Receive,
+        connection: Connection | None,
+        arrived_s: float,
     ) -> Inbound:
         """What the headers say; the body is read by the pipeline, after the tenant's gate,
-        within `server.body_timeout_s`."""
+        within `server.body_timeout_s` (kept by the server's connection)."""
         limit, timeout_s = self._settings.max_body_bytes, self._edge.body_timeout_s
         _identity_encoding(scope)
 
         async def payload() -> dict[str, Any]:
+            late = None
+            if connection is not None:
+                connection.read_within(timeout_s)
+                late = connection.body_late
             try:
-                async with asyncio.timeout(timeout_s):
-                    body = await read_body(receive, limit)
+                body = await read_body(receive, limit, late=late)
             except TimeoutError:
                 raise _body_late(timeout_s) from None
             return parse(endpoint, body)

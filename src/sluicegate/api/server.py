@@ -107,12 +107,13 @@ class _Refused(Exception):
 class GuardedHttp(HttpToolsProtocol):
     """uvicorn's protocol with the bounds above, and the `Connection` of asgi.CONNECTION.
 
-    A transport that refuses more bytes (uvicorn's `pause_writing`) for
-    `write_timeout_s`, or past the deadline its request set with `bound_sends`, is
-    aborted: the request sees an ordinary disconnect and ends as the caller's failure
-    (499), which no breaker learns from. Deadlines are kept as times and watched by one
-    timer per connection, armed for the earliest and re-armed when it fires, so a request
-    that meets them all creates no timer of its own.
+    A body still incomplete when the time its request gave it in `read_within` is up
+    wakes the request's reader, which answers 408. A transport that refuses more bytes
+    (uvicorn's `pause_writing`) for `write_timeout_s`, or past the deadline its request
+    set with `bound_sends`, is aborted: the request sees an ordinary disconnect and ends
+    as the caller's failure (499), which no breaker learns from. Deadlines are kept as
+    times and watched by one timer per connection, armed for the earliest and re-armed
+    when it fires, so a request that meets them all creates no timer of its own.
     """
 
     limits = DEFAULT_LIMITS
@@ -123,6 +124,8 @@ class GuardedHttp(HttpToolsProtocol):
     _header_bytes = 0
     _timer: asyncio.TimerHandle | None = None
     _timer_at = NEVER
+    _body_due = NEVER
+    _body_late = False
     _stalled_at = NEVER
     _sends_due = NEVER
     _extensions: dict[str, object]
@@ -146,6 +149,7 @@ class GuardedHttp(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._header_count = self._header_bytes = 0
+        self._body_due = NEVER
         self._arm()
         self.scope["extensions"] = self._extensions
 
@@ -191,6 +195,14 @@ class GuardedHttp(HttpToolsProtocol):
         super().resume_writing()
         self._stalled_at = NEVER
 
+    def read_within(self, timeout_s: float) -> None:
+        self._body_late = False
+        self._body_due = due = self.loop.time() + timeout_s
+        self._wake_by(due)
+
+    def body_late(self) -> bool:
+        return self._body_late
+
     def bound_sends(self, left_s: float | None) -> None:
         self._sends_due = NEVER if left_s is None else self.loop.time() + left_s
         self._wake_by(self._stall_due())
@@ -210,10 +222,16 @@ class GuardedHttp(HttpToolsProtocol):
 
     def _check(self) -> None:
         self._timer, self._timer_at = None, NEVER
-        if self.loop.time() >= self._stall_due():
+        now = self.loop.time()
+        if now >= self._stall_due():
             self.transport.abort()
             return
-        self._wake_by(self._stall_due())
+        if now >= self._body_due:
+            self._body_due = NEVER
+            if self.cycle.more_body:
+                self._body_late = True
+                self.cycle.message_event.set()
+        self._wake_by(min(self._body_due, self._stall_due()))
 
     def _arm(self) -> None:
         if self._header_timer is None:

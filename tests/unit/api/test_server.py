@@ -4,7 +4,7 @@ test's, and a transport records what the protocol did to it."""
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import pytest
@@ -58,6 +58,10 @@ class Loop:
     def create_task(self, coro: Coroutine[Any, Any, None], **_: object) -> Task:
         self.ready.append(coro)
         return Task()
+
+    def close(self) -> None:
+        for coro in self.ready:
+            coro.close()
 
     def run_tasks(self) -> None:
         while self.ready:
@@ -115,18 +119,25 @@ async def answer_at_once(scope: Scope, receive: Receive, send: Send) -> None:
     connection.bound_sends(None)
 
 
-def connect(app: Any = answer_at_once) -> tuple[GuardedHttp, Loop, Transport]:
-    loop, transport = Loop(), Transport()
+@pytest.fixture
+def loop() -> Iterator[Loop]:
+    loop = Loop()
+    yield loop
+    loop.close()
+
+
+def connect(loop: Loop, app: Any = answer_at_once) -> tuple[GuardedHttp, Transport]:
+    transport = Transport()
     protocol = guarded(LIMITS)(uvicorn.Config(app, lifespan="off"), ServerState(), {}, _loop=loop)
     protocol.connection_made(transport)  # type: ignore[arg-type]
-    return protocol, loop, transport
+    return protocol, transport
 
 
 REQUEST = b"POST /v1/x HTTP/1.1\r\nhost: gw\r\ncontent-length: 2\r\n\r\n{}"
 
 
-def test_a_transport_that_stays_paused_for_the_write_timeout_is_aborted():
-    protocol, loop, transport = connect()
+def test_a_transport_that_stays_paused_for_the_write_timeout_is_aborted(loop):
+    protocol, transport = connect(loop)
     loop.advance(1)
     protocol.pause_writing()
     loop.advance(4.9)
@@ -135,8 +146,8 @@ def test_a_transport_that_stays_paused_for_the_write_timeout_is_aborted():
     assert transport.aborted
 
 
-def test_writing_that_resumes_in_time_is_not_aborted_and_a_new_pause_counts_afresh():
-    protocol, loop, transport = connect()
+def test_writing_that_resumes_in_time_is_not_aborted_and_a_new_pause_counts_afresh(loop):
+    protocol, transport = connect(loop)
     protocol.pause_writing()
     loop.advance(4)
     protocol.resume_writing()
@@ -148,8 +159,8 @@ def test_writing_that_resumes_in_time_is_not_aborted_and_a_new_pause_counts_afre
     assert transport.aborted
 
 
-def test_a_pause_past_the_requests_deadline_is_aborted_at_the_deadline():
-    protocol, loop, transport = connect()
+def test_a_pause_past_the_requests_deadline_is_aborted_at_the_deadline(loop):
+    protocol, transport = connect(loop)
     protocol.bound_sends(2)
     loop.advance(1)
     protocol.pause_writing()
@@ -159,13 +170,13 @@ def test_a_pause_past_the_requests_deadline_is_aborted_at_the_deadline():
     assert transport.aborted
 
 
-def test_a_deadline_set_while_paused_applies_and_lifting_it_leaves_the_write_timeout():
-    protocol, loop, transport = connect()
+def test_a_deadline_set_while_paused_applies_and_lifting_it_leaves_the_write_timeout(loop):
+    protocol, transport = connect(loop)
     protocol.pause_writing()
     protocol.bound_sends(1)
     loop.advance(1.1)
     assert transport.aborted
-    protocol, loop, transport = connect()
+    protocol, transport = connect(loop)
     protocol.pause_writing()
     protocol.bound_sends(1)
     protocol.bound_sends(None)
@@ -173,3 +184,29 @@ def test_a_deadline_set_while_paused_applies_and_lifting_it_leaves_the_write_tim
     assert not transport.aborted
     loop.advance(0.2)
     assert transport.aborted
+
+
+PARTIAL = b"POST /v1/x HTTP/1.1\r\nhost: gw\r\ncontent-length: 2\r\n\r\n{"
+
+
+def test_a_body_incomplete_at_its_deadline_wakes_its_reader_as_late(loop):
+    protocol, _ = connect(loop)
+    protocol.data_received(PARTIAL)
+    protocol.cycle.message_event.clear()  # the reader took the first byte
+    protocol.read_within(30)
+    loop.advance(29.9)
+    assert not protocol.body_late()
+    assert not protocol.cycle.message_event.is_set()
+    loop.advance(0.2)
+    assert protocol.body_late()
+    assert protocol.cycle.message_event.is_set()
+
+
+def test_a_body_complete_in_time_is_never_late(loop):
+    protocol, _ = connect(loop)
+    protocol.data_received(PARTIAL)
+    protocol.read_within(30)
+    loop.advance(20)
+    protocol.data_received(b"}")
+    loop.advance(60)
+    assert not protocol.body_late()
