@@ -107,23 +107,24 @@ class _Refused(Exception):
 class GuardedHttp(HttpToolsProtocol):
     """uvicorn's protocol with the bounds above, and the `Connection` of asgi.CONNECTION.
 
-    A body still incomplete when the time its request gave it in `read_within` is up
-    wakes the request's reader, which answers 408. A transport that refuses more bytes
-    (uvicorn's `pause_writing`) for `write_timeout_s`, or past the deadline its request
-    set with `bound_sends`, is aborted: the request sees an ordinary disconnect and ends
-    as the caller's failure (499), which no breaker learns from. Deadlines are kept as
-    times and watched by one timer per connection, armed for the earliest and re-armed
-    when it fires, so a request that meets them all creates no timer of its own.
+    Headers late by `header_timeout_s` get a 408. A body still incomplete when the time
+    its request gave it in `read_within` is up wakes the request's reader, which answers
+    408. A transport that refuses more bytes (uvicorn's `pause_writing`) for
+    `write_timeout_s`, or past the deadline its request set with `bound_sends`, is
+    aborted: the request sees an ordinary disconnect and ends as the caller's failure
+    (499), which no breaker learns from. Deadlines are kept as times and watched by one
+    timer per connection, armed for the earliest and re-armed when it fires, so a request
+    that meets them all creates no timer of its own.
     """
 
     limits = DEFAULT_LIMITS
 
     _refusal: bytes | None = None
-    _header_timer: asyncio.TimerHandle | None = None
     _header_count = 0
     _header_bytes = 0
     _timer: asyncio.TimerHandle | None = None
     _timer_at = NEVER
+    _headers_due = NEVER
     _body_due = NEVER
     _body_late = False
     _stalled_at = NEVER
@@ -137,10 +138,9 @@ class GuardedHttp(HttpToolsProtocol):
             log.warning("refused a connection: %d are open", len(self.connections) - 1)
             self._refuse(b"503 Service Unavailable", "too many open connections")
             return
-        self._arm()
+        self._await_headers()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -150,7 +150,7 @@ class GuardedHttp(HttpToolsProtocol):
         super().on_message_begin()
         self._header_count = self._header_bytes = 0
         self._body_due = NEVER
-        self._arm()
+        self._await_headers()
         self.scope["extensions"] = self._extensions
 
     def on_url(self, url: bytes) -> None:
@@ -169,7 +169,7 @@ class GuardedHttp(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
-        self._disarm()
+        self._headers_due = NEVER
         super().on_headers_complete()
 
     def send_400_response(self, msg: str) -> None:
@@ -194,6 +194,13 @@ class GuardedHttp(HttpToolsProtocol):
     def resume_writing(self) -> None:
         super().resume_writing()
         self._stalled_at = NEVER
+
+    def _await_headers(self) -> None:
+        """The next request's headers are due, from its first byte (or, for the first
+        one, from the connection's start)."""
+        if self._headers_due == NEVER:
+            self._headers_due = due = self.loop.time() + self.limits.header_timeout_s
+            self._wake_by(due)
 
     def read_within(self, timeout_s: float) -> None:
         self._body_late = False
@@ -226,27 +233,15 @@ class GuardedHttp(HttpToolsProtocol):
         if now >= self._stall_due():
             self.transport.abort()
             return
+        if now >= self._headers_due:
+            self._headers_due = NEVER
+            self._refuse(b"408 Request Timeout", "the request headers did not arrive in time")
         if now >= self._body_due:
             self._body_due = NEVER
             if self.cycle.more_body:
                 self._body_late = True
                 self.cycle.message_event.set()
-        self._wake_by(min(self._body_due, self._stall_due()))
-
-    def _arm(self) -> None:
-        if self._header_timer is None:
-            self._header_timer = self.loop.call_later(
-                self.limits.header_timeout_s, self._headers_late
-            )
-
-    def _disarm(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
-
-    def _headers_late(self) -> None:
-        self._header_timer = None
-        self._refuse(b"408 Request Timeout", "the request headers did not arrive in time")
+        self._wake_by(min(self._headers_due, self._body_due, self._stall_due()))
 
     def _refuse(self, status: bytes, reason: str) -> None:
         """Answer in OpenAI's error shape and close: no app has seen this request."""

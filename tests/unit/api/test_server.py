@@ -40,15 +40,15 @@ class Loop:
     def __init__(self) -> None:
         self.now = 0.0
         self.armed: list[Timer] = []
-        self.timers_made = 0
+        self.made: list[Timer] = []
         self.ready: list[Coroutine[Any, Any, None]] = []
 
     def time(self) -> float:
         return self.now
 
     def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
-        self.timers_made += 1
         timer = Timer(when, callback)
+        self.made.append(timer)
         heapq.heappush(self.armed, timer)
         return timer
 
@@ -128,7 +128,9 @@ def loop() -> Iterator[Loop]:
 
 def connect(loop: Loop, app: Any = answer_at_once) -> tuple[GuardedHttp, Transport]:
     transport = Transport()
-    protocol = guarded(LIMITS)(uvicorn.Config(app, lifespan="off"), ServerState(), {}, _loop=loop)
+    protocol = guarded(LIMITS)(
+        uvicorn.Config(app, lifespan="off", access_log=False), ServerState(), {}, _loop=loop
+    )
     protocol.connection_made(transport)  # type: ignore[arg-type]
     return protocol, transport
 
@@ -210,3 +212,39 @@ def test_a_body_complete_in_time_is_never_late(loop):
     protocol.data_received(b"}")
     loop.advance(60)
     assert not protocol.body_late()
+
+
+def test_a_connection_that_sends_nothing_gets_a_408_at_the_header_deadline(loop):
+    _, transport = connect(loop)
+    loop.advance(9.9)
+    assert not transport.closed
+    loop.advance(0.2)
+    assert transport.written.startswith(b"HTTP/1.1 408")
+    assert b"header_timeout" in transport.written
+    assert transport.closed
+
+
+def test_a_later_requests_headers_are_due_from_its_first_byte(loop):
+    protocol, transport = connect(loop)
+    protocol.data_received(REQUEST)
+    loop.run_tasks()
+    loop.advance(4)
+    protocol.data_received(REQUEST[:20])
+    loop.advance(9.9)
+    assert not transport.closed
+    loop.advance(0.2)
+    assert transport.written.endswith(b'header_timeout"}}')
+    assert transport.closed
+
+
+def test_requests_that_meet_every_deadline_arm_no_timer_of_their_own(loop):
+    """The connection's one timer is re-armed at most once per header deadline passed."""
+    protocol, transport = connect(loop)
+    for _ in range(1000):
+        protocol.data_received(REQUEST)
+        loop.run_tasks()
+        loop.advance(0.01)
+    assert transport.written.count(b"HTTP/1.1 200") == 1000
+    assert not transport.closed
+    ours = [timer for timer in loop.made if timer.callback != protocol.timeout_keep_alive_handler]
+    assert len(ours) <= 2
