@@ -120,7 +120,6 @@ class GuardedHttp(HttpToolsProtocol):
     limits = DEFAULT_LIMITS
 
     _refusal: bytes | None = None
-    _header_count = 0
     _header_bytes = 0
     _timer: asyncio.TimerHandle | None = None
     _timer_at = NEVER
@@ -148,7 +147,7 @@ class GuardedHttp(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._header_count = self._header_bytes = 0
+        self._header_bytes = 0
         self._body_due = NEVER
         self._await_headers()
         self.scope["extensions"] = self._extensions
@@ -160,13 +159,16 @@ class GuardedHttp(HttpToolsProtocol):
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        """Counted inline: this runs for every header of every request."""
+        """uvicorn's own (the name lowercased, `Expect: 100-continue` noted), counted as it
+        goes: this runs for every header of every request, so it is one call, not two."""
         self._header_bytes += len(name) + len(value)
-        self._header_count += 1
-        limits = self.limits
-        if self._header_count > limits.max_headers or self._header_bytes > limits.max_header_bytes:
+        headers, limits = self.headers, self.limits
+        if len(headers) >= limits.max_headers or self._header_bytes > limits.max_header_bytes:
             self._too_large()
-        super().on_header(name, value)
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._headers_due = NEVER
@@ -182,7 +184,7 @@ class GuardedHttp(HttpToolsProtocol):
     def _too_large(self) -> None:
         limits = self.limits
         self._refusal = b"431 Request Header Fields Too Large"
-        if self._header_count > limits.max_headers:
+        if len(self.headers) >= limits.max_headers:
             raise _Refused(f"more than {limits.max_headers} headers")
         raise _Refused(f"headers over {limits.max_header_bytes} bytes")
 

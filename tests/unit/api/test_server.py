@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from sluicegate.api.asgi import CONNECTION, Receive, Scope, Send
@@ -126,9 +127,11 @@ def loop() -> Iterator[Loop]:
     loop.close()
 
 
-def connect(loop: Loop, app: Any = answer_at_once) -> tuple[GuardedHttp, Transport]:
+def connect(
+    loop: Loop, app: Any = answer_at_once, limits: EdgeLimits = LIMITS
+) -> tuple[GuardedHttp, Transport]:
     transport = Transport()
-    protocol = guarded(LIMITS)(
+    protocol = guarded(limits)(
         uvicorn.Config(app, lifespan="off", access_log=False), ServerState(), {}, _loop=loop
     )
     protocol.connection_made(transport)  # type: ignore[arg-type]
@@ -248,3 +251,38 @@ def test_requests_that_meet_every_deadline_arm_no_timer_of_their_own(loop):
     assert not transport.closed
     ours = [timer for timer in loop.made if timer.callback != protocol.timeout_keep_alive_handler]
     assert len(ours) <= 2
+
+
+def head(*headers: bytes, path: bytes = b"/") -> bytes:
+    return b"GET " + path + b" HTTP/1.1\r\n" + b"".join(h + b"\r\n" for h in headers) + b"\r\n"
+
+
+def test_headers_reach_the_app_as_uvicorns_own_protocol_gives_them(loop):
+    raw = head(b"Host: gw", b"X-Mixed-Case: Value", b"Expect: 100-Continue", b"x-empty:")
+    ours, _ = connect(loop)
+    ours.data_received(raw)
+    theirs = HttpToolsProtocol(uvicorn.Config(answer_at_once), ServerState(), {}, _loop=loop)
+    theirs.connection_made(Transport())  # type: ignore[arg-type]
+    theirs.data_received(raw)
+    assert ours.scope["headers"] == theirs.scope["headers"]
+    assert ours.expect_100_continue
+    assert theirs.expect_100_continue
+
+
+SMALL = EdgeLimits(max_headers=3, max_header_bytes=40)
+
+
+@pytest.mark.parametrize(
+    ("headers", "refused"),
+    [
+        ((b"a: 1", b"b: 2", b"c: 3"), False),  # three headers, 9 bytes with the path
+        ((b"a: 1", b"b: 2", b"c: 3", b"d: 4"), True),
+        ((b"a: " + b"x" * 38,), False),  # path, name and value: 40 bytes
+        ((b"a: " + b"x" * 39,), True),
+    ],
+)
+def test_the_header_bounds_are_exact(loop, headers, refused):
+    protocol, transport = connect(loop, limits=SMALL)
+    protocol.data_received(head(*headers))
+    assert transport.written.startswith(b"HTTP/1.1 431") is refused
+    assert (protocol.cycle is None) is refused
