@@ -121,6 +121,7 @@ class GuardedHttp(HttpToolsProtocol):
 
     _refusal: bytes | None = None
     _header_bytes = 0
+    _header_raw = 0
     _timer: asyncio.TimerHandle | None = None
     _timer_at = NEVER
     _headers_due = NEVER
@@ -148,9 +149,28 @@ class GuardedHttp(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._header_bytes = 0
+        self._header_raw = -1
         self._body_due = NEVER
         self._await_headers()
         self.scope["extensions"] = self._extensions
+
+    def data_received(self, data: bytes) -> None:
+        """Bounds a header section still open after this read: httptools hands a header
+        over only once it is whole, so one endless header would otherwise grow until the
+        header deadline. It may take `max_header_bytes` and the separators of
+        `max_headers` headers (the exact bounds apply header by header); the read that
+        began the request is not counted, since it may hold the end of the one before.
+        """
+        super().data_received(data)
+        if self._headers_due == NEVER:
+            return
+        if self._header_raw < 0:
+            self._header_raw = 0
+            return
+        self._header_raw += len(data)
+        limits = self.limits
+        if self._header_raw > limits.max_header_bytes + 4 * limits.max_headers + 64:
+            self._refuse(_TOO_LARGE, _TOO_LARGE_REASON)
 
     def on_url(self, url: bytes) -> None:
         self._header_bytes += len(url)
@@ -179,11 +199,11 @@ class GuardedHttp(HttpToolsProtocol):
         if self._refusal is None:
             super().send_400_response(msg)
         else:
-            self._refuse(self._refusal, "the request headers are too large")
+            self._refuse(self._refusal, _TOO_LARGE_REASON)
 
     def _too_large(self) -> None:
         limits = self.limits
-        self._refusal = b"431 Request Header Fields Too Large"
+        self._refusal = _TOO_LARGE
         if len(self.headers) >= limits.max_headers:
             raise _Refused(f"more than {limits.max_headers} headers")
         raise _Refused(f"headers over {limits.max_header_bytes} bytes")
@@ -258,6 +278,8 @@ class GuardedHttp(HttpToolsProtocol):
             self.transport.close()
 
 
+_TOO_LARGE = b"431 Request Header Fields Too Large"
+_TOO_LARGE_REASON = "the request headers are too large"
 _CODES = {
     b"408": ("header_timeout", ErrorType.INVALID_REQUEST),
     b"431": ("headers_too_large", ErrorType.INVALID_REQUEST),

@@ -286,3 +286,20 @@ def test_the_header_bounds_are_exact(loop, headers, refused):
     protocol.data_received(head(*headers))
     assert transport.written.startswith(b"HTTP/1.1 431") is refused
     assert (protocol.cycle is None) is refused
+
+
+def test_one_endless_header_is_refused_before_it_ends(loop):
+    protocol, transport = connect(loop, limits=SMALL)
+    protocol.data_received(b"GET / HTTP/1.1\r\nx-big: ")
+    for _ in range(20):
+        protocol.data_received(b"a" * 10)
+    assert transport.written.startswith(b"HTTP/1.1 431")
+    assert transport.closed
+
+
+def test_headers_within_the_bounds_pass_however_finely_they_are_cut(loop):
+    protocol, transport = connect(loop, limits=SMALL)
+    for byte in head(b"a: " + b"x" * 12, b"b: " + b"x" * 12, b"c: " + b"x" * 11):
+        protocol.data_received(bytes([byte]))
+    assert not transport.closed
+    assert protocol.cycle is not None
