@@ -19,6 +19,7 @@ import math
 import signal
 import socket
 from types import FrameType
+from typing import NoReturn
 
 import orjson
 import uvicorn
@@ -172,15 +173,10 @@ class GuardedHttp(HttpToolsProtocol):
         if self._header_raw > limits.max_header_bytes + 4 * limits.max_headers + 64:
             self._refuse(_TOO_LARGE, _TOO_LARGE_REASON)
 
-    def on_url(self, url: bytes) -> None:
-        self._header_bytes += len(url)
-        if self._header_bytes > self.limits.max_header_bytes:
-            self._too_large()
-        super().on_url(url)
-
     def on_header(self, name: bytes, value: bytes) -> None:
         """uvicorn's own (the name lowercased, `Expect: 100-continue` noted), counted as it
-        goes: this runs for every header of every request, so it is one call, not two."""
+        goes: this runs for every header of every request, so it is one call, not two.
+        The URL's bytes join the count once the headers are complete."""
         self._header_bytes += len(name) + len(value)
         headers, limits = self.headers, self.limits
         if len(headers) >= limits.max_headers or self._header_bytes > limits.max_header_bytes:
@@ -192,6 +188,8 @@ class GuardedHttp(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._headers_due = NEVER
+        if self._header_bytes + len(self.url) > self.limits.max_header_bytes:
+            self._too_large()
         super().on_headers_complete()
 
     def send_400_response(self, msg: str) -> None:
@@ -201,12 +199,9 @@ class GuardedHttp(HttpToolsProtocol):
         else:
             self._refuse(self._refusal, _TOO_LARGE_REASON)
 
-    def _too_large(self) -> None:
-        limits = self.limits
+    def _too_large(self) -> NoReturn:
         self._refusal = _TOO_LARGE
-        if len(self.headers) >= limits.max_headers:
-            raise _Refused(f"more than {limits.max_headers} headers")
-        raise _Refused(f"headers over {limits.max_header_bytes} bytes")
+        raise _Refused
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -234,7 +229,8 @@ class GuardedHttp(HttpToolsProtocol):
 
     def bound_sends(self, left_s: float | None) -> None:
         self._sends_due = NEVER if left_s is None else self.loop.time() + left_s
-        self._wake_by(self._stall_due())
+        if self._stalled_at != NEVER:
+            self._wake_by(self._stall_due())
 
     def _stall_due(self) -> float:
         if self._stalled_at == NEVER:

@@ -273,17 +273,19 @@ SMALL = EdgeLimits(max_headers=3, max_header_bytes=40)
 
 
 @pytest.mark.parametrize(
-    ("headers", "refused"),
+    ("path", "headers", "refused"),
     [
-        ((b"a: 1", b"b: 2", b"c: 3"), False),  # three headers, 9 bytes with the path
-        ((b"a: 1", b"b: 2", b"c: 3", b"d: 4"), True),
-        ((b"a: " + b"x" * 38,), False),  # path, name and value: 40 bytes
-        ((b"a: " + b"x" * 39,), True),
+        (b"/", (b"a: 1", b"b: 2", b"c: 3"), False),  # three headers, 7 bytes with the path
+        (b"/", (b"a: 1", b"b: 2", b"c: 3", b"d: 4"), True),
+        (b"/", (b"a: " + b"x" * 38,), False),  # path, name and value: 40 bytes
+        (b"/", (b"a: " + b"x" * 39,), True),
+        (b"/" + b"p" * 37, (b"a: x",), False),
+        (b"/" + b"p" * 38, (b"a: x",), True),
     ],
 )
-def test_the_header_bounds_are_exact(loop, headers, refused):
+def test_the_header_bounds_are_exact(loop, path, headers, refused):
     protocol, transport = connect(loop, limits=SMALL)
-    protocol.data_received(head(*headers))
+    protocol.data_received(head(*headers, path=path))
     assert transport.written.startswith(b"HTTP/1.1 431") is refused
     assert (protocol.cycle is None) is refused
 
