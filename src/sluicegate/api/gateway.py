@@ -4,7 +4,7 @@ the rest and records each request's outcome."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,6 @@ from sluicegate.api.asgi import (
     Send,
     error_body,
     error_headers,
-    header,
     read_body,
     send_bytes,
     send_error,
@@ -135,7 +134,8 @@ class Gateway:
         """What the headers say; the body is read by the pipeline, after the tenant's gate,
         within `server.body_timeout_s` (kept by the server's connection)."""
         limit, timeout_s = self._settings.max_body_bytes, self._edge.body_timeout_s
-        _identity_encoding(scope)
+        headers = dict(reversed(scope["headers"]))  # the first of each name, as `header` reads
+        _identity_encoding(headers)
 
         async def payload() -> dict[str, Any]:
             late = None
@@ -153,9 +153,9 @@ class Gateway:
             self._authenticate(scope),
             arrived_s,
             payload,
-            _timeout_s(scope),
-            _lane(scope),
-            _client_retries(scope),
+            _timeout_s(headers),
+            _lane(headers),
+            _client_retries(headers),
             watch=lambda: DisconnectWatcher(receive),
         )
 
@@ -230,10 +230,10 @@ def _model_list(settings: Settings, tenant: Tenant) -> bytes:
     return orjson.dumps({"object": "list", "data": data})
 
 
-def _timeout_s(scope: Scope) -> float | None:
+def _timeout_s(headers: Mapping[bytes, bytes]) -> float | None:
     """The caller's deadline: ours explicitly, else the `openai` SDK's own read timeout."""
     for name in (b"x-sluicegate-timeout", b"x-stainless-read-timeout"):
-        value = header(scope, name)
+        value = headers.get(name)
         if value is None:
             continue
         try:
@@ -246,14 +246,14 @@ def _timeout_s(scope: Scope) -> float | None:
     return None
 
 
-def _lane(scope: Scope) -> str | None:
-    value = header(scope, b"x-sluicegate-lane")
+def _lane(headers: Mapping[bytes, bytes]) -> str | None:
+    value = headers.get(b"x-sluicegate-lane")
     return None if value is None else value.decode("latin-1")
 
 
-def _client_retries(scope: Scope) -> int:
+def _client_retries(headers: Mapping[bytes, bytes]) -> int:
     """The `openai` SDKs number their retries; a malformed count is no hint, not an error."""
-    value = header(scope, b"x-stainless-retry-count")
+    value = headers.get(b"x-stainless-retry-count")
     if value is None or not value.isdigit():
         return 0
     return int(value[:6])
@@ -266,10 +266,10 @@ _UNREAD_BODY = frozenset({408, 413, 415})
 what follows on it is not the start of a request."""
 
 
-def _identity_encoding(scope: Scope) -> None:
+def _identity_encoding(headers: Mapping[bytes, bytes]) -> None:
     """Compressed bodies are refused: inflating one would let a few bytes on the wire
     pass `max_body_bytes` many times over."""
-    encoding = header(scope, b"content-encoding")
+    encoding = headers.get(b"content-encoding")
     if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
         raise GatewayError(
             415,
