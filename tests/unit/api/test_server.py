@@ -141,14 +141,24 @@ def connect(
 REQUEST = b"POST /v1/x HTTP/1.1\r\nhost: gw\r\ncontent-length: 2\r\n\r\n{}"
 
 
-def test_a_transport_that_stays_paused_for_the_write_timeout_is_aborted(loop):
+def aborted_after(loop: Loop, transport: Transport, seconds: float) -> bool:
+    """Whether the connection is aborted `seconds` from now and not a moment before."""
+    loop.advance(seconds - 0.1)
+    if transport.aborted:
+        return False
+    loop.advance(0.2)
+    return transport.aborted
+
+
+@pytest.mark.parametrize(("deadline_s", "aborted_s"), [(None, 5), (2, 1)])
+def test_a_paused_transport_is_aborted_at_the_write_timeout_or_the_requests_deadline(
+    loop, deadline_s, aborted_s
+):
     protocol, transport = connect(loop)
+    protocol.bound_sends(deadline_s)
     loop.advance(1)
     protocol.pause_writing()
-    loop.advance(4.9)
-    assert not transport.aborted
-    loop.advance(0.2)
-    assert transport.aborted
+    assert aborted_after(loop, transport, aborted_s)
 
 
 def test_writing_that_resumes_in_time_is_not_aborted_and_a_new_pause_counts_afresh(loop):
@@ -158,21 +168,7 @@ def test_writing_that_resumes_in_time_is_not_aborted_and_a_new_pause_counts_afre
     protocol.resume_writing()
     loop.advance(3)
     protocol.pause_writing()
-    loop.advance(4.9)
-    assert not transport.aborted
-    loop.advance(0.2)
-    assert transport.aborted
-
-
-def test_a_pause_past_the_requests_deadline_is_aborted_at_the_deadline(loop):
-    protocol, transport = connect(loop)
-    protocol.bound_sends(2)
-    loop.advance(1)
-    protocol.pause_writing()
-    loop.advance(0.9)
-    assert not transport.aborted
-    loop.advance(0.2)
-    assert transport.aborted
+    assert aborted_after(loop, transport, 5)
 
 
 def test_a_deadline_set_while_paused_applies_and_lifting_it_leaves_the_write_timeout(loop):
@@ -185,10 +181,7 @@ def test_a_deadline_set_while_paused_applies_and_lifting_it_leaves_the_write_tim
     protocol.pause_writing()
     protocol.bound_sends(1)
     protocol.bound_sends(None)
-    loop.advance(4.9)
-    assert not transport.aborted
-    loop.advance(0.2)
-    assert transport.aborted
+    assert aborted_after(loop, transport, 5)
 
 
 PARTIAL = b"POST /v1/x HTTP/1.1\r\nhost: gw\r\ncontent-length: 2\r\n\r\n{"
