@@ -50,11 +50,13 @@ def output_tokens(endpoint: Endpoint, payload: dict[str, Any], route_cap: int) -
 
 def choices(payload: dict[str, Any]) -> int:
     """How many answers the upstream generates: `n`, or `best_of` when larger."""
-    return max(_count_field(payload, "n"), _count_field(payload, "best_of"))
+    n, best_of = payload.get("n"), payload.get("best_of")
+    if n is None and best_of is None:
+        return 1
+    return max(_count(n), _count(best_of))
 
 
-def _count_field(payload: dict[str, Any], name: str) -> int:
-    value = payload.get(name)
+def _count(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 1 else 1
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -32,10 +32,24 @@ SSE_HEADERS: Headers = [
 ]
 
 
-ABORT = "sluicegate.abort"
-"""The scope extension by which the server lets the app abort its connection."""
+CONNECTION = "sluicegate.connection"
+"""The scope extension by which the server (`server.GuardedHttp`) lets a request bound
+what its connection may cost: a `Connection`. Without it (another ASGI server) the body's
+arrival and the sends are unbounded in time."""
 
 CLOSE: Headers = [(b"connection", b"close")]
+
+
+class Connection(Protocol):
+    def read_within(self, timeout_s: float) -> None:
+        """The request's body must be in within `timeout_s`: past it, `body_late` turns
+        true and a `receive()` waiting for more returns."""
+
+    def body_late(self) -> bool: ...
+
+    def bound_sends(self, left_s: float | None) -> None:
+        """No send may wait for the client to read past `left_s` from now (None: only the
+        server's write timeout applies), else the connection is aborted."""
 
 
 class ClientDisconnected(CallerGone):
@@ -73,11 +87,14 @@ async def send_error(send: Send, err: GatewayError) -> None:
 
 
 async def read_body(
-    receive: Receive, limit: int, into: Callable[[bytes], None] | None = None
+    receive: Receive,
+    limit: int,
+    into: Callable[[bytes], None] | None = None,
+    late: Callable[[], bool] | None = None,
 ) -> bytes:
-    """Read the whole request body, refusing it once it passes `limit` bytes. With
-    `into` (a streaming parser), each part goes there as it arrives, none is kept, and
-    the answer is empty."""
+    """Read the whole request body, refusing it once it passes `limit` bytes, and with
+    TimeoutError once `late` says the rest is overdue. With `into` (a streaming parser),
+    each part goes there as it arrives, none is kept, and the answer is empty."""
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -94,6 +111,8 @@ async def read_body(
             into(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if late is not None and late():
+            raise TimeoutError
 
 
 def shown(path: str) -> str:
@@ -101,71 +120,6 @@ def shown(path: str) -> str:
     `%0a` is a newline) and cut short, since the path is whatever the client sent."""
     text = repr(path)
     return text if len(text) <= 200 else f"{text[:200]}..."
-
-
-class SendGuard:
-    """`send`, bounded: a send that waits longer than `timeout_s` for the client to read
-    (or past the request's deadline, see `bound_by`) aborts the connection.
-
-    The server's `send` waits for its write buffer to drain with no bound, so a client
-    that stops reading would otherwise hold whatever the response holds (permits,
-    slots, an upstream connection) for ever. Aborting makes it an ordinary disconnect:
-    the request ends as the caller's failure (499), which no breaker learns from. One
-    timer per response checks every quarter of `timeout_s` (and at the deadline); a send
-    only stamps the time. Without the server's abort extension (another ASGI server)
-    sends are unbounded.
-    """
-
-    __slots__ = (
-        "_abort", "_aborted", "_deadline", "_loop", "_send", "_since", "_tick_s", "_timeout_s",
-        "_timer",
-    )  # fmt: skip
-
-    def __init__(self, scope: Scope, send: Send, timeout_s: float) -> None:
-        self._send = send
-        self._abort: Callable[[], None] | None = scope.get("extensions", {}).get(ABORT)
-        self._loop = asyncio.get_running_loop()
-        self._timeout_s = timeout_s
-        self._tick_s = timeout_s / 4
-        self._since: float | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._deadline = float("inf")
-        self._aborted = False
-
-    def bound_by(self, left_s: float) -> None:
-        """No send may wait past the request's deadline, `left_s` from now."""
-        self._deadline = self._loop.time() + left_s
-
-    async def __call__(self, message: Message) -> None:
-        if self._timer is None and self._abort is not None and not self._aborted:
-            self._arm(self._loop.time())
-        self._since = self._loop.time()
-        try:
-            await self._send(message)
-        finally:
-            self._since = None
-
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _check(self) -> None:
-        since, now = self._since, self._loop.time()
-        if since is not None and (now - since >= self._timeout_s or now >= self._deadline):
-            self._timer = None
-            self._aborted = True
-            assert self._abort is not None
-            self._abort()
-            return
-        self._arm(now)
-
-    def _arm(self, now: float) -> None:
-        """The next check: a quarter of the timeout on, or at the deadline if sooner."""
-        at = now + self._tick_s
-        if now < self._deadline < at:
-            at = self._deadline
-        self._timer = self._loop.call_at(at, self._check)
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:

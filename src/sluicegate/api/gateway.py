@@ -3,9 +3,8 @@ the rest and records each request's outcome."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,18 +12,18 @@ import orjson
 
 from sluicegate.api.asgi import (
     CLOSE,
+    CONNECTION,
     JSON_HEADERS,
     SSE_HEADERS,
     ClientDisconnected,
+    Connection,
     DisconnectWatcher,
     Receive,
     Router,
     Scope,
     Send,
-    SendGuard,
     error_body,
     error_headers,
-    header,
     read_body,
     send_bytes,
     send_error,
@@ -94,18 +93,19 @@ class Gateway:
     async def _inference(
         self, endpoint: Endpoint, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        guard = SendGuard(scope, send, self._edge.write_timeout_s)
-        exchange = Exchange(guard, self._clock.now())
+        connection: Connection | None = scope.get("extensions", _NO_EXTENSIONS).get(CONNECTION)
+        exchange = Exchange(send, self._clock.now())
         in_flight = self._metrics.in_flight(endpoint.value)
         in_flight.inc()
         try:
             try:
-                inbound = self._inbound(endpoint, scope, receive, exchange.arrived_s)
+                inbound = self._inbound(endpoint, scope, receive, connection, exchange.arrived_s)
             except GatewayError as err:
                 # Refused before the pipeline, which records everything after this.
                 self._metrics.answered(endpoint.value, UNKNOWN_MODEL, err.status)
                 raise
-            guard.bound_by(self._time_left_s(endpoint, inbound))
+            if connection is not None:
+                connection.bound_sends(self._time_left_s(endpoint, inbound))
             await self._serve(inbound, exchange)
         except GatewayError as err:
             await self._fail(exchange, err)
@@ -115,7 +115,8 @@ class Gateway:
             log.exception("unexpected failure on %s", endpoint.path)
             await self._fail(exchange, _internal())
         finally:
-            guard.close()
+            if connection is not None:
+                connection.bound_sends(None)
             in_flight.dec()
 
     def _time_left_s(self, endpoint: Endpoint, inbound: Inbound) -> float:
@@ -123,17 +124,26 @@ class Gateway:
         return inbound.arrived_s + timeout_s - self._clock.now()
 
     def _inbound(
-        self, endpoint: Endpoint, scope: Scope, receive: Receive, arrived_s: float
+        self,
+        endpoint: Endpoint,
+        scope: Scope,
+        receive: Receive,
+        connection: Connection | None,
+        arrived_s: float,
     ) -> Inbound:
         """What the headers say; the body is read by the pipeline, after the tenant's gate,
-        within `server.body_timeout_s`."""
+        within `server.body_timeout_s` (kept by the server's connection)."""
         limit, timeout_s = self._settings.max_body_bytes, self._edge.body_timeout_s
-        _identity_encoding(scope)
+        headers = dict(reversed(scope["headers"]))  # the first of each name, as `header` reads
+        _identity_encoding(headers)
 
         async def payload() -> dict[str, Any]:
+            late = None
+            if connection is not None:
+                connection.read_within(timeout_s)
+                late = connection.body_late
             try:
-                async with asyncio.timeout(timeout_s):
-                    body = await read_body(receive, limit)
+                body = await read_body(receive, limit, late=late)
             except TimeoutError:
                 raise _body_late(timeout_s) from None
             return parse(endpoint, body)
@@ -143,9 +153,9 @@ class Gateway:
             self._authenticate(scope),
             arrived_s,
             payload,
-            _timeout_s(scope),
-            _lane(scope),
-            _client_retries(scope),
+            _timeout_s(headers),
+            _lane(headers),
+            _client_retries(headers),
             watch=lambda: DisconnectWatcher(receive),
         )
 
@@ -220,10 +230,10 @@ def _model_list(settings: Settings, tenant: Tenant) -> bytes:
     return orjson.dumps({"object": "list", "data": data})
 
 
-def _timeout_s(scope: Scope) -> float | None:
+def _timeout_s(headers: Mapping[bytes, bytes]) -> float | None:
     """The caller's deadline: ours explicitly, else the `openai` SDK's own read timeout."""
     for name in (b"x-sluicegate-timeout", b"x-stainless-read-timeout"):
-        value = header(scope, name)
+        value = headers.get(name)
         if value is None:
             continue
         try:
@@ -236,28 +246,30 @@ def _timeout_s(scope: Scope) -> float | None:
     return None
 
 
-def _lane(scope: Scope) -> str | None:
-    value = header(scope, b"x-sluicegate-lane")
+def _lane(headers: Mapping[bytes, bytes]) -> str | None:
+    value = headers.get(b"x-sluicegate-lane")
     return None if value is None else value.decode("latin-1")
 
 
-def _client_retries(scope: Scope) -> int:
+def _client_retries(headers: Mapping[bytes, bytes]) -> int:
     """The `openai` SDKs number their retries; a malformed count is no hint, not an error."""
-    value = header(scope, b"x-stainless-retry-count")
+    value = headers.get(b"x-stainless-retry-count")
     if value is None or not value.isdigit():
         return 0
     return int(value[:6])
 
+
+_NO_EXTENSIONS: dict[str, Any] = {}
 
 _UNREAD_BODY = frozenset({408, 413, 415})
 """Refusals that leave the request body unread: the connection closes after them, since
 what follows on it is not the start of a request."""
 
 
-def _identity_encoding(scope: Scope) -> None:
+def _identity_encoding(headers: Mapping[bytes, bytes]) -> None:
     """Compressed bodies are refused: inflating one would let a few bytes on the wire
     pass `max_body_bytes` many times over."""
-    encoding = header(scope, b"content-encoding")
+    encoding = headers.get(b"content-encoding")
     if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
         raise GatewayError(
             415,

@@ -5,9 +5,9 @@ its `limit_concurrency` answers 503 only once a request's headers have arrived, 
 idle or trickling connection holds a file descriptor for ever. `GuardedHttp` adds what is
 missing at the protocol, where the bytes arrive (an ASGI app sees a request only once its
 headers are in): a connection limit, a deadline for the headers, and bounds on their
-count and size. It also hands the app a way to abort its connection
-(`scope["extensions"]["sluicegate.abort"]`): closing a connection whose client stopped
-reading would wait for ever for the unsent bytes to drain.
+count and size. It also bounds how long the connection may wait for a client that stopped
+reading: uvicorn's `send` waits for its write buffer to drain with no bound, and closing
+such a connection would wait for ever too, so it is aborted.
 """
 
 from __future__ import annotations
@@ -15,20 +15,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import signal
 import socket
 from types import FrameType
+from typing import NoReturn
 
 import orjson
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from sluicegate.api.asgi import ABORT, Handler
+from sluicegate.api.asgi import CONNECTION, Handler
 from sluicegate.core.errors import ErrorType
 from sluicegate.core.types import EdgeLimits
 
 BACKLOG = 2048
 DEFAULT_LIMITS = EdgeLimits()
+NEVER = math.inf
 
 log = logging.getLogger("sluicegate.server")
 
@@ -103,78 +106,164 @@ class _Refused(Exception):
 
 
 class GuardedHttp(HttpToolsProtocol):
+    """uvicorn's protocol with the bounds above, and the `Connection` of asgi.CONNECTION.
+
+    Headers late by `header_timeout_s` get a 408. A body still incomplete when the time
+    its request gave it in `read_within` is up wakes the request's reader, which answers
+    408. A transport that refuses more bytes (uvicorn's `pause_writing`) for
+    `write_timeout_s`, or past the deadline its request set with `bound_sends`, is
+    aborted: the request sees an ordinary disconnect and ends as the caller's failure
+    (499), which no breaker learns from. Deadlines are kept as times and watched by one
+    timer per connection, armed for the earliest and re-armed when it fires, so a request
+    that meets them all creates no timer of its own.
+
+    The parent's methods that run for every request are called by name: `super()`
+    costs a lookup on each call.
+    """
+
     limits = DEFAULT_LIMITS
 
     _refusal: bytes | None = None
-    _header_timer: asyncio.TimerHandle | None = None
-    _header_count = 0
     _header_bytes = 0
+    _header_raw = 0
+    _timer: asyncio.TimerHandle | None = None
+    _timer_at = NEVER
+    _headers_due = NEVER
+    _body_due = NEVER
+    _body_late = False
+    _stalled_at = NEVER
+    _sends_due = NEVER
+    _extensions: dict[str, object]
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._extensions = {CONNECTION: self}
         if len(self.connections) > self.limits.max_connections:
             log.warning("refused a connection: %d are open", len(self.connections) - 1)
             self._refuse(b"503 Service Unavailable", "too many open connections")
             return
-        self._arm()
+        self._headers_due = due = self.loop.time() + self.limits.header_timeout_s
+        self._arm_at(due)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         super().connection_lost(exc)
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self._header_count = self._header_bytes = 0
-        self._arm()
-        self.scope["extensions"] = {ABORT: self._abort}
+        HttpToolsProtocol.on_message_begin(self)
+        self._header_bytes = 0
+        self._header_raw = -1
+        self._body_due = NEVER
+        if self._headers_due == NEVER:  # due from the request's first byte
+            self._headers_due = due = self.loop.time() + self.limits.header_timeout_s
+            if due < self._timer_at:
+                self._arm_at(due)
+        self.scope["extensions"] = self._extensions
 
-    def on_url(self, url: bytes) -> None:
-        self._header_bytes += len(url)
-        if self._header_bytes > self.limits.max_header_bytes:
-            self._too_large()
-        super().on_url(url)
+    def data_received(self, data: bytes) -> None:
+        """Bounds a header section still open after this read: httptools hands a header
+        over only once it is whole, so one endless header would otherwise grow until the
+        header deadline. It may take `max_header_bytes` and the separators of
+        `max_headers` headers (the exact bounds apply header by header); the read that
+        began the request is not counted, since it may hold the end of the one before.
+        """
+        HttpToolsProtocol.data_received(self, data)
+        if self._headers_due == NEVER:
+            return
+        if self._header_raw < 0:
+            self._header_raw = 0
+            return
+        self._header_raw += len(data)
+        limits = self.limits
+        if self._header_raw > limits.max_header_bytes + 4 * limits.max_headers + 64:
+            self._refuse(_TOO_LARGE, _TOO_LARGE_REASON)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        """Counted inline: this runs for every header of every request."""
+        """uvicorn's own (the name lowercased, `Expect: 100-continue` noted), counted as it
+        goes: this runs for every header of every request, so it is one call, not two.
+        The URL's bytes join the count once the headers are complete."""
         self._header_bytes += len(name) + len(value)
-        self._header_count += 1
-        limits = self.limits
-        if self._header_count > limits.max_headers or self._header_bytes > limits.max_header_bytes:
+        headers, limits = self.headers, self.limits
+        if len(headers) >= limits.max_headers or self._header_bytes > limits.max_header_bytes:
             self._too_large()
-        super().on_header(name, value)
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        self._disarm()
-        super().on_headers_complete()
+        self._headers_due = NEVER
+        if self._header_bytes + len(self.url) > self.limits.max_header_bytes:
+            self._too_large()
+        HttpToolsProtocol.on_headers_complete(self)
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to a parser error, which is how a refused header arrives."""
         if self._refusal is None:
             super().send_400_response(msg)
         else:
-            self._refuse(self._refusal, "the request headers are too large")
+            self._refuse(self._refusal, _TOO_LARGE_REASON)
 
-    def _too_large(self) -> None:
-        limits = self.limits
-        self._refusal = b"431 Request Header Fields Too Large"
-        if self._header_count > limits.max_headers:
-            raise _Refused(f"more than {limits.max_headers} headers")
-        raise _Refused(f"headers over {limits.max_header_bytes} bytes")
+    def _too_large(self) -> NoReturn:
+        self._refusal = _TOO_LARGE
+        raise _Refused
 
-    def _arm(self) -> None:
-        if self._header_timer is None:
-            self._header_timer = self.loop.call_later(
-                self.limits.header_timeout_s, self._headers_late
-            )
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._stalled_at = self.loop.time()
+        self._wake_by(self._stall_due())
 
-    def _disarm(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._stalled_at = NEVER
 
-    def _headers_late(self) -> None:
-        self._header_timer = None
-        self._refuse(b"408 Request Timeout", "the request headers did not arrive in time")
+    def read_within(self, timeout_s: float) -> None:
+        self._body_late = False
+        self._body_due = due = self.loop.time() + timeout_s
+        if due < self._timer_at:
+            self._arm_at(due)
+
+    def body_late(self) -> bool:
+        return self._body_late
+
+    def bound_sends(self, left_s: float | None) -> None:
+        self._sends_due = NEVER if left_s is None else self.loop.time() + left_s
+        if self._stalled_at != NEVER:
+            self._wake_by(self._stall_due())
+
+    def _stall_due(self) -> float:
+        if self._stalled_at == NEVER:
+            return NEVER
+        return min(self._stalled_at + self.limits.write_timeout_s, self._sends_due)
+
+    def _wake_by(self, at: float) -> None:
+        """Have the timer fire no later than `at`; one that fires earlier re-arms itself."""
+        if at < self._timer_at:
+            self._arm_at(at)
+
+    def _arm_at(self, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_at(at, self._check)
+        self._timer_at = at
+
+    def _check(self) -> None:
+        self._timer, self._timer_at = None, NEVER
+        now = self.loop.time()
+        if now >= self._stall_due():
+            self.transport.abort()
+            return
+        if now >= self._headers_due:
+            self._headers_due = NEVER
+            self._refuse(b"408 Request Timeout", "the request headers did not arrive in time")
+        if now >= self._body_due:
+            self._body_due = NEVER
+            if self.cycle.more_body:
+                self._body_late = True
+                self.cycle.message_event.set()
+        self._wake_by(min(self._headers_due, self._body_due, self._stall_due()))
 
     def _refuse(self, status: bytes, reason: str) -> None:
         """Answer in OpenAI's error shape and close: no app has seen this request."""
@@ -188,10 +277,9 @@ class GuardedHttp(HttpToolsProtocol):
             self.transport.write(head + length + body)
             self.transport.close()
 
-    def _abort(self) -> None:
-        self.transport.abort()
 
-
+_TOO_LARGE = b"431 Request Header Fields Too Large"
+_TOO_LARGE_REASON = "the request headers are too large"
 _CODES = {
     b"408": ("header_timeout", ErrorType.INVALID_REQUEST),
     b"431": ("headers_too_large", ErrorType.INVALID_REQUEST),

@@ -56,4 +56,5 @@ def test_n_and_best_of_multiply_the_answers():
     assert choices({}) == 1
     assert choices({"n": 3}) == 3
     assert choices({"n": 2, "best_of": 5}) == 5
+    assert choices({"best_of": 4}) == 4
     assert choices({"n": True}) == 1

@@ -87,6 +87,17 @@ async def test_read_body_joins_chunks_and_refuses_past_the_limit():
     assert info.value.status == 413
 
 
+async def test_read_body_stops_with_a_timeout_once_the_rest_is_late():
+    parts = receiver(
+        {"type": "http.request", "body": b"ab", "more_body": True},
+        {"type": "http.request", "body": b"", "more_body": True},
+    )
+    checks = iter([False, True])
+    async with asyncio.timeout(2):  # without the check, the third receive waits
+        with pytest.raises(TimeoutError):
+            await read_body(parts, limit=10, late=lambda: next(checks))
+
+
 async def test_disconnect_watcher_cancels_the_owner_and_reports_it():
     gate = asyncio.Event()
 
