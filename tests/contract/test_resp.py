@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sluicegate.core.limits import Ask, Lease, Slot, StoreTimeout, StoreUnavailable
+from sluicegate.core.limits import Ask, GiveBack, Lease, Slot, StoreTimeout, StoreUnavailable
 from sluicegate.stores.redis import RedisLimitStore, listener
 from sluicegate.stores.resp import RespConnection, RespError, Unreachable
 from tests.support.redis import RedisServer, redis_server
@@ -60,7 +60,7 @@ async def test_rediss_urls_speak_tls_verified_against_the_ca_named_in_the_url(tm
         assert await store.take(Ask(slots=(Slot("s", 1),)), held, 30.0) is None
         assert await store.take(Ask(slots=(Slot("s", 1),)), Lease("b", ("s",)), 30.0)
         await asyncio.sleep(0.3)
-        await store.release(held)
+        await store.give_back([GiveBack(held)])
         for _ in range(100):
             if heard:
                 break
