@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from sluicegate.core.leases import Leases
 from sluicegate.core.limits import (
     Ask,
     Charge,
@@ -132,13 +133,15 @@ async def test_a_redis_that_refuses_connections_is_unavailable_at_once():
 
 
 class Counting(RespConnection):
-    """The store's own connection, counting the scripts it runs."""
+    """The store's own connection, recording how many scripts each call sent together."""
 
-    scripts = 0
+    def __init__(self, url: str, connect_timeout_s: float) -> None:
+        super().__init__(url, connect_timeout_s)
+        self.sent: list[int] = []
 
-    async def call(self, *args: object) -> object:
-        self.scripts += args[0] == "EVALSHA"
-        return await super().call(*args)
+    async def calls(self, commands, at_once=True):
+        self.sent.append(sum(command[0] == "EVALSHA" for command in commands))
+        return await super().calls(commands, at_once)
 
 
 async def test_a_give_back_is_one_script_per_hash_tag_whatever_it_carries(redis):
@@ -154,11 +157,28 @@ async def test_a_give_back_is_one_script_per_hash_tag_whatever_it_carries(redis)
             await store.take(Ask(slots=(Slot(held.keys[0], 1),), charges=charges), held, TTL_S)
             is None
         )
-    connection.scripts = 0
+    connection.sent.clear()
     await store.give_back([GiveBack(tenant), GiveBack(route, (Refund(tokens, 1),)), GiveBack(pool)])
-    assert connection.scripts == 2
+    assert connection.sent == [2]
     assert [await store.in_use(k) for k in ("{e}tenant", "{e}route", "{p}pool")] == [0, 0, 0]
     assert await store.available("{e}tokens", RATE) == pytest.approx(1, abs=0.1)
+    await store.close()
+
+
+async def test_a_detached_give_back_reaches_redis_before_any_later_decision(redis):
+    """Its scripts (one per hash tag) are queued in the give-back task's first turn: a
+    decision this process starts after that turn finds the slots free."""
+    _, prefix = redis
+    store = shared(prefix)
+    leases = Leases(store, FakeClock(), detached=True)
+    edge, pool = Ask(slots=(Slot("{e}route", 1),)), Ask(slots=(Slot("{p}pool", 1),))
+    held = [await leases.take(ask) for ask in (edge, pool)]
+    for taken in held:
+        assert isinstance(taken, Lease)
+        await leases.give_back(taken)
+    await asyncio.sleep(0)
+    assert isinstance(await leases.take(pool), Lease)
+    assert isinstance(await leases.take(edge), Lease)
     await store.close()
 
 

@@ -138,17 +138,24 @@ class RedisLimitStore:
     async def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
         """Run a script by its digest, loading it first if this Redis does not know it
         (a restart, a failover): one round trip, two the first time."""
+        return (await self._runs(script, ((keys, args),), at_once=True))[0]
+
+    async def _runs(
+        self, script: str, calls: Sequence[tuple[list[str], list[Any]]], at_once: bool
+    ) -> list[Any]:
+        """Run a script once per call, all sent together (`RespConnection.calls`)."""
         sha, text = self._scripts[script]
-        command = ("EVALSHA", sha, len(keys), *keys, self._now(), *args)
+        now = self._now()
+        commands = [("EVALSHA", sha, len(keys), *keys, now, *args) for keys, args in calls]
         try:
             async with asyncio.timeout(self._timeout_s):
                 try:
-                    return await self._connection.call(*command)
+                    return await self._connection.calls(commands, at_once)
                 except RespError as exc:
                     if not str(exc).startswith("NOSCRIPT"):
                         raise
                 await self._connection.call("SCRIPT", "LOAD", text)
-                return await self._connection.call(*command)
+                return await self._connection.calls(commands, at_once)
         except TimeoutError:
             raise StoreTimeout(f"redis: no answer within {self._timeout_s}s") from None
         except (RespError, OSError) as exc:
@@ -197,9 +204,10 @@ class RedisLimitStore:
         self._announced = frozenset(keys)
 
     async def give_back(self, backs: Sequence[GiveBack]) -> None:
-        """One script call per hash tag (a decision's keys share one, so each call stays
-        on one shard of a cluster) and per `GIVE_BACKS_AT_ONCE`; several calls leave
-        together, in one write."""
+        """One script run per hash tag (a decision's keys share one, so each run stays on
+        one shard of a cluster) and per `GIVE_BACKS_AT_ONCE`, all in one write: queued
+        before this awaits anything, so on this connection they come before any call
+        made after this one began. Nobody waits for them, so they never leave alone."""
         by_tag: dict[str, list[GiveBack]] = defaultdict(list)
         for back in backs:
             (_, slots), refunds = back
@@ -212,12 +220,10 @@ class RedisLimitStore:
             for group in by_tag.values()
             for start in range(0, len(group), GIVE_BACKS_AT_ONCE)
         ]
-        if len(calls) == 1:
-            await calls[0]
-        elif calls:
-            await asyncio.gather(*calls)
+        if calls:
+            await self._runs("give_back", calls, at_once=False)
 
-    async def _give_back(self, backs: Sequence[GiveBack]) -> None:
+    def _give_back(self, backs: Sequence[GiveBack]) -> tuple[list[str], list[Any]]:
         keys: list[str] = []
         args: list[Any] = [self._channel]
         key, announced = self._key, self._announced
@@ -229,7 +235,7 @@ class RedisLimitStore:
             for (charged, rate, _), amount in refunds:
                 keys.append(key(charged))
                 args += [rate.interval_s, amount]
-        await self._run("give_back", keys, args)
+        return keys, args
 
     async def watch_releases(
         self, listener: Redis, released: Callable[[str], None], retry_s: float
