@@ -206,8 +206,8 @@ class RedisLimitStore:
     async def give_back(self, backs: Sequence[GiveBack]) -> None:
         """One script run per hash tag (a decision's keys share one, so each run stays on
         one shard of a cluster) and per `GIVE_BACKS_AT_ONCE`, all in one write: queued
-        before this awaits anything, so on this connection they come before any call
-        made after this one began. Nobody waits for them, so they never leave alone."""
+        before this awaits anything (on an open connection), so they come before any
+        call made after this one began. Nobody waits for them: they never leave alone."""
         by_tag: dict[str, list[GiveBack]] = defaultdict(list)
         for back in backs:
             (_, slots), refunds = back

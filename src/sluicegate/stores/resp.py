@@ -6,8 +6,8 @@ its retry, observability and parsing layers: on this project's 2-core machine it
 request that passes every gate makes three calls on its path and gives back with two
 more (sent in one write). Redis answers the commands of one connection in order, so one
 connection carries every concurrent call: each call writes its command and waits for
-the reply in its place in the queue. Replies are parsed by
-hiredis; URLs are parsed by redis-py, which still serves the release subscription.
+the reply in its place in the queue. Replies are parsed by hiredis; URLs are parsed by
+redis-py, which still serves the release subscription.
 
 Every call is bounded by the caller's timeout. A call that timed out keeps its place in
 the queue (its reply is dropped when it comes); a connection that fails, or that sent
