@@ -11,7 +11,19 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from sluicegate.core.limits import Ask, Charge, Lease, LimitStore, Part, Rate, Refused, Slot
+from sluicegate.core.limits import (
+    NO_SLOTS,
+    Ask,
+    Charge,
+    GiveBack,
+    Lease,
+    LimitStore,
+    Part,
+    Rate,
+    Refund,
+    Refused,
+    Slot,
+)
 from sluicegate.stores.memory import MemoryLimitStore
 from sluicegate.stores.redis import RedisLimitStore
 from sluicegate.stores.resp import RespConnection
@@ -82,9 +94,9 @@ async def test_a_cost_counts_units_and_one_above_the_burst_never_passes(store):
 async def test_refund_gives_back_units_and_idle_time_is_not_banked(store, clock):
     await take(store, charge(60))
     assert await store.available("k", PER_MINUTE_60) == pytest.approx(0)
-    await store.refund(Charge("k", PER_MINUTE_60, 60), 40)
+    await store.give_back([GiveBack(NO_SLOTS, (Refund(Charge("k", PER_MINUTE_60, 60), 40),))])
     assert await store.available("k", PER_MINUTE_60) == pytest.approx(40)
-    await store.refund(Charge("k", PER_MINUTE_60, 60), -20)
+    await store.give_back([GiveBack(NO_SLOTS, (Refund(Charge("k", PER_MINUTE_60, 60), -20),))])
     assert await store.available("k", PER_MINUTE_60) == pytest.approx(20)
     clock.advance(3600)
     assert await store.available("k", PER_MINUTE_60) == pytest.approx(60)
@@ -112,11 +124,58 @@ async def test_slots_are_leases_released_once_whatever_is_called(store):
     assert isinstance(first, Lease)
     assert isinstance(second, Lease)
     assert await take(store, slots(("s", 2))) == Refused(Part.SLOT, 0, None)
-    await store.release(first)
-    await store.release(first)
+    await store.give_back([GiveBack(first)])
+    await store.give_back([GiveBack(first)])
     assert (await store.in_use("s"), await store.in_use("t")) == (1, 0)
-    await store.release(second)
+    await store.give_back([GiveBack(second)])
     assert await store.in_use("s") == 0
+
+
+async def test_a_give_back_frees_the_lease_and_refunds_its_charges_once(store):
+    """Given back twice (a call made again after a lost answer), the refund applies once."""
+    spent = Charge("r", PER_MINUTE_60, 50)
+    lease = await take(store, Ask(slots=(Slot("s", 1),), charges=(spent,)))
+    assert isinstance(lease, Lease)
+    back = GiveBack(lease, (Refund(spent, 30),))
+    await store.give_back([back])
+    await store.give_back([back])
+    assert await store.in_use("s") == 0
+    assert await store.available("r", PER_MINUTE_60) == pytest.approx(40)
+
+
+async def test_a_lapsed_lease_given_back_refunds_nothing(store, clock):
+    """Its slot came free when it lapsed; its reservation stands."""
+    spent = Charge("r", PER_MINUTE_60, 50)
+    lease = await take(store, Ask(slots=(Slot("s", 1),), charges=(spent,)))
+    assert isinstance(lease, Lease)
+    clock.advance(TTL_S + 1)
+    await store.give_back([GiveBack(lease, (Refund(spent, 30),))])
+    assert await store.available("r", PER_MINUTE_60) == pytest.approx(60 - 50 + 31)
+
+
+async def test_several_give_backs_in_one_call_each_apply_in_full(store):
+    """A request's leases (and other requests') handed back together, charges refunded
+    and charged more at once."""
+    tokens = Charge("{e}tokens", PER_MINUTE_60, 40)
+    tenant = await take(store, slots(("{e}tenant", 1)))
+    shared = await take(store, Ask(slots=(Slot("{e}route", 1),), charges=(tokens,)))
+    pool_tokens = Charge("{p}tokens", PER_MINUTE_60, 20)
+    pool = await take(store, Ask(slots=(Slot("{p}pool", 1),), charges=(pool_tokens,)))
+    assert isinstance(tenant, Lease)
+    assert isinstance(shared, Lease)
+    assert isinstance(pool, Lease)
+    await store.give_back(
+        [
+            GiveBack(tenant),
+            GiveBack(shared, (Refund(tokens, 30),)),
+            GiveBack(pool, (Refund(pool_tokens, -5),)),
+            GiveBack(NO_SLOTS, (Refund(tokens, 10),)),
+        ]
+    )
+    for key in ("{e}tenant", "{e}route", "{p}pool"):
+        assert await store.in_use(key) == 0
+    assert await store.available("{e}tokens", PER_MINUTE_60) == pytest.approx(60)
+    assert await store.available("{p}tokens", PER_MINUTE_60) == pytest.approx(35)
 
 
 async def test_a_lease_not_renewed_lapses_and_its_slot_is_free_again(store, clock):

@@ -10,7 +10,19 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from sluicegate.core.limits import Ask, Charge, Lease, Part, Rate, Refused, Slot, StoreUnavailable
+from sluicegate.core.leases import Leases
+from sluicegate.core.limits import (
+    Ask,
+    Charge,
+    GiveBack,
+    Lease,
+    Part,
+    Rate,
+    Refund,
+    Refused,
+    Slot,
+    StoreUnavailable,
+)
 from sluicegate.stores.redis import LAYOUT, RedisLimitStore, listener
 from sluicegate.stores.resp import RespConnection
 from tests.support.clock import FakeClock
@@ -48,12 +60,13 @@ async def test_without_a_test_clock_the_server_clock_decides(redis):
 async def test_every_key_has_a_ttl_and_lives_under_the_prefix_and_layout(redis):
     client, prefix = redis
     store = shared(prefix)
-    held = lease("a", "{t}s")
+    held, ended = lease("a", "{t}s"), lease("b", "{t}s")
     ask = Ask(slots=(Slot("{t}s", 3),), charges=(Charge("{t}r", RATE, 1),))
-    assert await store.take(ask, held, TTL_S) is None
+    for taken in (held, ended):
+        assert await store.take(ask, taken, TTL_S) is None
     await store.renew([held], TTL_S)
     await store.cool("{t}c", 5)
-    await store.refund(Charge("{t}r", RATE, 1), -1)
+    await store.give_back([GiveBack(ended, (Refund(Charge("{t}r", RATE, 1), -1),))])
     await store.beat("replica-1", TTL_S)
     keys = sorted([key.decode() async for key in client.scan_iter(match=f"{prefix}*")])
     assert keys == [
@@ -80,7 +93,7 @@ async def test_two_replicas_on_one_redis_share_a_slot(redis):
     first = lease("one", "s")
     assert await one.take(ask, first, TTL_S) is None
     assert await two.take(ask, lease("two", "s"), TTL_S) == Refused(Part.SLOT, 0, None)
-    await one.release(first)
+    await one.give_back([GiveBack(first)])
     assert await two.take(ask, lease("two", "s"), TTL_S) is None
 
 
@@ -114,6 +127,58 @@ async def test_a_redis_that_refuses_connections_is_unavailable_at_once():
     store = RedisLimitStore(connection, "x:", timeout_s=0.05)
     with pytest.raises(StoreUnavailable):
         await store.in_use("s")
+    with pytest.raises(StoreUnavailable):
+        await store.give_back([GiveBack(lease("a", "s"), (Refund(Charge("r", RATE, 1), 1),))])
+    await store.close()
+
+
+class Counting(RespConnection):
+    """The store's own connection, recording how many scripts each call sent together."""
+
+    def __init__(self, url: str, connect_timeout_s: float) -> None:
+        super().__init__(url, connect_timeout_s)
+        self.sent: list[int] = []
+
+    async def calls(self, commands, at_once=True):
+        self.sent.append(sum(command[0] == "EVALSHA" for command in commands))
+        return await super().calls(commands, at_once)
+
+
+async def test_a_give_back_is_one_script_per_hash_tag_whatever_it_carries(redis):
+    """The edge's two leases with their refunds, and a pool's: two scripts, one per shard
+    of a future cluster, sent together."""
+    _, prefix = redis
+    connection = Counting(REDIS_URL, 5.0)
+    store = RedisLimitStore(connection, prefix, 5.0)
+    tokens = Charge("{e}tokens", RATE, 2)
+    tenant, route, pool = lease("t", "{e}tenant"), lease("r", "{e}route"), lease("p", "{p}pool")
+    for held, charges in ((tenant, ()), (route, (tokens,)), (pool, ())):
+        assert (
+            await store.take(Ask(slots=(Slot(held.keys[0], 1),), charges=charges), held, TTL_S)
+            is None
+        )
+    connection.sent.clear()
+    await store.give_back([GiveBack(tenant), GiveBack(route, (Refund(tokens, 1),)), GiveBack(pool)])
+    assert connection.sent == [2]
+    assert [await store.in_use(k) for k in ("{e}tenant", "{e}route", "{p}pool")] == [0, 0, 0]
+    assert await store.available("{e}tokens", RATE) == pytest.approx(1, abs=0.1)
+    await store.close()
+
+
+async def test_a_detached_give_back_reaches_redis_before_any_later_decision(redis):
+    """Its scripts (one per hash tag) are queued in the give-back task's first turn: a
+    decision this process starts after that turn finds the slots free."""
+    _, prefix = redis
+    store = shared(prefix)
+    leases = Leases(store, FakeClock(), detached=True)
+    edge, pool = Ask(slots=(Slot("{e}route", 1),)), Ask(slots=(Slot("{p}pool", 1),))
+    held = [await leases.take(ask) for ask in (edge, pool)]
+    for taken in held:
+        assert isinstance(taken, Lease)
+        await leases.give_back(taken)
+    await asyncio.sleep(0)
+    assert isinstance(await leases.take(pool), Lease)
+    assert isinstance(await leases.take(edge), Lease)
     await store.close()
 
 
@@ -150,8 +215,8 @@ async def test_a_freed_slot_is_announced_to_every_listener_once(redis):
     slots = (Slot("{p}u", 1), Slot("{p}s", 1), Slot("{p}t", 1))
     assert await store.take(Ask(slots=slots), held, TTL_S) is None
     await asyncio.sleep(0.2)
-    await store.release(held)
-    await store.release(held)
+    await store.give_back([GiveBack(held)])
+    await store.give_back([GiveBack(held)])
     for _ in range(50):
         if len(heard) == 2:
             break

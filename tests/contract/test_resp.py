@@ -6,12 +6,13 @@ lost connection failing its calls and replaced by the next one, a mute server le
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from sluicegate.core.limits import Ask, Lease, Slot, StoreTimeout, StoreUnavailable
+from sluicegate.core.limits import Ask, GiveBack, Lease, Slot, StoreTimeout, StoreUnavailable
 from sluicegate.stores.redis import RedisLimitStore, listener
 from sluicegate.stores.resp import RespConnection, RespError, Unreachable
 from tests.support.redis import RedisServer, redis_server
@@ -23,13 +24,24 @@ def server(tmp_path: Path) -> Iterator[RedisServer]:
         yield started
 
 
-async def test_concurrent_calls_each_get_their_own_reply(server):
+async def test_concurrent_calls_each_get_their_own_reply(server, caplog):
     connection = RespConnection(server.url, 1.0)
     replies = await asyncio.gather(*(connection.call("ECHO", f"n{i}") for i in range(500)))
     assert replies == [f"n{i}".encode() for i in range(500)]
     with pytest.raises(RespError, match="unknown command"):
         await connection.call("NO-SUCH-COMMAND")
     assert await connection.call("PING") == b"PONG"
+    together = [("ECHO", "a"), ("ECHO", "b")]
+    assert await connection.calls(together, at_once=False) == [b"a", b"b"]
+    failed = ""
+    try:
+        await connection.calls([("ECHO", "a"), ("NO-SUCH-COMMAND",), ("NO-SUCH-EITHER",)])
+    except RespError as exc:
+        failed = str(exc)
+    assert "unknown command 'NO-SUCH-COMMAND'" in failed
+    assert await connection.call("ECHO", "d") == b"d"
+    gc.collect()
+    assert "never retrieved" not in caplog.text
     await connection.close()
 
 
@@ -60,7 +72,7 @@ async def test_rediss_urls_speak_tls_verified_against_the_ca_named_in_the_url(tm
         assert await store.take(Ask(slots=(Slot("s", 1),)), held, 30.0) is None
         assert await store.take(Ask(slots=(Slot("s", 1),)), Lease("b", ("s",)), 30.0)
         await asyncio.sleep(0.3)
-        await store.release(held)
+        await store.give_back([GiveBack(held)])
         for _ in range(100):
             if heard:
                 break

@@ -12,7 +12,7 @@ from sluicegate.core.clock import sleep_until
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.limits import (
     Ask,
-    Charge,
+    GiveBack,
     Lease,
     LimitStore,
     Rate,
@@ -122,13 +122,9 @@ class YieldingStore:
         await self._turn("renew")
         await self.inner.renew(leases, ttl_s)
 
-    async def release(self, lease: Lease) -> None:
-        await self._turn("release")
-        await self.inner.release(lease)
-
-    async def refund(self, charge: Charge, amount: float) -> None:
-        await self._turn(charge.key)
-        await self.inner.refund(charge, amount)
+    async def give_back(self, backs: Sequence[GiveBack]) -> None:
+        await self._turn("give_back")
+        await self.inner.give_back(backs)
 
     async def cool(self, key: str, duration_s: float) -> None:
         await self._turn(key)
@@ -155,10 +151,7 @@ class UnreachableStore:
     async def renew(self, leases: Sequence[Lease], ttl_s: float) -> None:
         await self._fail()
 
-    async def release(self, lease: Lease) -> None:
-        await self._fail()
-
-    async def refund(self, charge: Charge, amount: float) -> None:
+    async def give_back(self, backs: Sequence[GiveBack]) -> None:
         await self._fail()
 
     async def cool(self, key: str, duration_s: float) -> None:

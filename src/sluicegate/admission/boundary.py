@@ -5,7 +5,8 @@ gave an estimate, the route's and the aggregate's concurrency (a slow body must 
 shared capacity) with the rates and token quotas, in one decision. Each of the two is
 one all-or-nothing decision of the limit store (one round trip to a shared one), and
 what it took is handed to the caller's exit stack the moment it is taken, so it is
-released whatever happens to the request.
+given back (its slots freed and its token reservations settled, in one store call)
+whatever happens to the request.
 """
 
 from __future__ import annotations
@@ -18,7 +19,17 @@ from sluicegate.core import keys
 from sluicegate.core.call import Call, Tally
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.leases import Leases, store_unavailable
-from sluicegate.core.limits import Ask, Charge, Part, Refused, Slot, StoreUnavailable, priced
+from sluicegate.core.limits import (
+    Ask,
+    Charge,
+    Lease,
+    Part,
+    Refused,
+    Slot,
+    StoreUnavailable,
+    priced,
+    unspent,
+)
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Endpoint, Quota, RoutePolicy, Tenant
 
@@ -125,10 +136,10 @@ class Boundary:
                 raise _full(ask.slots[decision.index], plan.slot_gates[decision.index])
             charge, gate = ask.charges[decision.index], plan.gates[decision.index]
             raise gate.reason.error(_rate_message(charge, gate), decision.retry_after_s)
-        if ask.slots:
-            permits.push_async_callback(self._leases.give_back, decision)
-        for index in plan.tokens:
-            permits.push_async_callback(self._settle, ask.charges[index], tally)
+        if ask.slots or plan.tokens:
+            permits.push_async_callback(
+                self._give_back, decision, ask.charges, plan.tokens, call.reserved_tokens, tally
+            )
 
     def _check_prompt_budget(self, call: Call) -> None:
         prompt = call.prompt_tokens
@@ -173,11 +184,17 @@ class Boundary:
             if quota.tokens is not None:
                 yield Charge(tokens_key, quota.tokens, 0), _Gate(token_reason, who, True)
 
-    async def _settle(self, charge: Charge, tally: Tally) -> None:
-        """Reconcile a token reservation with the usage reported; unknown usage keeps it."""
-        used = tally.used_tokens
-        if used is not None and used != charge.cost:
-            await self._leases.give_back(None, [(charge, charge.cost - used)])
+    async def _give_back(
+        self,
+        lease: Lease,
+        charges: tuple[Charge, ...],
+        tokens: tuple[int, ...],
+        reserved: int,
+        tally: Tally,
+    ) -> None:
+        """Free the shared slots and settle the token reservations against the usage
+        reported, in one give-back."""
+        await self._leases.give_back(lease, unspent(charges, tokens, reserved, tally.used_tokens))
 
 
 def _too_long(prompt: int, who: str, budget: int) -> GatewayError:

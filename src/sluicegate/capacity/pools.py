@@ -25,6 +25,7 @@ from sluicegate.core.limits import (
     Slot,
     StoreUnavailable,
     priced,
+    unspent,
 )
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import PoolSpec
@@ -173,16 +174,13 @@ class PoolPermit:
         self._released = False
 
     async def release(self, used_tokens: int | None) -> None:
-        """Free the slots, then give back what a finished attempt did not use; an
-        unknown usage keeps the whole reservation."""
+        """Free the slots and give back what a finished attempt did not use, in one give-back;
+        an unknown usage keeps the whole reservation."""
         if self._released:
             return
         self._released = True
         group = self._group
-        refunds: list[tuple[Charge, float]] = []
-        if used_tokens is not None and used_tokens != self.reserved:
-            unused = self.reserved - used_tokens
-            refunds = [(self._charges[i], unused) for i in group.tokens]
+        refunds = unspent(self._charges, group.tokens, self.reserved, used_tokens)
         try:
             await group.leases.give_back(self._lease, refunds)
         finally:

@@ -10,22 +10,28 @@ every `ttl_s / 3`, so a stream that lasts ten TTLs keeps its slots.
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import logging
 import operator
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
 
 from sluicegate.core.clock import Clock, sleep_until
 from sluicegate.core.errors import GatewayError
-from sluicegate.core.limits import Ask, Charge, Lease, LimitStore, Refused, StoreUnavailable
+from sluicegate.core.limits import (
+    NO_SLOTS,
+    Ask,
+    GiveBack,
+    Lease,
+    LimitStore,
+    Refund,
+    Refused,
+    StoreUnavailable,
+)
 from sluicegate.core.refusals import Refusal
 
 log = logging.getLogger("sluicegate")
 
 LEASE_TTL_S = 30.0
-_NOTHING = Lease("", ())
 _KEY = operator.itemgetter(0)
 """A slot's key (a lease's keys are those of its ask's slots)."""
 
@@ -43,10 +49,12 @@ class Leases:
         detached: bool = False,
     ) -> None:
         """`detached` for a networked store: a request that ends does not wait a round
-        trip for its releases and refunds. Their task's first turn comes before any
-        decision this process starts later, so the release is written first on the one
-        connection; another replica sees it before a request the caller sends it after
-        reading this answer (that request travels through the caller), in practice."""
+        trip for its give-backs. Those of one loop turn (a request's permits end together,
+        and so may other requests') leave in one store call, made by a task whose first
+        turn comes before any decision this process starts later, so the give-back is
+        written first on the one connection; another replica sees it before a request the
+        caller sends it after reading this answer (that request travels through the
+        caller), in practice."""
         self.store = store
         self._detached = detached
         self._owner = owner or uuid.uuid4().hex[:12]
@@ -54,65 +62,72 @@ class Leases:
         self.ttl_s = ttl_s
         self._clock = clock
         self._held: set[Lease] = set()
+        self._batch: list[GiveBack] | None = None
+        """Give-backs handed over in this loop turn, sent together at the next."""
         self._finishing: set[asyncio.Future[None]] = set()
 
     async def take(self, ask: Ask) -> Lease | Refused:
         """Decide `ask`. Cancelled while the store decides, the lease it may have granted
-        (under the id chosen here) is released by a task owned here. An ask for rates
-        alone holds nothing: its lease is an empty one."""
+        (under the id chosen here) is given back by a task owned here. An ask for rates
+        alone holds nothing: its lease is `NO_SLOTS`."""
         slots = ask.slots
         if not slots:
-            refused = await self.store.take(ask, _NOTHING, self.ttl_s)
-            return _NOTHING if refused is None else refused
+            refused = await self.store.take(ask, NO_SLOTS, self.ttl_s)
+            return NO_SLOTS if refused is None else refused
         lease = Lease(f"{self._owner}:{next(self._ids)}", tuple(map(_KEY, slots)))
         try:
             refused = await self.store.take(ask, lease, self.ttl_s)
         except asyncio.CancelledError:
-            self._finish([functools.partial(self.store.release, lease)])
+            self._hand_over(GiveBack(lease))
             raise
         if refused is None:
             self._held.add(lease)
             return lease
         return refused
 
-    async def give_back(
-        self, lease: Lease | None, refunds: Sequence[tuple[Charge, float]] = ()
-    ) -> None:
-        """Free a lease and refund charges, whatever happens to the caller meanwhile: a
-        cancellation mid-way hands the remaining steps to a task owned here (the step
-        cut short is done again; a release is idempotent). With the store away, a lease
-        lapses by its TTL and a refund is lost (the reservation stands): neither fails
-        the request that ends. Detached, every step runs in such a task from the start."""
-        if lease is not None:
-            self._held.discard(lease)
-        releasing = lease is not None and lease.keys
-        steps = [functools.partial(self.store.release, lease)] if releasing else []
-        steps += [functools.partial(self.store.refund, c, amount) for c, amount in refunds]
-        if self._detached:
-            if steps:
-                self._finish(steps)
+    async def give_back(self, lease: Lease, refunds: tuple[Refund, ...] = ()) -> None:
+        """Free a lease and apply its refunds, in one store call, whatever happens to the
+        caller meanwhile: cut short by a cancellation, the call is made again by a task
+        owned here (a lease with slots still applies its refunds once; those of
+        `NO_SLOTS`, which no store can tell apart, may apply twice). With the store away,
+        a lease lapses by its TTL and a refund is lost (the reservation stands): neither
+        fails the request that ends. Detached, every give-back is left to such a task
+        from the start."""
+        self._held.discard(lease)
+        if not lease.keys and not refunds:
             return
-        for done, step in enumerate(steps):
-            try:
-                await step()
-            except StoreUnavailable:
-                _lost()
-            except asyncio.CancelledError:
-                self._finish(steps[done:])
-                raise
+        back = GiveBack(lease, refunds)
+        if self._detached:
+            self._hand_over(back)
+            return
+        try:
+            await self.store.give_back((back,))
+        except StoreUnavailable:
+            _lost()
+        except asyncio.CancelledError:
+            self._hand_over(back)
+            raise
 
-    def _finish(self, steps: list[Callable[[], Awaitable[None]]]) -> None:
-        async def rest() -> None:
-            for step in steps:
-                await _quietly(step())
+    def _hand_over(self, back: GiveBack) -> None:
+        """Leave `back` to a task owned here, with every other handed over this loop turn."""
+        batch = self._batch
+        if batch is None:
+            batch = self._batch = []
+            task = asyncio.ensure_future(self._send(batch))
+            self._finishing.add(task)
+            task.add_done_callback(self._finishing.discard)
+        batch.append(back)
 
-        task = asyncio.ensure_future(rest())
-        self._finishing.add(task)
-        task.add_done_callback(self._finishing.discard)
+    async def _send(self, batch: list[GiveBack]) -> None:
+        self._batch = None
+        try:
+            await self.store.give_back(batch)
+        except StoreUnavailable:
+            _lost()
 
     async def drain(self, timeout_s: float) -> None:
-        """Wait, up to `timeout_s`, for the steps handed to tasks: at shutdown, so that
-        a stopping process frees what it held instead of leaving it to the TTL."""
+        """Wait, up to `timeout_s`, for the give-backs handed to tasks: at shutdown, so
+        that a stopping process frees what it held instead of leaving it to the TTL."""
         if self._finishing:
             await asyncio.wait(set(self._finishing), timeout=timeout_s)
 
@@ -128,13 +143,6 @@ class Leases:
                 await self.store.renew(list(self._held), self.ttl_s)
             except StoreUnavailable:
                 log.warning("the limit store is unavailable; leases not renewed this time")
-
-
-async def _quietly(call: Awaitable[None]) -> None:
-    try:
-        await call
-    except StoreUnavailable:
-        _lost()
 
 
 def store_unavailable() -> GatewayError:

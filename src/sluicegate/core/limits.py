@@ -94,11 +94,41 @@ class Refused:
 
 
 class Lease(NamedTuple):
-    """The slots one decision took, held under one id until released or, if its holder
+    """The slots one decision took, held under one id until given back or, if its holder
     stops renewing it, until its time-to-live runs out."""
 
     id: str
     keys: tuple[str, ...]
+
+
+NO_SLOTS = Lease("", ())
+"""The lease of a decision that holds no slot (rates alone)."""
+
+
+class Refund(NamedTuple):
+    """`amount` units of a charge given back (negative: charged more)."""
+
+    charge: Charge
+    amount: float
+
+
+class GiveBack(NamedTuple):
+    """What one decision hands back when it ends: its lease's slots, and what its charges
+    reserved but did not use."""
+
+    lease: Lease
+    refunds: tuple[Refund, ...] = ()
+
+
+def unspent(
+    charges: tuple[Charge, ...], which: tuple[int, ...], reserved: float, used: float | None
+) -> tuple[Refund, ...]:
+    """The refunds settling the charges at `which` (each priced at `reserved` by
+    `priced`) against the usage reported: none while it is unknown (the reservation
+    stands)."""
+    if used is None or used == reserved:
+        return ()
+    return tuple([Refund(charges[index], reserved - used) for index in which])
 
 
 class StoreUnavailable(Exception):
@@ -123,12 +153,11 @@ class LimitStore(Protocol):
         """Extend leases still held by `ttl_s` from now; a lapsed one stays lapsed."""
         ...
 
-    async def release(self, lease: Lease) -> None:
-        """Free a lease's slots; releasing twice, or after it lapsed, does nothing."""
-        ...
-
-    async def refund(self, charge: Charge, amount: float) -> None:
-        """Give back `amount` of a charge (negative: charge more)."""
+    async def give_back(self, backs: Sequence[GiveBack]) -> None:
+        """Free each lease's slots and apply its refunds, all in one call. The refunds of a
+        lease are applied by the give-back that frees it: giving it back twice, or after
+        it lapsed, does nothing. A lease holding no slot cannot tell: its refunds are
+        applied by every call that carries them."""
         ...
 
     async def cool(self, key: str, duration_s: float) -> None:

@@ -30,7 +30,6 @@ as long as they are cut off.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import sys
@@ -41,12 +40,15 @@ from typing import Protocol
 
 from sluicegate.core.clock import Clock, sleep_until
 from sluicegate.core.limits import (
+    NO_SLOTS,
     Ask,
     Charge,
+    GiveBack,
     Lease,
     LimitStore,
     Part,
     Rate,
+    Refund,
     Refused,
     Slot,
     StoreTimeout,
@@ -166,8 +168,7 @@ class FailoverStore:
                 break
         else:
             return
-        for lease in held.values():
-            await self._local.release(lease)
+        await self._local.give_back([GiveBack(lease) for lease in held.values()])
         self._shared_leases.update(held)
         self._local_leases.clear()
         self.degraded = False
@@ -181,11 +182,10 @@ class FailoverStore:
             listener(False)
 
     async def _release_orphans(self, orphans: Sequence[Lease]) -> None:
-        """All at once: the connection carries them in a few writes, not one round trip
-        each."""
+        """In batches, each one call of the shared store, not a round trip per lease."""
         for start in range(0, len(orphans), ORPHANS_AT_ONCE):
             batch = orphans[start : start + ORPHANS_AT_ONCE]
-            await asyncio.gather(*(self._shared.release(lease) for lease in batch))
+            await self._shared.give_back([GiveBack(lease) for lease in batch])
             for lease in batch:
                 self._orphans.pop(lease.id, None)
 
@@ -268,32 +268,40 @@ class FailoverStore:
         except StoreUnavailable as why:
             await self._failed(why)
 
-    async def release(self, lease: Lease) -> None:
-        """Freed where it is held; one the shared store may hold while it is away is
-        released there once it answers again."""
-        if self._local_leases.pop(lease.id, None) is not None:
-            await self._local.release(lease)
-            self._orphan(lease)
-            return
-        self._shared_leases.pop(lease.id, None)
-        if self.degraded:
-            self._orphan(lease)
-            return
-        try:
-            await self._shared.release(lease)
-        except StoreUnavailable as why:
-            self._orphan(lease)
-            await self._failed(why)
-
-    async def refund(self, charge: Charge, amount: float) -> None:
-        if not self.degraded:
+    async def give_back(self, backs: Sequence[GiveBack]) -> None:
+        """Each lease freed where it is held, its refunds applied there (here: to this
+        replica's share); one the shared store may hold while it is away is released
+        there once it answers again (its refunds stay here, or are lost if the store
+        failed without degrading it: the reservation stands)."""
+        here: list[GiveBack] = []
+        refunds: list[Refund] = []
+        shared: list[GiveBack] = []
+        for back in backs:
+            lease = back.lease
+            if self._local_leases.pop(lease.id, None) is not None:
+                here.append(GiveBack(lease))
+                refunds += back.refunds
+                self._orphan(lease)
+            elif self.degraded:
+                refunds += back.refunds
+                self._orphan(lease)
+            else:
+                self._shared_leases.pop(lease.id, None)
+                shared.append(back)
+        if shared:
             try:
-                await self._shared.refund(charge, amount)
-                return
+                await self._shared.give_back(shared)
             except StoreUnavailable as why:
-                if not await self._failed(why):
-                    return
-        await self._local.refund(_charge_share(charge, max(1, self.live)), amount)
+                for back in shared:
+                    self._orphan(back.lease)
+                if await self._failed(why):
+                    refunds += [refund for back in shared for refund in back.refunds]
+        if refunds:
+            live = max(1, self.live)
+            shares = tuple([Refund(_charge_share(c, live), amount) for c, amount in refunds])
+            here.append(GiveBack(NO_SLOTS, shares))
+        if here:
+            await self._local.give_back(here)
 
     async def cool(self, key: str, duration_s: float) -> None:
         """Kept locally as well, so that a cooldown still holds if the store goes away."""

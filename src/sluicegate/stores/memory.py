@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from sluicegate.core.clock import Clock
 from sluicegate.core.limits import (
     Ask,
-    Charge,
+    GiveBack,
     Lease,
     Part,
     Rate,
@@ -64,17 +64,18 @@ class MemoryLimitStore:
                 if held is not None and held.get(lease.id, now) > now:
                     held[lease.id] = now + ttl_s
 
-    async def release(self, lease: Lease) -> None:
-        lease_id, keys = lease
-        for key in keys:
-            held = self._slots.get(key)
-            if held is not None:
-                held.pop(lease_id, None)
-
-    async def refund(self, charge: Charge, amount: float) -> None:
+    async def give_back(self, backs: Sequence[GiveBack]) -> None:
         now = self._clock.now()
-        key, rate, _ = charge
-        self._tats[key] = gcra_refund(self._tats.get(key, now), now, rate, amount)
+        held_by, tats = self._slots, self._tats
+        for (lease_id, keys), refunds in backs:
+            freed = not keys
+            for key in keys:
+                held = held_by.get(key)
+                if held is not None and held.pop(lease_id, now) > now:
+                    freed = True
+            if freed:
+                for (key, rate, _), amount in refunds:
+                    tats[key] = gcra_refund(tats.get(key, now), now, rate, amount)
 
     async def cool(self, key: str, duration_s: float) -> None:
         until = self._clock.now() + duration_s

@@ -33,7 +33,7 @@ from sluicegate.core import keys
 from sluicegate.core.clock import Clock
 from sluicegate.core.limits import (
     Ask,
-    Charge,
+    GiveBack,
     Lease,
     Part,
     Rate,
@@ -47,6 +47,8 @@ from sluicegate.stores.resp import RespConnection, RespError
 log = logging.getLogger("sluicegate")
 
 LAYOUT = "v1"
+GIVE_BACKS_AT_ONCE = 128
+"""Give-backs per script call at most: a script holds the server for its whole run."""
 _PARTS = {b"cooldown": Part.COOLDOWN, b"slot": Part.SLOT, b"charge": Part.CHARGE}
 
 
@@ -93,7 +95,7 @@ class _Script(NamedTuple):
 
 
 SCRIPTS = (
-    "take", "renew", "release", "refund", "cool", "in_use", "available", "beat", "breaker", "fair",
+    "take", "renew", "give_back", "cool", "in_use", "available", "beat", "breaker", "fair",
 )  # fmt: skip
 
 
@@ -136,17 +138,24 @@ class RedisLimitStore:
     async def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
         """Run a script by its digest, loading it first if this Redis does not know it
         (a restart, a failover): one round trip, two the first time."""
+        return (await self._runs(script, ((keys, args),), at_once=True))[0]
+
+    async def _runs(
+        self, script: str, calls: Sequence[tuple[list[str], list[Any]]], at_once: bool
+    ) -> list[Any]:
+        """Run a script once per call, all sent together (`RespConnection.calls`)."""
         sha, text = self._scripts[script]
-        command = ("EVALSHA", sha, len(keys), *keys, self._now(), *args)
+        now = self._now()
+        commands = [("EVALSHA", sha, len(keys), *keys, now, *args) for keys, args in calls]
         try:
             async with asyncio.timeout(self._timeout_s):
                 try:
-                    return await self._connection.call(*command)
+                    return await self._connection.calls(commands, at_once)
                 except RespError as exc:
                     if not str(exc).startswith("NOSCRIPT"):
                         raise
                 await self._connection.call("SCRIPT", "LOAD", text)
-                return await self._connection.call(*command)
+                return await self._connection.calls(commands, at_once)
         except TimeoutError:
             raise StoreTimeout(f"redis: no answer within {self._timeout_s}s") from None
         except (RespError, OSError) as exc:
@@ -194,10 +203,39 @@ class RedisLimitStore:
         edge's, the backend's) would cost every replica a message per request."""
         self._announced = frozenset(keys)
 
-    async def release(self, lease: Lease) -> None:
-        announced = [self._key(k) for k in lease.keys if k in self._announced]
-        keys = announced + [self._key(k) for k in lease.keys if k not in self._announced]
-        await self._run("release", keys, [lease.id, self._channel, len(announced)])
+    async def give_back(self, backs: Sequence[GiveBack]) -> None:
+        """One script run per hash tag (a decision's keys share one, so each run stays on
+        one shard of a cluster) and per `GIVE_BACKS_AT_ONCE`, all in one write: queued
+        before this awaits anything (on an open connection), so they come before any
+        call made after this one began. Nobody waits for them: they never leave alone."""
+        by_tag: dict[str, list[GiveBack]] = defaultdict(list)
+        for back in backs:
+            (_, slots), refunds = back
+            if slots:
+                by_tag[_tag(slots[0])].append(back)
+            elif refunds:
+                by_tag[_tag(refunds[0].charge.key)].append(back)
+        calls = [
+            self._give_back(group[start : start + GIVE_BACKS_AT_ONCE])
+            for group in by_tag.values()
+            for start in range(0, len(group), GIVE_BACKS_AT_ONCE)
+        ]
+        if calls:
+            await self._runs("give_back", calls, at_once=False)
+
+    def _give_back(self, backs: Sequence[GiveBack]) -> tuple[list[str], list[Any]]:
+        keys: list[str] = []
+        args: list[Any] = [self._channel]
+        key, announced = self._key, self._announced
+        for (lease_id, slots), refunds in backs:
+            heard = [key(k) for k in slots if k in announced]
+            keys += heard
+            keys += [key(k) for k in slots if k not in announced]
+            args += [lease_id, len(slots), len(heard), len(refunds)]
+            for (charged, rate, _), amount in refunds:
+                keys.append(key(charged))
+                args += [rate.interval_s, amount]
+        return keys, args
 
     async def watch_releases(
         self, listener: Redis, released: Callable[[str], None], retry_s: float
@@ -220,9 +258,6 @@ class RedisLimitStore:
             finally:
                 await pubsub.aclose()
             await asyncio.sleep(retry_s)
-
-    async def refund(self, charge: Charge, amount: float) -> None:
-        await self._run("refund", [self._key(charge.key)], [charge.rate.interval_s, amount])
 
     async def cool(self, key: str, duration_s: float) -> None:
         await self._run("cool", [self._key(key)], [duration_s])

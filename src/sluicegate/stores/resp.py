@@ -3,10 +3,11 @@
 redis-py's asyncio client takes a pooled connection per command and runs each through
 its retry, observability and parsing layers: on this project's 2-core machine it costs
 2.2-2.4x the CPU of this connection per script call (`bench/redis_calls.py`), and a
-request that passes every gate makes five calls. Redis answers the commands of one
-connection in order, so one connection carries every concurrent call: each call writes
-its command and waits for the reply in its place in the queue. Replies are parsed by
-hiredis; URLs are parsed by redis-py, which still serves the release subscription.
+request that passes every gate makes three calls on its path and gives back with two
+more (sent in one write). Redis answers the commands of one connection in order, so one
+connection carries every concurrent call: each call writes its command and waits for
+the reply in its place in the queue. Replies are parsed by hiredis; URLs are parsed by
+redis-py, which still serves the release subscription.
 
 Every call is bounded by the caller's timeout. A call that timed out keeps its place in
 the queue (its reply is dropped when it comes); a connection that fails, or that sent
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
+from collections.abc import Sequence
 from typing import Any
 
 import hiredis
@@ -72,14 +74,14 @@ class _Protocol(asyncio.Protocol):
     def pending(self) -> int:
         return len(self._waiting)
 
-    def send(self, command: bytes) -> asyncio.Future[Any]:
+    def send(self, command: bytes, at_once: bool) -> asyncio.Future[Any]:
         if self.lost is not None or self._transport is None:
             raise Unreachable("the connection was lost")
         if len(self._waiting) >= MAX_PENDING:
             raise Unreachable(f"{MAX_PENDING} calls already wait on the connection")
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        idle = not self._waiting and not self._outgoing
+        idle = at_once and not self._waiting and not self._outgoing
         self._waiting.append(future)
         if idle:
             self._transport.write(command)
@@ -92,7 +94,8 @@ class _Protocol(asyncio.Protocol):
     def _flush(self) -> None:
         """While calls are in flight, every command of one loop turn leaves in one write:
         a system call each costs more than the rest of the call on a busy machine. On an
-        idle connection a command leaves at once, since waiting a turn costs latency."""
+        idle connection a command leaves at once, since waiting a turn costs latency,
+        unless nobody waits for it."""
         outgoing, self._outgoing = self._outgoing, []
         if self._transport is not None and self.lost is None:
             self._transport.write(b"".join(outgoing))
@@ -136,14 +139,28 @@ class RespConnection:
         that connection (every call on it fails; the next call opens another), so a
         server gone mute is not waited on forever. A connection still answering, only
         late, is kept."""
+        return (await self.calls((args,)))[0]
+
+    async def calls(self, commands: Sequence[tuple[Any, ...]], at_once: bool = True) -> list[Any]:
+        """Every command's reply, as `call`; the commands are queued in order before
+        anything is awaited (on an open connection) and leave together: in the loop
+        turn's one write, or the first at once when its caller waits for it (`at_once`)
+        on an idle connection. The first error reply raises; the replies after it are
+        dropped."""
         protocol = self._protocol
         if protocol is None or protocol.lost is not None:
             protocol = await self._open()
         began = asyncio.get_running_loop().time()
+        sent: list[asyncio.Future[Any]] = []
         try:
-            return await protocol.send(hiredis.pack_command(args))
-        except asyncio.CancelledError:
-            self._leave_if_stalled(protocol, began)
+            for command in commands:
+                sent.append(protocol.send(hiredis.pack_command(command), at_once))
+            return [await reply for reply in sent]
+        except BaseException as exc:
+            for reply in sent:
+                reply.add_done_callback(_dropped)
+            if isinstance(exc, asyncio.CancelledError):
+                self._leave_if_stalled(protocol, began)
             raise
 
     async def _open(self) -> _Protocol:
@@ -171,7 +188,7 @@ class RespConnection:
                     )
                 try:
                     for command in self._hello:
-                        await protocol.send(hiredis.pack_command(tuple(command)))
+                        await protocol.send(hiredis.pack_command(tuple(command)), True)
                 except BaseException:
                     protocol.close()
                     raise
@@ -202,3 +219,9 @@ class RespConnection:
 def _close_opened(opening: asyncio.Future[_Protocol]) -> None:
     if not opening.cancelled() and opening.exception() is None:
         opening.result().close()
+
+
+def _dropped(reply: asyncio.Future[Any]) -> None:
+    """Collect a reply nobody awaits any more, so that its error is not reported."""
+    if not reply.cancelled():
+        reply.exception()

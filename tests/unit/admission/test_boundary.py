@@ -9,7 +9,7 @@ from sluicegate.core import keys
 from sluicegate.core.call import Call, Tally
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.leases import Leases
-from sluicegate.core.limits import Rate
+from sluicegate.core.limits import GiveBack, Rate
 from sluicegate.core.types import Endpoint, Lane, Model, Quota, RoutePolicy, Tenant
 from sluicegate.stores.memory import MemoryLimitStore
 from tests.support.clock import FakeClock
@@ -201,3 +201,41 @@ async def test_the_shared_slots_and_the_rates_are_one_decision():
     assert err.code == "tenant_rate_limited"
     assert await store.in_use(keys.route_slots("chat")) == 0
     assert await store.in_use(keys.AGGREGATE_SLOTS) == 0
+
+
+class Recording(MemoryLimitStore):
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.given: list[list[GiveBack]] = []
+
+    async def give_back(self, backs) -> None:
+        self.given.append(list(backs))
+        await super().give_back(backs)
+
+
+async def test_a_request_gives_back_its_edge_slots_and_settles_its_tokens_in_one_store_call():
+    """Each lease carries the refunds of its own decision's charges (so they apply once);
+    on a networked store the request's two leases leave together."""
+    clock = FakeClock()
+    store = Recording(clock)
+    leases = Leases(store, clock, detached=True)
+    route = RoutePolicy(max_concurrency=4)
+    rate = Rate(1000, 60, 1000)
+    gate = Boundary(leases, dict.fromkeys(Endpoint, route), Quota(tokens=rate))
+    tenant = Tenant("a", None, Quota(max_concurrency=2, tokens=rate))
+    async with AsyncExitStack() as permits:
+        await gate.enter_tenant(tenant, permits)
+        tally = Tally()
+        await gate.admit(call(tenant, reserved=800), permits, tally)
+        tally.used_tokens = 50
+    await leases.drain(timeout_s=60)
+    assert len(store.given) == 1
+    shared, tenant_back = store.given[0]
+    assert shared.lease.keys == (keys.route_slots("chat"),)
+    assert [(r.charge.key, r.amount) for r in shared.refunds] == [
+        (keys.tenant_tokens("a"), 750),
+        (keys.AGGREGATE_TOKENS, 750),
+    ]
+    assert tenant_back == GiveBack(tenant_back.lease)
+    assert tenant_back.lease.keys == (keys.tenant_slots("a"),)
+    assert await store.available(keys.AGGREGATE_TOKENS, rate) == pytest.approx(950)

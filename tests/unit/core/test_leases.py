@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+
+import pytest
 
 from sluicegate.core.leases import Leases
-from sluicegate.core.limits import Ask, Lease, Slot
+from sluicegate.core.limits import NO_SLOTS, Ask, Charge, GiveBack, Lease, Rate, Refund, Slot
 from sluicegate.stores.memory import MemoryLimitStore
 from tests.support.clock import FakeClock
-from tests.support.fakes import YieldingStore
+from tests.support.fakes import UnreachableStore, YieldingStore
 
 ONE_SLOT = Ask(slots=(Slot("s", 2),))
+PER_MINUTE_60 = Rate(limit=60, period_s=60, burst=60)
 
 
 async def test_a_held_lease_outlives_many_ttls_while_an_orphaned_one_lapses():
@@ -72,22 +76,25 @@ async def test_a_give_back_cut_short_by_a_cancel_is_finished_by_the_leases():
     assert await store.in_use("s") == 0
 
 
-class HeldReleases(YieldingStore):
-    """Releases wait until `answer` is set: a networked store's slow reply."""
+class HeldGiveBacks(YieldingStore):
+    """Give-backs wait until `answer` is set (a networked store's slow reply); `calls`
+    records what each call carried."""
 
     def __init__(self, inner):
         super().__init__(inner)
         self.answer = asyncio.Event()
+        self.calls: list[list[GiveBack]] = []
 
-    async def release(self, lease):
+    async def give_back(self, backs):
+        self.calls.append(list(backs))
         await self.answer.wait()
-        await self.inner.release(lease)
+        await self.inner.give_back(backs)
 
 
 async def test_a_detached_give_back_does_not_wait_for_the_store_and_drain_finishes_it():
     clock = FakeClock()
     store = MemoryLimitStore(clock)
-    slow = HeldReleases(store)
+    slow = HeldGiveBacks(store)
     leases = Leases(slow, clock, detached=True)
     lease = await leases.take(ONE_SLOT)
     assert isinstance(lease, Lease)
@@ -108,7 +115,7 @@ async def test_a_detached_give_back_does_not_wait_for_the_store_and_drain_finish
 async def test_an_attached_give_back_waits_for_the_release():
     clock = FakeClock()
     store = MemoryLimitStore(clock)
-    slow = HeldReleases(store)
+    slow = HeldGiveBacks(store)
     leases = Leases(slow, clock)
     lease = await leases.take(ONE_SLOT)
     assert isinstance(lease, Lease)
@@ -119,3 +126,42 @@ async def test_an_attached_give_back_waits_for_the_release():
     slow.answer.set()
     await releaser
     assert await store.in_use("s") == 0
+
+
+async def test_detached_give_backs_of_one_loop_turn_leave_in_one_store_call():
+    """A request's edge leases with their refunds, and another request's pool lease."""
+    clock = FakeClock()
+    store = MemoryLimitStore(clock)
+    slow = HeldGiveBacks(store)
+    slow.answer.set()
+    leases = Leases(slow, clock, detached=True)
+    spent = Charge("r", PER_MINUTE_60, 30)
+    tenant = await leases.take(Ask(slots=(Slot("{e}tenant", 1),)))
+    shared = await leases.take(Ask(slots=(Slot("{e}route", 1),), charges=(spent,)))
+    pool = await leases.take(Ask(slots=(Slot("{p}pool", 1),)))
+    assert isinstance(tenant, Lease)
+    assert isinstance(shared, Lease)
+    assert isinstance(pool, Lease)
+    await leases.give_back(shared, (Refund(spent, 20),))
+    await leases.give_back(tenant)
+    await leases.give_back(pool)
+    await leases.drain(timeout_s=60)
+    assert slow.calls == [
+        [GiveBack(shared, (Refund(spent, 20),)), GiveBack(tenant), GiveBack(pool)]
+    ]
+    assert await store.available("r", PER_MINUTE_60) == pytest.approx(50)
+    await leases.give_back(NO_SLOTS, (Refund(spent, 5),))
+    await leases.drain(timeout_s=60)
+    assert len(slow.calls) == 2
+
+
+async def test_a_give_back_that_finds_the_store_down_does_not_fail_the_request(caplog):
+    clock = FakeClock()
+    for detached in (False, True):
+        leases = Leases(UnreachableStore(), clock, detached=detached)
+        lease = Lease("x:1", ("s",))
+        with caplog.at_level(logging.WARNING, logger="sluicegate"):
+            await leases.give_back(lease, (Refund(Charge("r", PER_MINUTE_60, 9), 4),))
+            await leases.drain(timeout_s=60)
+        assert "a refund is lost" in caplog.text
+        caplog.clear()

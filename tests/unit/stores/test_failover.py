@@ -10,7 +10,18 @@ import logging
 
 import pytest
 
-from sluicegate.core.limits import Ask, Charge, Lease, Part, Rate, Refused, Slot, StoreUnavailable
+from sluicegate.core.limits import (
+    Ask,
+    Charge,
+    GiveBack,
+    Lease,
+    Part,
+    Rate,
+    Refund,
+    Refused,
+    Slot,
+    StoreUnavailable,
+)
 from sluicegate.core.types import DegradedPolicy, WhenDown
 from sluicegate.stores.failover import FailoverStore
 from tests.support.clock import FakeClock
@@ -134,7 +145,7 @@ async def test_the_probe_brings_it_back_and_local_leases_are_adopted(caplog):
     assert "reachable again" in caplog.text
     assert await shared.inner.in_use("s") == 1
     assert await granted(store, slot(4)) == 3
-    await store.release(held)
+    await store.give_back([GiveBack(held)])
     assert await shared.inner.in_use("s") == 3
     runner.cancel()
     await asyncio.gather(runner, return_exceptions=True)
@@ -181,7 +192,7 @@ async def test_what_the_shared_store_granted_counts_against_the_local_share():
     held = [await take(store, slot(4)) for _ in range(2)]
     shared.down = True
     assert await granted(store, slot(4)) == 0
-    await store.release(held[0])
+    await store.give_back([GiveBack(held[0])])
     assert await granted(store, slot(4)) == 1
 
 
@@ -190,13 +201,13 @@ async def test_leases_that_ended_while_degraded_are_released_in_the_shared_store
     store, shared = make(clock)
     first, second = await take(store, slot(4)), await take(store, slot(4))
     shared.down = True
-    await store.release(first)
+    await store.give_back([GiveBack(first)])
     assert store.degraded
     shared.down = False
     await store.run_once()
     assert not store.degraded
     assert await shared.inner.in_use("s") == 1
-    await store.release(second)
+    await store.give_back([GiveBack(second)])
     assert await shared.inner.in_use("s") == 0
 
 
@@ -243,5 +254,42 @@ async def test_a_recovery_that_fails_half_way_keeps_every_lease_counted_here():
     assert not store.degraded
     assert await shared.inner.in_use("s") == 2
     for lease in held:
-        await store.release(lease)
+        await store.give_back([GiveBack(lease)])
     assert await shared.inner.in_use("s") == 0
+
+
+async def test_a_give_back_while_degraded_refunds_the_local_share_and_releases_there_on_return():
+    """Rates as local shares of 60 / 2: the refund is applied to this replica's share,
+    and the release is done again in the shared store once it answers."""
+    clock = FakeClock()
+    store, shared = make(clock, policy(expected=2))
+    spent = Charge("r", PER_MINUTE_60, 20)
+    shared.down = True
+    lease = await take(store, Ask(slots=(Slot("s", 4),), charges=(spent,)))
+    assert isinstance(lease, Lease)
+    await store.give_back([GiveBack(lease, (Refund(spent, 15),))])
+    assert await store.available("r", PER_MINUTE_60) == pytest.approx(25)
+    shared.down = False
+    await store.run_once()
+    assert not store.degraded
+    assert await shared.inner.in_use("s") == 0
+    assert await shared.inner.available("r", PER_MINUTE_60) == pytest.approx(60)
+
+
+async def test_a_give_back_that_finds_the_store_down_is_done_locally_and_again_on_return():
+    """Granted by the shared store, whose give-back call finds it gone: the lease is
+    released there once it answers, without its refund (which this replica applied to
+    its own share when the call failed)."""
+    clock = FakeClock()
+    store, shared = make(clock)
+    spent = Charge("r", PER_MINUTE_60, 20)
+    lease = await take(store, Ask(slots=(Slot("s", 4),), charges=(spent,)))
+    assert isinstance(lease, Lease)
+    shared.down = True
+    await store.give_back([GiveBack(lease, (Refund(spent, 15),))])
+    assert store.degraded
+    assert await shared.inner.in_use("s") == 1
+    shared.down = False
+    await store.run_once()
+    assert await shared.inner.in_use("s") == 0
+    assert await shared.inner.available("r", PER_MINUTE_60) == pytest.approx(40)
