@@ -14,10 +14,10 @@ from sluicegate.api.asgi import ABORT, Message, Router
 from sluicegate.api.batches import BatchRoutes
 from sluicegate.api.intake import Intake
 from sluicegate.api.ledger import BatchLedger
-from sluicegate.core.types import Endpoint
-from sluicegate.jobs.model import Batch, BatchStatus, Job, StoredFile
+from sluicegate.jobs.model import Batch, BatchStatus, StoredFile
 from tests.config.test_config import ENV, base, parse
 from tests.contract.test_job_store import MIB, chunk_rows, content_of
+from tests.unit.jobs.test_batch_scale import running_batch
 
 ANSWER_BYTES = 4096
 
@@ -30,20 +30,7 @@ def gateway(store, clock) -> tuple[Intake, Router]:
 
 async def finished_batch(store, lines: int) -> Batch:
     """A batch of `lines` jobs, all succeeded with an answer of `ANSWER_BYTES`."""
-    batch = Batch(
-        tenant="alice",
-        input_file_id="file-x",
-        endpoint=Endpoint.CHAT.path,
-        completion_window="24h",
-        status=BatchStatus.IN_PROGRESS,
-        total_requests=lines,
-    )
-    body = b'{"model": "chat", "messages": []}'
-    jobs = (
-        Job(tenant="alice", kind=Endpoint.CHAT, body=body, lane="batch", custom_id=f"r{i}")
-        for i in range(lines)
-    )
-    await store.create_batch(batch, jobs)
+    batch = await running_batch(store, lines)
     answer = orjson.dumps({"content": "a" * (ANSWER_BYTES - 14)})
     async with store._db.write() as session:
         await session.fetch(

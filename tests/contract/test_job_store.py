@@ -359,11 +359,12 @@ async def test_a_batch_is_stored_with_its_jobs(store, clock):
     assert batch.id.startswith("batch_")
     assert batch.status_at == {"in_progress": clock.now()}
     assert await store.get_batch("alice", batch.id) == batch
-    jobs = await store.list_batch_jobs("alice", batch.id, 100)
+    jobs = await store.list_batch_jobs("alice", batch.id, JobState.QUEUED, 100)
     assert sorted(j.custom_id for j in jobs) == ["r0", "r1", "r2"]
     assert {(j.batch_id, j.state) for j in jobs} == {(batch.id, JobState.QUEUED)}
+    assert await store.list_batch_jobs("alice", batch.id, JobState.RUNNING, 100) == []
     assert await store.get_batch("bob", batch.id) is None
-    assert await store.list_batch_jobs("bob", batch.id, 100) == []
+    assert await store.list_batch_jobs("bob", batch.id, JobState.QUEUED, 100) == []
 
 
 async def test_a_batch_update_applies_only_from_the_expected_status(store, clock):
@@ -392,9 +393,9 @@ async def test_cancelling_a_batch_cancels_its_jobs(store, clock):
     assert cancelling.status is BatchStatus.CANCELLING
     assert cancelling.status_at["cancelling"] == clock.now()
     assert await store.get_batch("alice", batch.id) == cancelling
-    jobs = {j.id: j for j in await store.list_batch_jobs("alice", batch.id, 100)}
-    assert jobs.pop(running.id).cancel_requested
-    assert {j.state for j in jobs.values()} == {JobState.CANCELLED}
+    [flagged] = await store.list_batch_jobs("alice", batch.id, JobState.RUNNING, 100)
+    assert (flagged.id, flagged.cancel_requested) == (running.id, True)
+    assert len(await store.list_batch_jobs("alice", batch.id, JobState.CANCELLED, 100)) == 2
     assert await store.cancel_batch("alice", batch.id) == cancelling
 
 
@@ -461,12 +462,22 @@ async def test_a_batch_is_counted_by_state_and_paged_oldest_first(store, clock):
     counts = await store.batch_counts(batch.id)
     assert (counts[JobState.QUEUED], counts[JobState.RUNNING]) == (1_197, 1)
     assert (counts[JobState.SUCCEEDED], counts[JobState.FAILED]) == (1, 1)
-    pages, after = [], None
-    while page := await store.list_batch_jobs("alice", batch.id, 500, after):
-        pages.append(page)
-        after = page[-1].id
-    assert [len(page) for page in pages] == [500, 500, 200]
-    every = [j.custom_id for page in pages for j in page]
+    pages: dict[JobState, list[list[Job]]] = {}
+    for each in JobState:
+        after = None
+        while page := await store.list_batch_jobs("alice", batch.id, each, 500, after):
+            pages.setdefault(each, []).append(page)
+            after = page[-1].id
+    sizes = {each: [len(page) for page in state_pages] for each, state_pages in pages.items()}
+    assert sizes == {
+        JobState.QUEUED: [500, 500, 197],
+        JobState.RUNNING: [1],
+        JobState.SUCCEEDED: [1],
+        JobState.FAILED: [1],
+    }
+    queued = [j for page in pages[JobState.QUEUED] for j in page]
+    assert queued == sorted(queued, key=lambda j: (j.created_at, j.id))
+    every = [j.custom_id for state_pages in pages.values() for page in state_pages for j in page]
     assert sorted(every) == sorted(f"r{i}" for i in range(1_200))
     await store.cancel_batch("alice", batch.id)
     await store.finish("w", claimed[2].id, JobState.CANCELLED)
@@ -535,9 +546,9 @@ async def test_retention_deletes_only_what_ended_before_the_cutoff(store, clock)
     assert await store.get("alice", new_done.id) is not None
     assert await store.get_file("alice", old_file.id) is None
     assert await store.get_batch("alice", old_batch.id) is None
-    assert await store.list_batch_jobs("alice", old_batch.id, 10) == []
+    assert sum((await store.batch_counts(old_batch.id)).values()) == 0
     assert await store.get_batch("alice", live_batch.id) is not None
-    assert len(await store.list_batch_jobs("alice", live_batch.id, 10)) == 1
+    assert sum((await store.batch_counts(live_batch.id)).values()) == 1
     assert await store.purge(cutoff, 1_000) == (0, 0, 0)
 
 

@@ -139,7 +139,7 @@ async def _result_lines(
     for state in states:
         after: str | None = None
         while page := await store.list_batch_jobs(
-            batch.tenant, batch.id, RESULT_PAGE, after, state
+            batch.tenant, batch.id, state, RESULT_PAGE, after
         ):
             for job in page:
                 yield _result_line(job)

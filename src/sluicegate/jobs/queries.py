@@ -119,17 +119,12 @@ UPDATE_BATCH = """UPDATE batches SET status = :status,
     updated_at = :updated_at
 WHERE id = :id AND status = :expected RETURNING id"""
 _BATCH_PAGE = "ORDER BY created_at, id LIMIT :limit"
-
-
-def list_batch_jobs(by_state: bool, after: bool) -> str:
-    """A page of a batch's jobs, in `:state` if `by_state`, after the job `:after` if
-    `after`: either way one ordered range of an index (jobs_batch, jobs_batch_results)."""
-    state = "AND state = :state" if by_state else ""
-    later = "AND (created_at, id) > (SELECT created_at, id FROM jobs WHERE id = :after)"
-    return f"""SELECT * FROM jobs WHERE tenant = :tenant AND batch_id = :batch_id
-{state} {later if after else ""} {_BATCH_PAGE}"""
-
-
+LIST_BATCH_JOBS = f"""SELECT * FROM jobs WHERE tenant = :tenant AND batch_id = :batch_id
+AND state = :state {_BATCH_PAGE}"""
+LIST_BATCH_JOBS_AFTER = f"""SELECT * FROM jobs WHERE tenant = :tenant AND batch_id = :batch_id
+AND state = :state AND (created_at, id) > (SELECT created_at, id FROM jobs WHERE id = :after)
+{_BATCH_PAGE}"""
+"""A page is one ordered range of the (batch_id, state, created_at, id) index."""
 BATCH_LIVE = f"SELECT 1 AS live FROM jobs WHERE batch_id = :batch_id AND {_LIVE} LIMIT 1"
 """Whether a batch has a job left to run: one probe of the (batch_id, state) index."""
 BATCH_COUNTS = """SELECT state, COUNT(*) AS n FROM jobs WHERE batch_id = :batch_id

@@ -118,15 +118,17 @@ MIGRATIONS: tuple[Migration, ...] = (
             SELECT parts.file_id, parts.seq, SUBSTR(files.content, parts.seq * 1048576 + 1, 1048576)
             FROM parts JOIN files ON files.id = parts.file_id""",
             "ALTER TABLE files DROP COLUMN content",
+            "DROP INDEX jobs_batch",
             "DROP INDEX jobs_batch_state",
-            "CREATE INDEX jobs_batch_results ON jobs (batch_id, state, created_at, id)",
+            "CREATE INDEX jobs_batch_by_state ON jobs (batch_id, state, created_at, id)",
         ),
     ),
 )
 """Version 3 keeps a file's content as 1 MiB chunks, `file_chunks` keyed by (file, seq),
 moving each stored file's content there; `files.size` is NULL while a file is written.
-Result files read a batch's jobs a state at a time, in order, from `jobs_batch_results`,
-which also serves the counts and the live probe that `jobs_batch_state` served."""
+A batch's jobs are read a state at a time, in order, from one index that also serves
+the counts, the live probe, cancels and retention, in place of `jobs_batch` and
+`jobs_batch_state`."""
 
 _CREATE_VERSIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (
     version INTEGER PRIMARY KEY,

@@ -298,16 +298,11 @@ class SqlJobStore:
         return dict.fromkeys(JobState, 0) | {JobState(row["state"]): row["n"] for row in rows}
 
     async def list_batch_jobs(
-        self,
-        tenant: str,
-        batch_id: str,
-        limit: int,
-        after: str | None = None,
-        state: JobState | None = None,
+        self, tenant: str, batch_id: str, state: JobState, limit: int, after: str | None = None
     ) -> list[Job]:
-        query = q.list_batch_jobs(state is not None, after is not None)
-        params = {"tenant": tenant, "batch_id": batch_id, "limit": limit, "after": after}
-        params["state"] = None if state is None else state.value
+        query = q.LIST_BATCH_JOBS if after is None else q.LIST_BATCH_JOBS_AFTER
+        params = {"tenant": tenant, "batch_id": batch_id, "state": state.value}
+        params |= {"limit": limit, "after": after}
         return [job_from_row(row) for row in await self._read(query, params)]
 
     async def purge(self, before: float, limit: int) -> Purged:

@@ -178,15 +178,10 @@ class JobStore(Protocol):
         ...
 
     async def list_batch_jobs(
-        self,
-        tenant: str,
-        batch_id: str,
-        limit: int,
-        after: str | None = None,
-        state: JobState | None = None,
+        self, tenant: str, batch_id: str, state: JobState, limit: int, after: str | None = None
     ) -> list[Job]:
-        """Oldest first, a page at a time, only those in `state` if given; `after` is the
-        last job id of the previous page."""
+        """The batch's jobs in `state`, oldest first, a page at a time; `after` is the last
+        job id of the previous page."""
         ...
 
     async def purge(self, before: float, limit: int) -> Purged:

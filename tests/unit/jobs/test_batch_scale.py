@@ -77,6 +77,24 @@ class Costs:
     last_job_end: Tally
 
 
+async def running_batch(store: SqlJobStore, lines: int) -> Batch:
+    """A batch of `lines` queued chat jobs, stored."""
+    batch = Batch(
+        tenant="alice",
+        input_file_id="file-x",
+        endpoint=Endpoint.CHAT.path,
+        completion_window="24h",
+        status=BatchStatus.IN_PROGRESS,
+        total_requests=lines,
+    )
+    body = b'{"model": "chat", "messages": []}'
+    members = (
+        Job(tenant="alice", kind=Endpoint.CHAT, body=body, lane="batch", custom_id=f"r{i}")
+        for i in range(lines)
+    )
+    return await store.create_batch(batch, members)
+
+
 async def costs(tmp_path, lines: int) -> Costs:
     """Rows fetched by a poll and a job's end while one job is left, then by the last end."""
     clock = FakeClock(1_700_000_000.0)
@@ -85,20 +103,7 @@ async def costs(tmp_path, lines: int) -> Costs:
     try:
         intake = SimpleNamespace(store=store, clock=clock, policy=JobPolicy())
         ledger = BatchLedger(cast(Intake, intake))
-        batch = Batch(
-            tenant="alice",
-            input_file_id="file-x",
-            endpoint=Endpoint.CHAT.path,
-            completion_window="24h",
-            status=BatchStatus.IN_PROGRESS,
-            total_requests=lines,
-        )
-        body = b'{"model": "chat", "messages": []}'
-        members = (
-            Job(tenant="alice", kind=Endpoint.CHAT, body=body, lane="batch", custom_id=f"r{i}")
-            for i in range(lines)
-        )
-        await store.create_batch(batch, members)
+        batch = await running_batch(store, lines)
         claimed = await store.claim("w", 600, lines)
         async with db.write() as session:
             await session.fetch(
