@@ -115,7 +115,8 @@ MIGRATIONS: tuple[Migration, ...] = (
                 SELECT file_id, seq + 1, total FROM parts WHERE (seq + 1) * 1048576 < total
             )
             INSERT INTO file_chunks (file_id, seq, data)
-            SELECT parts.file_id, parts.seq, SUBSTR(files.content, parts.seq * 1048576 + 1, 1048576)
+            SELECT parts.file_id, parts.seq,
+                SUBSTR(files.content, parts.seq * 1048576 + 1, 1048576)
             FROM parts JOIN files ON files.id = parts.file_id""",
             "ALTER TABLE files DROP COLUMN content",
             "DROP INDEX jobs_batch",

@@ -121,8 +121,8 @@ class JobStore(Protocol):
     async def create_file(
         self, file: StoredFile, content: AsyncIterable[bytes], quota_bytes: int | None = None
     ) -> StoredFile:
-        """Store `file` with `content`, taken in pieces of any size and stored a chunk per
-        transaction, so neither side holds more than a chunk.
+        """Store `file` with `content`, taken in pieces of any size as they come and
+        stored a chunk per transaction, so the store holds no more than a chunk of it.
 
         The file is shown (to `get_file`, `list_files`, `delete_file` and the quota) only
         once whole, in one transaction; one left partial (its writer failed) stays hidden
