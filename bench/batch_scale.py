@@ -5,10 +5,12 @@ Starts, on loopback, a zero-latency simulator and a gateway in front of it, then
 - submit: uploads a JSONL file of N chat requests (multipart, as the SDK sends it) and
   creates a batch from it; the time of each;
 - memory: the gateway's resident memory before the upload, and its peak (sampled every
-  20 ms) during submit and over the whole run;
+  20 ms) during submit, from creation to completion (the output file written included),
+  during the download, and over the whole run;
 - complete: from the batch's creation until a poll answers `completed`;
 - output: how long the batch was `finalizing` (its results read and the output file
-  written), from the store's own times;
+  written), from the store's own times, the file's size and chunks, and the time to
+  download it;
 - retention: the store's size once the batch completed, then once `retention_s` passed
   and the sweep deleted the batch, its jobs and its files.
 
@@ -29,6 +31,7 @@ import sqlite3
 import tempfile
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -129,7 +132,7 @@ class Store:
     async def size(self) -> dict[str, int]:
         """Rows of each table, and bytes: the live pages of the SQLite file (the file keeps
         freed pages for reuse), or PostgreSQL's total relation size of the schema."""
-        tables = ("jobs", "batches", "files")
+        tables = ("jobs", "batches", "files", "file_chunks")
         if self.kind == "sqlite":
             with sqlite3.connect(self.path) as conn:
                 rows = {t: conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in tables}
@@ -161,6 +164,25 @@ class Store:
                 await conn.close()
 
 
+@dataclass(frozen=True)
+class Download:
+    size: int
+    lines: int
+    seconds: float
+
+
+async def download(http: aiohttp.ClientSession, file_id: str) -> Download:
+    """The file's content as a client streams it, counted as it arrives, never kept."""
+    started = time.perf_counter()
+    size = lines = 0
+    async with http.get(f"/v1/files/{file_id}/content") as resp:
+        assert resp.status == 200, await resp.text()
+        async for data in resp.content.iter_any():
+            size, lines = size + len(data), lines + data.count(b"\n")
+        assert size == int(resp.headers["content-length"])
+    return Download(size, lines, time.perf_counter() - started)
+
+
 async def run(gateway: Child, key: str, store: Store, lines: int) -> None:
     headers = {"Authorization": f"Bearer {key}"}
     content = input_file(lines)
@@ -188,19 +210,25 @@ async def run(gateway: Child, key: str, store: Store, lines: int) -> None:
                 batch = await resp.json()
             polls += 1
         completed = time.perf_counter()
+        run_peak = meter.mark()
+        output = await download(http, batch["output_file_id"])
+        download_peak = meter.mark()
     meter.stop()
     counts = batch["request_counts"]
     print(f"store: {store.kind}, lines: {lines}, input file: {len(content) / MB:.1f} MiB")
     print(f"submit: upload {uploaded - started:.2f} s, create {created - uploaded:.2f} s")
     print(
         f"gateway RSS: before {meter.baseline / MB:.0f} MiB, peak during submit "
-        f"{submit_peak / MB:.0f} MiB, peak over the run {meter.overall_peak / MB:.0f} MiB"
+        f"{submit_peak / MB:.0f} MiB, from creation to completion {run_peak / MB:.0f} MiB, "
+        f"during the download {download_peak / MB:.0f} MiB, "
+        f"over the run {meter.overall_peak / MB:.0f} MiB"
     )
     print(
         f"complete: {completed - created:.1f} s after creation ({polls} polls), "
         f"status {batch['status']}, {counts['completed']}/{counts['total']} succeeded"
     )
     print(f"output file: finalizing lasted {await store.finalizing_s(batch['id']):.2f} s")
+    print(f"download: {output.size / MB:.1f} MiB, {output.lines} lines in {output.seconds:.2f} s")
     print(f"store after completion: {await store.size()}")
     await asyncio.sleep(RETENTION_S + 5)
     while (after := await store.size())["jobs"]:  # noqa: ASYNC110 (another process deletes)

@@ -57,16 +57,21 @@ async def sqlite_stores(tmp_path, clock) -> AsyncIterator[OpenStore]:
 
 
 @pytest.fixture
-async def postgres_stores(postgres_dsn, clock) -> AsyncIterator[OpenStore]:
+async def postgres_schema(postgres_dsn) -> AsyncIterator[str]:
     conn = await asyncpg.connect(postgres_dsn)
     schema = f"sluicegate_test_{uuid.uuid4().hex[:12]}"
-    open_in_schema = functools.partial(open_postgres, postgres_dsn, schema, clock, 4)
     try:
-        async with _stores(open_in_schema) as opener:
-            yield opener
+        yield schema
     finally:
         await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
         await conn.close()
+
+
+@pytest.fixture
+async def postgres_stores(postgres_dsn, postgres_schema, clock) -> AsyncIterator[OpenStore]:
+    open_in_schema = functools.partial(open_postgres, postgres_dsn, postgres_schema, clock, 4)
+    async with _stores(open_in_schema) as opener:
+        yield opener
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

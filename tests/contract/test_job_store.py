@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import replace
 
+import asyncpg
 import pytest
 
+from sluicegate.core.errors import GatewayError
 from sluicegate.core.types import Endpoint
 from sluicegate.jobs.model import Batch, BatchStatus, Job, JobState, StoredFile
+from sluicegate.jobs.postgres import PostgresDatabase
+from sluicegate.jobs.schema import MIGRATIONS, migrate
+from sluicegate.jobs.sql import Database
+from sluicegate.jobs.sqlite import connect_sqlite
 from sluicegate.jobs.store import StorageQuotaExceeded
 
 BODY = b'{"model": "chat", "messages": [{"role": "user", "content": "hi"}]}'
@@ -20,6 +27,22 @@ def job(tenant: str = "alice", **fields) -> Job:
 
 async def state(store, job_id: str, tenant: str = "alice") -> JobState:
     return (await store.get(tenant, job_id)).state
+
+
+async def pieces(*parts: bytes) -> AsyncIterator[bytes]:
+    for part in parts:
+        yield part
+
+
+async def put_file(
+    store, content: bytes, tenant: str = "alice", quota_bytes: int | None = None, **fields
+) -> StoredFile:
+    file = StoredFile(**{"tenant": tenant, "purpose": "batch", "filename": "in.jsonl"} | fields)
+    return await store.create_file(file, pieces(content), quota_bytes)
+
+
+async def content_of(store, file: StoredFile) -> bytes:
+    return b"".join([chunk async for chunk in store.read_file(file)])
 
 
 async def test_submit_stores_every_field(store, clock):
@@ -309,19 +332,16 @@ async def test_counts_by_state_names_every_state(store):
 
 
 async def test_a_file_is_stored_for_its_tenant_only(store, clock):
-    created = await store.create_file(
-        StoredFile(tenant="alice", purpose="batch", filename="in.jsonl", content=b"{}\n")
-    )
+    created = await put_file(store, b"{}\n")
     assert created.id.startswith("file-")
     assert (created.created_at, created.size) == (clock.now(), 3)
     assert await store.get_file("alice", created.id) == created
+    assert await content_of(store, created) == b"{}\n"
     assert await store.get_file("bob", created.id) is None
 
 
 async def create_batch(store, lines: int = 3) -> Batch:
-    input_file = await store.create_file(
-        StoredFile(tenant="alice", purpose="batch", filename="in.jsonl", content=b"{}\n" * lines)
-    )
+    input_file = await put_file(store, b"{}\n" * lines)
     batch = Batch(
         tenant="alice",
         input_file_id=input_file.id,
@@ -339,19 +359,18 @@ async def test_a_batch_is_stored_with_its_jobs(store, clock):
     assert batch.id.startswith("batch_")
     assert batch.status_at == {"in_progress": clock.now()}
     assert await store.get_batch("alice", batch.id) == batch
-    jobs = await store.list_batch_jobs("alice", batch.id, 100)
+    jobs = await store.list_batch_jobs("alice", batch.id, JobState.QUEUED, 100)
     assert sorted(j.custom_id for j in jobs) == ["r0", "r1", "r2"]
     assert {(j.batch_id, j.state) for j in jobs} == {(batch.id, JobState.QUEUED)}
+    assert await store.list_batch_jobs("alice", batch.id, JobState.RUNNING, 100) == []
     assert await store.get_batch("bob", batch.id) is None
-    assert await store.list_batch_jobs("bob", batch.id, 100) == []
+    assert await store.list_batch_jobs("bob", batch.id, JobState.QUEUED, 100) == []
 
 
 async def test_a_batch_update_applies_only_from_the_expected_status(store, clock):
     batch = await create_batch(store)
     clock.advance(5)
-    output = await store.create_file(
-        StoredFile(tenant="alice", purpose="batch_output", filename="out.jsonl", content=b"{}")
-    )
+    output = await put_file(store, b"{}", purpose="batch_output", filename="out.jsonl")
     finalizing = replace(
         batch, status=BatchStatus.FINALIZING, completed_requests=3, output_file_id=output.id
     )
@@ -374,9 +393,9 @@ async def test_cancelling_a_batch_cancels_its_jobs(store, clock):
     assert cancelling.status is BatchStatus.CANCELLING
     assert cancelling.status_at["cancelling"] == clock.now()
     assert await store.get_batch("alice", batch.id) == cancelling
-    jobs = {j.id: j for j in await store.list_batch_jobs("alice", batch.id, 100)}
-    assert jobs.pop(running.id).cancel_requested
-    assert {j.state for j in jobs.values()} == {JobState.CANCELLED}
+    [flagged] = await store.list_batch_jobs("alice", batch.id, JobState.RUNNING, 100)
+    assert (flagged.id, flagged.cancel_requested) == (running.id, True)
+    assert len(await store.list_batch_jobs("alice", batch.id, JobState.CANCELLED, 100)) == 2
     assert await store.cancel_batch("alice", batch.id) == cancelling
 
 
@@ -443,12 +462,22 @@ async def test_a_batch_is_counted_by_state_and_paged_oldest_first(store, clock):
     counts = await store.batch_counts(batch.id)
     assert (counts[JobState.QUEUED], counts[JobState.RUNNING]) == (1_197, 1)
     assert (counts[JobState.SUCCEEDED], counts[JobState.FAILED]) == (1, 1)
-    pages, after = [], None
-    while page := await store.list_batch_jobs("alice", batch.id, 500, after):
-        pages.append(page)
-        after = page[-1].id
-    assert [len(page) for page in pages] == [500, 500, 200]
-    every = [j.custom_id for page in pages for j in page]
+    pages: dict[JobState, list[list[Job]]] = {}
+    for each in JobState:
+        after = None
+        while page := await store.list_batch_jobs("alice", batch.id, each, 500, after):
+            pages.setdefault(each, []).append(page)
+            after = page[-1].id
+    sizes = {each: [len(page) for page in state_pages] for each, state_pages in pages.items()}
+    assert sizes == {
+        JobState.QUEUED: [500, 500, 197],
+        JobState.RUNNING: [1],
+        JobState.SUCCEEDED: [1],
+        JobState.FAILED: [1],
+    }
+    queued = [j for page in pages[JobState.QUEUED] for j in page]
+    assert queued == sorted(queued, key=lambda j: (j.created_at, j.id))
+    every = [j.custom_id for state_pages in pages.values() for page in state_pages for j in page]
     assert sorted(every) == sorted(f"r{i}" for i in range(1_200))
     await store.cancel_batch("alice", batch.id)
     await store.finish("w", claimed[2].id, JobState.CANCELLED)
@@ -458,12 +487,7 @@ async def test_a_batch_is_counted_by_state_and_paged_oldest_first(store, clock):
 async def test_files_are_listed_newest_first_and_deleted_for_their_tenant_only(store, clock):
     files = []
     for n in range(3):
-        content = b"x" * (n + 1)
-        files.append(
-            await store.create_file(
-                StoredFile(tenant="alice", purpose="batch", filename=f"{n}.jsonl", content=content)
-            )
-        )
+        files.append(await put_file(store, b"x" * (n + 1), filename=f"{n}.jsonl"))
         clock.advance(1)
     listed = await store.list_files("alice", 2)
     assert [(f.id, f.size) for f in listed] == [(files[2].id, 3), (files[1].id, 2)]
@@ -476,14 +500,11 @@ async def test_files_are_listed_newest_first_and_deleted_for_their_tenant_only(s
 
 
 async def test_a_file_past_the_tenants_quota_is_refused(store):
-    def upload(tenant: str, size: int) -> StoredFile:
-        return StoredFile(tenant=tenant, purpose="batch", filename="f", content=b"x" * size)
-
-    await store.create_file(upload("alice", 600), quota_bytes=1_000)
+    await put_file(store, b"x" * 600, quota_bytes=1_000)
     with pytest.raises(StorageQuotaExceeded):
-        await store.create_file(upload("alice", 401), quota_bytes=1_000)
-    await store.create_file(upload("bob", 1_000), quota_bytes=1_000)
-    await store.create_file(upload("alice", 400), quota_bytes=1_000)
+        await put_file(store, b"x" * 401, quota_bytes=1_000)
+    await put_file(store, b"x" * 1_000, "bob", quota_bytes=1_000)
+    await put_file(store, b"x" * 400, quota_bytes=1_000)
     assert len(await store.list_files("alice", 10)) == 2
 
 
@@ -503,9 +524,7 @@ async def test_retention_deletes_only_what_ended_before_the_cutoff(store, clock)
     await store.claim("w", 30, 1)
     await store.finish("w", old_done.id, JobState.SUCCEEDED, result=b"{}")
     old_queued = await store.submit(job())
-    old_file = await store.create_file(
-        StoredFile(tenant="alice", purpose="batch", filename="in", content=b"{}")
-    )
+    old_file = await put_file(store, b"{}")
     old_batch = await create_batch(store, lines=2)
     await store.cancel_batch("alice", old_batch.id)
     await store.update_batch(
@@ -527,9 +546,9 @@ async def test_retention_deletes_only_what_ended_before_the_cutoff(store, clock)
     assert await store.get("alice", new_done.id) is not None
     assert await store.get_file("alice", old_file.id) is None
     assert await store.get_batch("alice", old_batch.id) is None
-    assert await store.list_batch_jobs("alice", old_batch.id, 10) == []
+    assert sum((await store.batch_counts(old_batch.id)).values()) == 0
     assert await store.get_batch("alice", live_batch.id) is not None
-    assert len(await store.list_batch_jobs("alice", live_batch.id, 10)) == 1
+    assert sum((await store.batch_counts(live_batch.id)).values()) == 1
     assert await store.purge(cutoff, 1_000) == (0, 0, 0)
 
 
@@ -543,3 +562,139 @@ async def test_retention_deletes_a_large_batch_a_bounded_chunk_at_a_time(store, 
     clock.advance(10)
     rounds = [await store.purge(clock.now(), 2) for _ in range(4)]
     assert [(p.jobs, p.batches) for p in rounds] == [(2, 0), (2, 0), (1, 1), (0, 0)]
+
+
+MIB = 1024 * 1024
+
+
+async def chunk_rows(store, file_id: str) -> list[int]:
+    async with store._db.read() as session:
+        query = "SELECT seq, LENGTH(data) AS n FROM file_chunks WHERE file_id = :id ORDER BY seq"
+        return [row["n"] for row in await session.fetch(query, {"id": file_id})]
+
+
+async def test_a_file_is_kept_as_chunks_and_read_back_a_chunk_at_a_time(store):
+    content = bytes(range(256)) * (10 * MIB // 256 // 4)
+    odd_pieces = [content[i : i + 70_001] for i in range(0, len(content), 70_001)]
+    file = StoredFile(tenant="alice", purpose="batch", filename="big.jsonl")
+    created = await store.create_file(file, pieces(*odd_pieces))
+    assert created.size == len(content) == 2.5 * MIB
+    assert await chunk_rows(store, created.id) == [MIB, MIB, MIB // 2]
+    chunks = [chunk async for chunk in store.read_file(created)]
+    assert [len(chunk) for chunk in chunks] == [MIB, MIB, MIB // 2]
+    assert b"".join(chunks) == content
+
+
+async def test_a_file_being_written_is_seen_by_no_one_until_whole(open_store):
+    store, other = await open_store(), await open_store()
+    file = StoredFile(tenant="alice", purpose="batch", filename="out.jsonl")
+
+    async def content() -> AsyncIterator[bytes]:
+        yield b"x" * (2 * MIB + 10)
+        assert len(await chunk_rows(store, file.id)) == 2
+        for replica in (store, other):
+            assert await replica.get_file("alice", file.id) is None
+            assert await replica.list_files("alice", 10) == []
+            assert not await replica.delete_file("alice", file.id)
+        small.append(await put_file(other, b"y", quota_bytes=1))
+        yield b"z"
+
+    small: list[StoredFile] = []
+    created = await store.create_file(file, content(), quota_bytes=2 * MIB + 12)
+    assert await other.get_file("alice", file.id) == created
+    assert {f.id for f in await other.list_files("alice", 10)} == {file.id, small[0].id}
+
+
+async def test_a_file_whose_writer_failed_stays_hidden_until_retention_removes_it(store, clock):
+    file = StoredFile(tenant="alice", purpose="batch_output", filename="out.jsonl")
+
+    async def failing() -> AsyncIterator[bytes]:
+        yield b"x" * (MIB + 1)
+        raise ConnectionError("the results stopped coming")
+
+    with pytest.raises(ConnectionError):
+        await store.create_file(file, failing())
+    assert await store.get_file("alice", file.id) is None
+    assert await store.list_files("alice", 10) == []
+    assert await chunk_rows(store, file.id) == [MIB]
+    clock.advance(1)
+    assert (await store.purge(clock.now(), 10)).files == 1
+    assert await chunk_rows(store, file.id) == []
+
+
+async def test_deleting_or_retiring_a_file_deletes_its_chunks(store, clock):
+    deleted = await put_file(store, b"d" * (MIB + 1))
+    retired = await put_file(store, b"r" * (MIB + 1))
+    assert len(await chunk_rows(store, deleted.id)) == len(await chunk_rows(store, retired.id)) == 2
+    assert await store.delete_file("alice", deleted.id)
+    assert await chunk_rows(store, deleted.id) == []
+    clock.advance(1)
+    assert (await store.purge(clock.now(), 10)).files == 1
+    assert await chunk_rows(store, retired.id) == []
+    async with store._db.read() as session:
+        assert await session.fetch("SELECT file_id FROM file_chunks") == []
+
+
+async def test_an_upload_past_the_quota_keeps_none_of_its_chunks(store):
+    file = StoredFile(tenant="alice", purpose="batch", filename="in.jsonl")
+    with pytest.raises(StorageQuotaExceeded):
+        await store.create_file(file, pieces(b"x" * (MIB + 1)), quota_bytes=MIB)
+    assert await chunk_rows(store, file.id) == []
+    assert await store.get_file("alice", file.id) is None
+
+
+async def test_a_file_deleted_while_it_is_read_is_a_404(store):
+    created = await put_file(store, b"x" * (2 * MIB))
+    chunks = store.read_file(created)
+    assert len(await anext(chunks)) == MIB
+    await store.delete_file("alice", created.id)
+    with pytest.raises(GatewayError) as gone:
+        await anext(chunks)
+    assert (gone.value.status, gone.value.code) == (404, "not_found")
+    assert "deleted while it was read" in gone.value.message
+
+
+async def test_a_file_is_read_only_by_its_tenant(store):
+    created = await put_file(store, b"secret")
+    with pytest.raises(GatewayError):
+        await content_of(store, replace(created, tenant="bob"))
+
+
+@pytest.fixture
+async def version_2(request, open_store, tmp_path) -> AsyncIterator[Database]:
+    """The database `open_store` opens, as a release of schema version 2 left it."""
+    if request.node.callspec.params["open_store"] == "sqlite":
+        db: Database = await connect_sqlite(tmp_path / "jobs.db")
+        setup: tuple[str, ...] = ()
+    else:
+        dsn, schema = (
+            request.getfixturevalue("postgres_dsn"),
+            request.getfixturevalue("postgres_schema"),
+        )
+        settings = {"search_path": schema}
+        pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1, server_settings=settings)
+        db, setup = PostgresDatabase(pool, None), (f"CREATE SCHEMA {schema}",)
+    try:
+        await migrate(db, 0.0, setup, [m for m in MIGRATIONS if m.version <= 2])
+        yield db
+    finally:
+        await db.close()
+
+
+async def test_upgrading_to_version_3_moves_each_files_content_into_chunks(version_2, open_store):
+    content = bytes(range(256)) * (5 * MIB // 256 // 2)
+    insert = """INSERT INTO files (id, tenant, purpose, filename, content, created_at)
+        VALUES (:id, 'alice', 'batch', 'in.jsonl', :content, 1.0)"""
+    async with version_2.write() as session:
+        await session.fetch(insert, {"id": "file-big", "content": content})
+        await session.fetch(insert, {"id": "file-empty", "content": b""})
+    store = await open_store()
+    big, empty = (
+        await store.get_file("alice", "file-big"),
+        await store.get_file("alice", "file-empty"),
+    )
+    assert (big.size, empty.size) == (len(content), 0)
+    assert await chunk_rows(store, big.id) == [MIB, MIB, MIB // 2]
+    assert await content_of(store, big) == content
+    assert await content_of(store, empty) == b""
+    assert {f.size for f in await store.list_files("alice", 10)} == {len(content), 0}

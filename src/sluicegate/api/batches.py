@@ -5,25 +5,29 @@ Every line of the input is checked, as its route would check it, before anything
 stored; then the batch and one job per line are stored in one transaction. A file with
 bad lines makes a `failed` batch listing them, as OpenAI does. Uploads are parsed as
 they arrive and input files read a line at a time, so neither costs more than a copy
-of its size; the request count is checked while reading.
+of its size; the request count is checked while reading. A file's content is sent as
+the store keeps it, a chunk at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Iterator
+import logging
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
 from sluicegate.api.asgi import (
+    ABORT,
+    DisconnectWatcher,
     Receive,
     Router,
     Scope,
     Send,
+    SendGuard,
     header,
     read_body,
-    send_bytes,
     send_json,
 )
 from sluicegate.api.intake import Intake, endpoint_of, path_id
@@ -33,7 +37,9 @@ from sluicegate.api.multipart import FormReader
 from sluicegate.api.payloads import json_object
 from sluicegate.core.errors import GatewayError, bad_request, not_found
 from sluicegate.core.types import Endpoint, Tenant
-from sluicegate.jobs.model import Batch, BatchStatus, FileInfo, Job, StoredFile
+from sluicegate.jobs.model import Batch, BatchStatus, Job, StoredFile
+
+log = logging.getLogger("sluicegate.jobs")
 
 FILES, BATCHES = "/v1/files/", "/v1/batches/"
 INPUT_PURPOSE = "batch"
@@ -71,13 +77,9 @@ class BatchRoutes:
             raise bad_request(f"'purpose' must be {INPUT_PURPOSE!r}: files here are batch input")
         if upload is None or not upload.filename:
             raise bad_request("'file' must be a file")
-        file = StoredFile(
-            tenant=tenant.name,
-            purpose=INPUT_PURPOSE,
-            filename=upload.filename,
-            content=upload.content,
-        )
-        stored = await intake.store.create_file(file, intake.policy.tenant_storage_max_bytes)
+        file = StoredFile(tenant=tenant.name, purpose=INPUT_PURPOSE, filename=upload.filename)
+        quota = intake.policy.tenant_storage_max_bytes
+        stored = await intake.store.create_file(file, _each(upload.chunks), quota)
         await send_json(send, 200, file_object(stored))
 
     async def _files(self, tenant: Tenant, scope: Scope, receive: Receive, send: Send) -> None:
@@ -108,9 +110,39 @@ class BatchRoutes:
         if file is None:
             raise not_found(f"no file {file_id!r}")
         if content:
-            await send_bytes(send, 200, file.content, [(b"content-type", b"application/jsonl")])
+            await self._send_content(scope, receive, send, file)
         else:
             await send_json(send, 200, file_object(file))
+
+    async def _send_content(
+        self, scope: Scope, receive: Receive, send: Send, file: StoredFile
+    ) -> None:
+        """A chunk read, then sent, at a time, with the file's length declared. The first
+        chunk is read before the answer starts, so a store or file gone by then is an
+        ordinary error; one gone later aborts the connection, and the length shows the
+        client its body was cut short. A client that leaves or stops reading ends it."""
+        chunks = self._intake.store.read_file(file)
+        first = await anext(chunks, b"")
+        guard = SendGuard(scope, send, self._intake.settings.edge.write_timeout_s)
+        headers = [
+            (b"content-type", b"application/jsonl"),
+            (b"content-length", str(file.size).encode()),
+        ]
+        try:
+            async with DisconnectWatcher(receive):
+                await guard({"type": "http.response.start", "status": 200, "headers": headers})
+                await guard({"type": "http.response.body", "body": first, "more_body": True})
+                async for chunk in chunks:
+                    await guard({"type": "http.response.body", "body": chunk, "more_body": True})
+        except GatewayError as err:
+            log.warning("download of %s cut short: %s", file.id, err.message)
+            abort = scope.get("extensions", {}).get(ABORT)
+            if abort is not None:
+                abort()
+            return
+        finally:
+            guard.close()
+        await send({"type": "http.response.body", "body": b""})
 
     async def _create(self, tenant: Tenant, scope: Scope, receive: Receive, send: Send) -> None:
         intake = self._intake
@@ -131,7 +163,8 @@ class BatchRoutes:
             completion_window=WINDOW,
             metadata=_metadata(spec.get("metadata")),
         )
-        checked = await asyncio.to_thread(read_requests, intake, tenant, endpoint, source.content)
+        content = [chunk async for chunk in intake.store.read_file(source)]
+        checked = await asyncio.to_thread(read_requests, intake, tenant, endpoint, content)
         if isinstance(checked, list):
             failed = replace(batch, status=BatchStatus.FAILED, errors=checked)
             stored = await intake.store.create_batch(failed, [])
@@ -180,7 +213,7 @@ class BatchRoutes:
 
 
 def read_requests(
-    intake: Intake, tenant: Tenant, endpoint: Endpoint, content: bytes
+    intake: Intake, tenant: Tenant, endpoint: Endpoint, content: Sequence[bytes]
 ) -> dict[str, bytes] | list[dict[str, Any]]:
     """The bodies of an input file's requests by custom_id, or the errors of its lines.
 
@@ -206,17 +239,30 @@ def read_requests(
     return errors or requests
 
 
-def _lines(content: bytes) -> Iterator[tuple[int, bytes]]:
-    """The non-blank lines of `content` with their numbers, one at a time."""
-    start, number = 0, 0
-    while start < len(content):
-        end = content.find(b"\n", start)
-        end = len(content) if end < 0 else end + 1
-        number += 1
-        line = content[start:end]
-        start = end
-        if line.strip():
-            yield number, line
+def _lines(chunks: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
+    """The non-blank lines of a file's `chunks` with their numbers, one at a time; a line
+    may span chunks."""
+    number, pieces = 0, list[bytes]()
+    for chunk in chunks:
+        start = 0
+        while (end := chunk.find(b"\n", start) + 1) > 0:
+            pieces.append(chunk[start:end])
+            start = end
+            number += 1
+            line = b"".join(pieces)
+            pieces.clear()
+            if line.strip():
+                yield number, line
+        if start < len(chunk):
+            pieces.append(chunk[start:])
+    line = b"".join(pieces)
+    if line.strip():
+        yield number + 1, line
+
+
+async def _each(chunks: Iterable[bytes]) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
 
 
 def _request(intake: Intake, tenant: Tenant, endpoint: Endpoint, line: bytes) -> tuple[str, bytes]:
@@ -258,7 +304,7 @@ async def _answer(send: Send, batch_id: str, batch: Batch | None) -> None:
     await send_json(send, 200, batch_object(batch))
 
 
-def file_object(file: StoredFile | FileInfo) -> dict[str, Any]:
+def file_object(file: StoredFile) -> dict[str, Any]:
     """OpenAI's `FileObject`."""
     return {
         "id": file.id,

@@ -5,10 +5,14 @@ read, so a batch whose last job ended elsewhere (another replica, the expiry swe
 cancel) is finished by its next poll. Status changes are compare-and-set, so a cancel is
 never undone and only one settler writes the result files; a settler that died after
 `finalizing` is replaced once the batch has been finalizing for a lease.
+
+A result file is written as its jobs are read, a page at a time, into the store's chunks:
+finishing a batch holds a page of results and a chunk, whatever the batch's size.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -23,6 +27,8 @@ OUTPUT_PURPOSE = "batch_output"
 _OPEN = frozenset({BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING, BatchStatus.CANCELLING})
 RESULT_PAGE = 500
 """Jobs read per statement while writing a batch's result files."""
+_OUTPUT_STATES = (JobState.SUCCEEDED,)
+_ERROR_STATES = tuple(s for s in JobState if s.final and s is not JobState.SUCCEEDED)
 
 
 class BatchLedger:
@@ -72,30 +78,32 @@ class BatchLedger:
             if not await store.update_batch(finalizing, BatchStatus.IN_PROGRESS):
                 return await store.get_batch(batch.tenant, batch.id)
             batch = _counted(await _reread(store, batch), counts)
-        output, errors = await _result_lines(store, batch)
         final = replace(
             batch,
             status=_final_status(batch, counts),
-            output_file_id=await self._write(store, batch, "output", output),
-            error_file_id=await self._write(store, batch, "errors", errors),
+            output_file_id=await _write(store, batch, counts, "output", _OUTPUT_STATES),
+            error_file_id=await _write(store, batch, counts, "errors", _ERROR_STATES),
         )
         await store.update_batch(final, batch.status)
         return await store.get_batch(batch.tenant, batch.id)
 
-    async def _write(
-        self, store: JobStore, batch: Batch, kind: str, lines: list[bytes]
-    ) -> str | None:
-        """Result files are written whatever the tenant's storage quota: they hold work
-        already done, which a refusal would lose; they count against later uploads."""
-        if not lines:
-            return None
-        file = StoredFile(
-            tenant=batch.tenant,
-            purpose=OUTPUT_PURPOSE,
-            filename=f"{batch.id}_{kind}.jsonl",
-            content=b"".join(lines),
-        )
-        return (await store.create_file(file)).id
+
+async def _write(
+    store: JobStore,
+    batch: Batch,
+    counts: dict[JobState, int],
+    kind: str,
+    states: Sequence[JobState],
+) -> str | None:
+    """The file of the lines of the batch's jobs in `states`, if it has any. Result files
+    are written whatever the tenant's storage quota: they hold work already done, which
+    a refusal would lose; they count against later uploads."""
+    present = [state for state in states if counts[state]]
+    if not present:
+        return None
+    name = f"{batch.id}_{kind}.jsonl"
+    file = StoredFile(tenant=batch.tenant, purpose=OUTPUT_PURPOSE, filename=name)
+    return (await store.create_file(file, _result_lines(store, batch, present))).id
 
 
 async def _reread(store: JobStore, batch: Batch) -> Batch:
@@ -123,31 +131,31 @@ def _final_status(batch: Batch, counts: dict[JobState, int]) -> BatchStatus:
     return BatchStatus.COMPLETED
 
 
-async def _result_lines(store: JobStore, batch: Batch) -> tuple[list[bytes], list[bytes]]:
-    """OpenAI's output lines (successes) and error lines (every other request), reading
-    each job once, `RESULT_PAGE` at a time, so only the lines themselves are kept."""
-    output: list[bytes] = []
-    errors: list[bytes] = []
-    after: str | None = None
-    while page := await store.list_batch_jobs(batch.tenant, batch.id, RESULT_PAGE, after):
-        for job in page:
-            _add_line(job, output, errors)
-        after = page[-1].id
-    return output, errors
+async def _result_lines(
+    store: JobStore, batch: Batch, states: Sequence[JobState]
+) -> AsyncIterator[bytes]:
+    """The lines of the batch's jobs in `states`, a state at a time, read `RESULT_PAGE`
+    at a time in order of an index: each job is read once, by the one file it goes in."""
+    for state in states:
+        after: str | None = None
+        while page := await store.list_batch_jobs(
+            batch.tenant, batch.id, state, RESULT_PAGE, after
+        ):
+            for job in page:
+                yield _result_line(job)
+            after = page[-1].id
 
 
-def _add_line(job: Job, output: list[bytes], errors: list[bytes]) -> None:
+def _result_line(job: Job) -> bytes:
+    """OpenAI's output line for a success; its error line for every other end."""
     if job.state is JobState.SUCCEEDED:
         body = orjson.Fragment(job.result or b"null")
-        output.append(_line(job, {"status_code": 200, "request_id": job.id, "body": body}))
-        return
+        return _line(job, {"status_code": 200, "request_id": job.id, "body": body})
     error = job_error(job) or {}
     status = error.get("status")
     if status is None:
-        errors.append(_line(job, None, error))
-    else:
-        response = {"status_code": status, "request_id": job.id, "body": {"error": error}}
-        errors.append(_line(job, response))
+        return _line(job, None, error)
+    return _line(job, {"status_code": status, "request_id": job.id, "body": {"error": error}})
 
 
 def _line(job: Job, response: dict[str, Any] | None, error: Any = None) -> bytes:

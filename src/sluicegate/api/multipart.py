@@ -1,8 +1,8 @@
 """`multipart/form-data` bodies (file uploads), parsed as they arrive by python-multipart.
 
 The body is fed chunk by chunk, so an upload costs its file's size once (the field's
-bytes), not the copies a whole-message parser makes. Fields other than files are small
-by nature and are bounded.
+bytes, kept as the store's chunks), not the copies a whole-message parser or a growing
+buffer makes. Fields other than files are small by nature and are bounded.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import parse_options_header
 
 from sluicegate.core.errors import bad_request
+from sluicegate.jobs.chunks import Chunker
 
 MAX_FIELD_BYTES = 4096
 """A form field that is not a file (`purpose`) is a word, never a payload."""
@@ -21,10 +22,15 @@ MAX_FIELD_BYTES = 4096
 
 @dataclass(frozen=True, slots=True)
 class Part:
-    """One form field; `filename` is set for file fields."""
+    """One form field, as chunks of `CHUNK_BYTES` (the last one shorter); `filename` is
+    set for file fields."""
 
-    content: bytes
+    chunks: tuple[bytes, ...]
     filename: str | None
+
+    @property
+    def content(self) -> bytes:
+        return b"".join(self.chunks)
 
 
 class FormReader:
@@ -52,7 +58,9 @@ class FormReader:
         self._fields: dict[str, Part] = {}
         self._header: tuple[bytearray, bytearray] = (bytearray(), bytearray())
         self._disposition = b""
-        self._content = bytearray()
+        self._chunker = Chunker()
+        self._chunks: list[bytes] = []
+        self._size = 0
         self._ended = False
 
     def feed(self, chunk: bytes) -> None:
@@ -69,7 +77,7 @@ class FormReader:
 
     def _begin(self) -> None:
         self._disposition = b""
-        self._content = bytearray()
+        self._chunks, self._size = [], 0
 
     def _header_field(self, data: bytes, start: int, end: int) -> None:
         self._header[0].extend(data[start:end])
@@ -84,8 +92,9 @@ class FormReader:
         self._header = (bytearray(), bytearray())
 
     def _data(self, data: bytes, start: int, end: int) -> None:
-        self._content.extend(data[start:end])
-        if len(self._content) > MAX_FIELD_BYTES and b"filename" not in self._disposition:
+        self._chunks += self._chunker.add(data[start:end])
+        self._size += end - start
+        if self._size > MAX_FIELD_BYTES and b"filename" not in self._disposition:
             raise bad_request(f"a form field that is not a file exceeds {MAX_FIELD_BYTES} bytes")
 
     def _end_part(self) -> None:
@@ -95,8 +104,9 @@ class FormReader:
             raise bad_request("a multipart/form-data part has no field name")
         filename = options.get(b"filename")
         decoded = None if filename is None else filename.decode("utf-8", "replace")
-        self._fields[name.decode("utf-8", "replace")] = Part(bytes(self._content), decoded)
-        self._content = bytearray()
+        chunks = (*self._chunks, *self._chunker.rest())
+        self._fields[name.decode("utf-8", "replace")] = Part(chunks, decoded)
+        self._chunks = []
 
     def _end(self) -> None:
         self._ended = True

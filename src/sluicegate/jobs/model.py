@@ -99,30 +99,16 @@ class Job:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StoredFile:
-    """An uploaded or generated file (batch input, output or errors); `created_at` is stamped."""
+    """An uploaded or generated file (batch input, output or errors), without its content,
+    which the store keeps as chunks and hands out a chunk at a time; `size` and
+    `created_at` are stamped by the store once the file is whole."""
 
     tenant: str
     purpose: str
     filename: str
-    content: bytes = field(repr=False)
     id: str = field(default_factory=_new_id("file-"))
+    size: int = 0
     created_at: float = 0.0
-
-    @property
-    def size(self) -> int:
-        return len(self.content)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FileInfo:
-    """A stored file without its content, as lists show it."""
-
-    id: str
-    tenant: str
-    purpose: str
-    filename: str
-    size: int
-    created_at: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

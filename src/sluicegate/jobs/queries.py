@@ -96,8 +96,18 @@ WHERE state = 'queued'{filters}"""
 
 COUNT_STATES = "SELECT state, COUNT(*) AS n FROM jobs GROUP BY state"
 
+_WHOLE = "size IS NOT NULL"
+"""A file being written has no size yet: only whole files are seen."""
 INSERT_FILE = _insert("files", columns(StoredFile))
-SELECT_FILE = "SELECT * FROM files WHERE tenant = :tenant AND id = :id"
+SELECT_FILE = f"SELECT * FROM files WHERE tenant = :tenant AND id = :id AND {_WHOLE}"
+HOLD_PARTIAL_FILE = "SELECT id FROM files WHERE id = :id AND size IS NULL {for_update}"
+"""Locks a file being written, so that a chunk is added only while it still exists."""
+INSERT_CHUNK = "INSERT INTO file_chunks (file_id, seq, data) VALUES (:id, :seq, :data)"
+SHOW_FILE = """UPDATE files SET size = :size, created_at = :now
+WHERE id = :id AND size IS NULL RETURNING id"""
+DROP_PARTIAL_FILE = "DELETE FROM files WHERE id = :id AND size IS NULL"
+SELECT_CHUNK = f"""SELECT data FROM file_chunks WHERE file_id = :id AND seq = :seq
+AND EXISTS (SELECT 1 FROM files WHERE id = :id AND tenant = :tenant AND {_WHOLE})"""
 
 INSERT_BATCH = _insert("batches", columns(Batch))
 SELECT_BATCH = "SELECT * FROM batches WHERE tenant = :tenant AND id = :id"
@@ -110,9 +120,11 @@ UPDATE_BATCH = """UPDATE batches SET status = :status,
 WHERE id = :id AND status = :expected RETURNING id"""
 _BATCH_PAGE = "ORDER BY created_at, id LIMIT :limit"
 LIST_BATCH_JOBS = f"""SELECT * FROM jobs WHERE tenant = :tenant AND batch_id = :batch_id
-{_BATCH_PAGE}"""
+AND state = :state {_BATCH_PAGE}"""
 LIST_BATCH_JOBS_AFTER = f"""SELECT * FROM jobs WHERE tenant = :tenant AND batch_id = :batch_id
-AND (created_at, id) > (SELECT created_at, id FROM jobs WHERE id = :after) {_BATCH_PAGE}"""
+AND state = :state AND (created_at, id) > (SELECT created_at, id FROM jobs WHERE id = :after)
+{_BATCH_PAGE}"""
+"""A page is one ordered range of the (batch_id, state, created_at, id) index."""
 BATCH_LIVE = f"SELECT 1 AS live FROM jobs WHERE batch_id = :batch_id AND {_LIVE} LIMIT 1"
 """Whether a batch has a job left to run: one probe of the (batch_id, state) index."""
 BATCH_COUNTS = """SELECT state, COUNT(*) AS n FROM jobs WHERE batch_id = :batch_id
@@ -124,14 +136,14 @@ LIST_BATCHES = f"SELECT * FROM batches WHERE tenant = :tenant {_NEWEST_BATCHES}"
 LIST_BATCHES_AFTER = f"""SELECT * FROM batches WHERE tenant = :tenant AND (created_at, id) < (
     SELECT created_at, id FROM batches WHERE tenant = :tenant AND id = :after) {_NEWEST_BATCHES}"""
 
-_FILE_FIELDS = "id, tenant, purpose, filename, created_at, LENGTH(content) AS size"
-LIST_FILES = f"""SELECT {_FILE_FIELDS} FROM files WHERE tenant = :tenant
-ORDER BY created_at DESC, id DESC LIMIT :limit"""
-LIST_FILES_AFTER = f"""SELECT {_FILE_FIELDS} FROM files WHERE tenant = :tenant
+_NEWEST_FILES = "ORDER BY created_at DESC, id DESC LIMIT :limit"
+LIST_FILES = f"SELECT * FROM files WHERE tenant = :tenant AND {_WHOLE} {_NEWEST_FILES}"
+LIST_FILES_AFTER = f"""SELECT * FROM files WHERE tenant = :tenant AND {_WHOLE}
 AND (created_at, id) < (SELECT created_at, id FROM files WHERE tenant = :tenant AND id = :after)
-ORDER BY created_at DESC, id DESC LIMIT :limit"""
-DELETE_FILE = "DELETE FROM files WHERE tenant = :tenant AND id = :id RETURNING id"
-FILE_BYTES = "SELECT COALESCE(SUM(LENGTH(content)), 0) AS n FROM files WHERE tenant = :tenant"
+{_NEWEST_FILES}"""
+DELETE_FILE = f"DELETE FROM files WHERE tenant = :tenant AND id = :id AND {_WHOLE} RETURNING id"
+"""Its chunks go with it (ON DELETE CASCADE)."""
+FILE_BYTES = "SELECT COALESCE(SUM(size), 0) AS n FROM files WHERE tenant = :tenant"
 
 _FINAL_BATCH = "status IN ('failed', 'completed', 'expired', 'cancelled')"
 _RETIRED_BATCH = f"{_FINAL_BATCH} AND updated_at < :before"
@@ -147,3 +159,4 @@ PURGE_JOBS = """DELETE FROM jobs WHERE id IN (SELECT id FROM jobs
     LIMIT :limit {skip_locked}) RETURNING id"""
 PURGE_FILES = """DELETE FROM files WHERE id IN (SELECT id FROM files
     WHERE created_at < :before LIMIT :limit {skip_locked}) RETURNING id"""
+"""Partial files too, from when they were begun; chunks go with their files."""

@@ -54,7 +54,8 @@ def job_from_row(row: Row) -> Job:
 
 
 def file_row(file: StoredFile) -> Row:
-    return _values(file)
+    """The row a file is begun with: no size, which hides it, until it is whole."""
+    return _values(file) | {"size": None}
 
 
 def file_from_row(row: Row) -> StoredFile:

@@ -3,7 +3,8 @@
 aiosqlite runs each statement on the connection's own thread, so the event loop never
 blocks on disk. One connection serves the process and a lock gives it to one session at
 a time; `BEGIN IMMEDIATE` takes the file's write lock up front, which makes each write,
-claims included, exclusive across processes too.
+claims included, exclusive across processes too. Foreign keys are enforced, so a file's
+chunks go with it, as in PostgreSQL.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ async def connect_sqlite(path: str | Path, timeout_s: float = 10.0) -> SqliteDat
         await conn.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
         await _use_wal(conn)
         await conn.execute("PRAGMA synchronous=FULL")
+        await conn.execute("PRAGMA foreign_keys=ON")
     except BaseException:
         await conn.close()
         raise

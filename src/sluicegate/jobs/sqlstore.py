@@ -8,17 +8,26 @@ transaction lock, so several gateway replicas can share one PostgreSQL.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Callable,
+    Collection,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import replace
 from typing import Any
 
 from sluicegate.core.clock import Clock
 from sluicegate.jobs import queries as q
+from sluicegate.jobs.chunks import chunked
 from sluicegate.jobs.model import (
     Backlog,
     Batch,
     BatchStatus,
-    FileInfo,
     Job,
     JobState,
     Purged,
@@ -35,7 +44,7 @@ from sluicegate.jobs.rows import (
 )
 from sluicegate.jobs.schema import migrate
 from sluicegate.jobs.sql import Database, Row, Session, in_list
-from sluicegate.jobs.store import StorageQuotaExceeded
+from sluicegate.jobs.store import StorageQuotaExceeded, file_gone
 
 _INSERT_ROWS = 500
 """Jobs per multi-row insert: 22 columns stay well under either driver's parameter limit."""
@@ -182,25 +191,65 @@ class SqlJobStore:
         rows = await self._read(q.COUNT_STATES, {})
         return dict.fromkeys(JobState, 0) | {JobState(row["state"]): row["n"] for row in rows}
 
-    async def create_file(self, file: StoredFile, quota_bytes: int | None = None) -> StoredFile:
+    async def create_file(
+        self, file: StoredFile, content: AsyncIterable[bytes], quota_bytes: int | None = None
+    ) -> StoredFile:
+        """The row first, without a size (hidden), then a chunk per transaction, so claims
+        and heartbeats interleave with a long write; then the size, which shows it."""
+        await self._write(q.INSERT_FILE, file_row(replace(file, created_at=self._clock.now())))
+        seq = size = 0
+        async for chunk in chunked(content):
+            await self._add_chunk(file.id, seq, chunk)
+            seq, size = seq + 1, size + len(chunk)
+        return await self._show_file(file, size, quota_bytes)
+
+    async def _add_chunk(self, file_id: str, seq: int, data: bytes) -> None:
         async with self._db.write() as session:
+            if not await session.fetch(q.HOLD_PARTIAL_FILE, {"id": file_id}):
+                raise file_gone(file_id)
+            await session.fetch(q.INSERT_CHUNK, {"id": file_id, "seq": seq, "data": data})
+
+    async def _show_file(self, file: StoredFile, size: int, quota_bytes: int | None) -> StoredFile:
+        """Shown in one transaction with the quota check, which counts only whole files:
+        concurrent writes are serialised here by the tenant's lock."""
+        refusal: StorageQuotaExceeded | None = None
+        async with self._db.write() as session:
+            now = self._clock.now()
             if quota_bytes is not None:
                 await session.lock(f"files\n{file.tenant}")
                 [used] = await session.fetch(q.FILE_BYTES, {"tenant": file.tenant})
-                if used["n"] + file.size > quota_bytes:
-                    raise StorageQuotaExceeded(file.tenant, used["n"], quota_bytes)
-            stored = replace(file, created_at=self._clock.now())
-            await session.fetch(q.INSERT_FILE, file_row(stored))
-        return stored
+                if used["n"] + size > quota_bytes:
+                    refusal = StorageQuotaExceeded(file.tenant, used["n"], quota_bytes)
+            params = {"id": file.id, "size": size, "now": now}
+            shown = await session.fetch(q.DROP_PARTIAL_FILE if refusal else q.SHOW_FILE, params)
+        if refusal is not None:
+            raise refusal
+        if not shown:
+            raise file_gone(file.id)
+        return replace(file, size=size, created_at=now)
 
     async def get_file(self, tenant: str, file_id: str) -> StoredFile | None:
         rows = await self._read(q.SELECT_FILE, {"tenant": tenant, "id": file_id})
         return file_from_row(rows[0]) if rows else None
 
-    async def list_files(self, tenant: str, limit: int, after: str | None = None) -> list[FileInfo]:
+    async def read_file(self, file: StoredFile) -> AsyncIterator[bytes]:
+        """No session is held between chunks, however slowly they are consumed."""
+        params = {"tenant": file.tenant, "id": file.id}
+        seq = read = 0
+        while read < file.size:
+            rows = await self._read(q.SELECT_CHUNK, params | {"seq": seq})
+            if not rows:
+                raise file_gone(file.id)
+            chunk = rows[0]["data"]
+            yield chunk
+            seq, read = seq + 1, read + len(chunk)
+
+    async def list_files(
+        self, tenant: str, limit: int, after: str | None = None
+    ) -> list[StoredFile]:
         query = q.LIST_FILES if after is None else q.LIST_FILES_AFTER
         rows = await self._read(query, {"tenant": tenant, "limit": limit, "after": after})
-        return [FileInfo(**row) for row in rows]
+        return [file_from_row(row) for row in rows]
 
     async def delete_file(self, tenant: str, file_id: str) -> bool:
         return bool(await self._write(q.DELETE_FILE, {"tenant": tenant, "id": file_id}))
@@ -249,10 +298,11 @@ class SqlJobStore:
         return dict.fromkeys(JobState, 0) | {JobState(row["state"]): row["n"] for row in rows}
 
     async def list_batch_jobs(
-        self, tenant: str, batch_id: str, limit: int, after: str | None = None
+        self, tenant: str, batch_id: str, state: JobState, limit: int, after: str | None = None
     ) -> list[Job]:
         query = q.LIST_BATCH_JOBS if after is None else q.LIST_BATCH_JOBS_AFTER
-        params = {"tenant": tenant, "batch_id": batch_id, "limit": limit, "after": after}
+        params = {"tenant": tenant, "batch_id": batch_id, "state": state.value}
+        params |= {"limit": limit, "after": after}
         return [job_from_row(row) for row in await self._read(query, params)]
 
     async def purge(self, before: float, limit: int) -> Purged:

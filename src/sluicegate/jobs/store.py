@@ -6,15 +6,14 @@ jobs, files and batches: asking for another tenant's gets None, as if it did not
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Collection, Iterable
 from typing import Any, Protocol
 
-from sluicegate.core.errors import ErrorType, GatewayError
+from sluicegate.core.errors import ErrorType, GatewayError, not_found
 from sluicegate.jobs.model import (
     Backlog,
     Batch,
     BatchStatus,
-    FileInfo,
     Job,
     JobState,
     Purged,
@@ -49,6 +48,10 @@ class StorageQuotaExceeded(GatewayError):
             ErrorType.RATE_LIMIT,
             should_retry=False,
         )
+
+
+def file_gone(file_id: str) -> GatewayError:
+    return not_found(f"file {file_id!r} was deleted while it was read or written")
 
 
 class JobStore(Protocol):
@@ -115,17 +118,35 @@ class JobStore(Protocol):
 
     async def counts_by_state(self) -> dict[JobState, int]: ...
 
-    async def create_file(self, file: StoredFile, quota_bytes: int | None = None) -> StoredFile:
-        """Store `file`; `StorageQuotaExceeded` if the tenant's files would pass `quota_bytes`."""
+    async def create_file(
+        self, file: StoredFile, content: AsyncIterable[bytes], quota_bytes: int | None = None
+    ) -> StoredFile:
+        """Store `file` with `content`, taken in pieces of any size as they come and
+        stored a chunk per transaction, so the store holds no more than a chunk of it.
+
+        The file is shown (to `get_file`, `list_files`, `delete_file` and the quota) only
+        once whole, in one transaction; one left partial (its writer failed) stays hidden
+        until retention removes it. `StorageQuotaExceeded`, and nothing kept, if the
+        tenant's files would then pass `quota_bytes`.
+        """
         ...
 
     async def get_file(self, tenant: str, file_id: str) -> StoredFile | None: ...
 
-    async def list_files(self, tenant: str, limit: int, after: str | None = None) -> list[FileInfo]:
-        """Newest first, without content; `after` as in `list_jobs`."""
+    def read_file(self, file: StoredFile) -> AsyncIterator[bytes]:
+        """The content of `file` (as `get_file` returned it), a chunk per read; a 404
+        (`file_gone`) if it is deleted before the last chunk is read."""
         ...
 
-    async def delete_file(self, tenant: str, file_id: str) -> bool: ...
+    async def list_files(
+        self, tenant: str, limit: int, after: str | None = None
+    ) -> list[StoredFile]:
+        """Newest first; `after` as in `list_jobs`."""
+        ...
+
+    async def delete_file(self, tenant: str, file_id: str) -> bool:
+        """Delete a whole file and its chunks."""
+        ...
 
     async def create_batch(self, batch: Batch, jobs: Iterable[Job]) -> Batch:
         """Store a batch and its jobs (fresh ones, keyless) in one transaction."""
@@ -157,14 +178,16 @@ class JobStore(Protocol):
         ...
 
     async def list_batch_jobs(
-        self, tenant: str, batch_id: str, limit: int, after: str | None = None
+        self, tenant: str, batch_id: str, state: JobState, limit: int, after: str | None = None
     ) -> list[Job]:
-        """Oldest first, a page at a time; `after` is the last job id of the previous page."""
+        """The batch's jobs in `state`, oldest first, a page at a time; `after` is the last
+        job id of the previous page."""
         ...
 
     async def purge(self, before: float, limit: int) -> Purged:
         """Delete, up to `limit` rows a statement, finished jobs, final batches and their
-        jobs, and files, last changed before `before`; call again while one is full."""
+        jobs, and files (with their chunks), last changed before `before`; call again
+        while one is full."""
         ...
 
     async def close(self) -> None: ...

@@ -77,6 +77,24 @@ class Costs:
     last_job_end: Tally
 
 
+async def running_batch(store: SqlJobStore, lines: int) -> Batch:
+    """A batch of `lines` queued chat jobs, stored."""
+    batch = Batch(
+        tenant="alice",
+        input_file_id="file-x",
+        endpoint=Endpoint.CHAT.path,
+        completion_window="24h",
+        status=BatchStatus.IN_PROGRESS,
+        total_requests=lines,
+    )
+    body = b'{"model": "chat", "messages": []}'
+    members = (
+        Job(tenant="alice", kind=Endpoint.CHAT, body=body, lane="batch", custom_id=f"r{i}")
+        for i in range(lines)
+    )
+    return await store.create_batch(batch, members)
+
+
 async def costs(tmp_path, lines: int) -> Costs:
     """Rows fetched by a poll and a job's end while one job is left, then by the last end."""
     clock = FakeClock(1_700_000_000.0)
@@ -85,20 +103,7 @@ async def costs(tmp_path, lines: int) -> Costs:
     try:
         intake = SimpleNamespace(store=store, clock=clock, policy=JobPolicy())
         ledger = BatchLedger(cast(Intake, intake))
-        batch = Batch(
-            tenant="alice",
-            input_file_id="file-x",
-            endpoint=Endpoint.CHAT.path,
-            completion_window="24h",
-            status=BatchStatus.IN_PROGRESS,
-            total_requests=lines,
-        )
-        body = b'{"model": "chat", "messages": []}'
-        members = (
-            Job(tenant="alice", kind=Endpoint.CHAT, body=body, lane="batch", custom_id=f"r{i}")
-            for i in range(lines)
-        )
-        await store.create_batch(batch, members)
+        batch = await running_batch(store, lines)
         claimed = await store.claim("w", 600, lines)
         async with db.write() as session:
             await session.fetch(
@@ -117,7 +122,8 @@ async def costs(tmp_path, lines: int) -> Costs:
         assert settled.status is BatchStatus.COMPLETED
         assert settled.completed_requests == lines
         output = await store.get_file("alice", settled.output_file_id)
-        assert output.content.count(b"\n") == lines
+        content = b"".join([chunk async for chunk in store.read_file(output)])
+        assert content.count(b"\n") == lines
         return Costs(poll, job_end, last_job_end)
     finally:
         await store.close()
@@ -144,9 +150,26 @@ def test_checking_a_batchs_input_holds_about_one_copy_of_its_requests():
     content = b"".join(line % i + body for i in range(20_000))
     tracemalloc.start()
     try:
-        requests = read_requests(intake, settings.tenants[0], Endpoint.CHAT, content)
+        requests = read_requests(intake, settings.tenants[0], Endpoint.CHAT, [content])
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert len(requests) == 20_000
     assert peak < 2 * len(content)
+
+
+def test_an_input_read_in_chunks_of_any_size_gives_the_same_requests_and_errors():
+    """A line may span chunks (the store's are 1 MiB; lines are any length)."""
+    settings = parse(base())
+    intake = Intake(settings, FakeClock(), lambda: None)
+    line = b'{"custom_id": "r%d", "method": "POST", "url": "/v1/chat/completions", '
+    body = b'"body": {"model": "chat", "messages": [{"role": "user", "content": "q"}]}}'
+    content = b"\n".join(line % i + body for i in range(40)) + b"\n\n  \nnot json"
+    whole = read_requests(intake, settings.tenants[0], Endpoint.CHAT, [content])
+    assert [error["line"] for error in whole] == [43]
+    for size in (1, 7, 130, len(content) - 1):
+        chunks = [content[i : i + size] for i in range(0, len(content), size)]
+        assert read_requests(intake, settings.tenants[0], Endpoint.CHAT, chunks) == whole
+    valid = content[: content.index(b"\n\n") + 1]
+    requests = read_requests(intake, settings.tenants[0], Endpoint.CHAT, [valid[:150], valid[150:]])
+    assert list(requests) == [f"r{i}" for i in range(40)]
