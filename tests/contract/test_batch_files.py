@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import orjson
 
-from sluicegate.api.asgi import ABORT, Message, Router
+from sluicegate.api.asgi import CONNECTION, Message, Router
 from sluicegate.api.batches import BatchRoutes
 from sluicegate.api.intake import Intake
 from sluicegate.api.ledger import BatchLedger
@@ -86,10 +86,30 @@ async def get(router: Router, path: str, on_body=None) -> tuple[list[Message], b
         "method": "GET",
         "path": path,
         "headers": [(b"authorization", f"Bearer {ENV['ALICE_KEY']}".encode())],
-        "extensions": {ABORT: aborted.set},
+        "extensions": {CONNECTION: Dropped(aborted)},
     }
     await router(scope, receive, send)
     return sent, aborted.is_set()
+
+
+class Dropped:
+    """The server's side of a connection (`asgi.Connection`) as far as a download uses it:
+    whether it was aborted."""
+
+    def __init__(self, aborted: asyncio.Event) -> None:
+        self._aborted = aborted
+
+    def read_within(self, timeout_s: float) -> None:
+        """Downloads read no body."""
+
+    def body_late(self) -> bool:
+        return False
+
+    def bound_sends(self, left_s: float | None) -> None:
+        """The server's write timeout is the download's bound."""
+
+    def abort(self) -> None:
+        self._aborted.set()
 
 
 async def pieces(content: bytes) -> AsyncIterator[bytes]:

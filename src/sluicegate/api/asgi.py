@@ -51,6 +51,10 @@ class Connection(Protocol):
         """No send may wait for the client to read past `left_s` from now (None: only the
         server's write timeout applies), else the connection is aborted."""
 
+    def abort(self) -> None:
+        """Drop the connection now: an answer cut short after its start must not look
+        complete, and closing would wait for unsent bytes to drain."""
+
 
 class ClientDisconnected(CallerGone):
     """The HTTP client disconnected."""

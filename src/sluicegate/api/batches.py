@@ -19,13 +19,13 @@ from dataclasses import replace
 from typing import Any
 
 from sluicegate.api.asgi import (
-    ABORT,
+    CONNECTION,
+    Connection,
     DisconnectWatcher,
     Receive,
     Router,
     Scope,
     Send,
-    SendGuard,
     header,
     read_body,
     send_json,
@@ -120,28 +120,26 @@ class BatchRoutes:
         """A chunk read, then sent, at a time, with the file's length declared. The first
         chunk is read before the answer starts, so a store or file gone by then is an
         ordinary error; one gone later aborts the connection, and the length shows the
-        client its body was cut short. A client that leaves or stops reading ends it."""
+        client its body was cut short. A client that leaves ends it; one that stops reading
+        is aborted by the server after its write timeout."""
         chunks = self._intake.store.read_file(file)
         first = await anext(chunks, b"")
-        guard = SendGuard(scope, send, self._intake.settings.edge.write_timeout_s)
         headers = [
             (b"content-type", b"application/jsonl"),
             (b"content-length", str(file.size).encode()),
         ]
         try:
             async with DisconnectWatcher(receive):
-                await guard({"type": "http.response.start", "status": 200, "headers": headers})
-                await guard({"type": "http.response.body", "body": first, "more_body": True})
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
+                await send({"type": "http.response.body", "body": first, "more_body": True})
                 async for chunk in chunks:
-                    await guard({"type": "http.response.body", "body": chunk, "more_body": True})
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except GatewayError as err:
             log.warning("download of %s cut short: %s", file.id, err.message)
-            abort = scope.get("extensions", {}).get(ABORT)
-            if abort is not None:
-                abort()
+            connection: Connection | None = scope.get("extensions", {}).get(CONNECTION)
+            if connection is not None:
+                connection.abort()
             return
-        finally:
-            guard.close()
         await send({"type": "http.response.body", "body": b""})
 
     async def _create(self, tenant: Tenant, scope: Scope, receive: Receive, send: Send) -> None:

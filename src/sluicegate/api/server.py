@@ -228,6 +228,9 @@ class GuardedHttp(HttpToolsProtocol):
     def body_late(self) -> bool:
         return self._body_late
 
+    def abort(self) -> None:
+        self.transport.abort()
+
     def bound_sends(self, left_s: float | None) -> None:
         self._sends_due = NEVER if left_s is None else self.loop.time() + left_s
         if self._stalled_at != NEVER:
