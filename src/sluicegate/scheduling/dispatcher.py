@@ -581,7 +581,8 @@ class Dispatcher:
         still_queued = any(queue.size for queue in self.queues.values())
         predictor = self.predictor
         predictor.dispatched(now, backlogged_since_s is not None, still_queued)
-        predictor.flow_dispatched(lane.name, call.tenant.name, now, backlogged_since_s)
+        if backlogged_since_s is not None:
+            predictor.flow_dispatched(lane.name, call.tenant.name, now, backlogged_since_s)
 
     def _retry_after(self, delay_s: float | None) -> None:
         """Wake when a rate limit's next slot or a cooldown's end comes."""

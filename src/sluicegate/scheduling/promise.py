@@ -86,16 +86,16 @@ class WaitPredictor:
         self._last_dispatch_s = now
         self._backlogged = still_queued
 
-    def flow_dispatched(
-        self, lane: str, flow: str, now: float, backlogged_since_s: float | None
-    ) -> None:
-        """A dispatch of `flow`, from a backlog it has kept since `backlogged_since_s`
-        (None: it did not queue): its gap counts only within one backlog."""
-        pace = self.lane(lane).flows.get(flow)
+    def flow_dispatched(self, lane: str, flow: str, now: float, backlogged_since_s: float) -> None:
+        """A dispatch of `flow` from a backlog it has kept since `backlogged_since_s`: its
+        gap counts only within one backlog. A dispatch that did not queue need not be told:
+        the flow had no backlog, so the next one begins after it."""
+        flows = self.lane(lane).flows
+        pace = flows.get(flow)
         if pace is None:
-            pace = self.lane(lane).flows[flow] = FlowPace()
+            pace = flows[flow] = FlowPace()
         last, pace.last_dispatch_s = pace.last_dispatch_s, now
-        if backlogged_since_s is None or backlogged_since_s > last:
+        if backlogged_since_s > last:
             pace.gap_s = None
             return
         gap, smoothed = now - last, pace.gap_s
