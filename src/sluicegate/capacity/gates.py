@@ -170,14 +170,21 @@ class MetricsGate(_Listeners):
     def fleet_slot(self, lane: Lane) -> Slot | None:
         """What `admits` allows (the estimated queue within the lane's bound before a
         send), as a limit on the fleet's attempts in flight: those at the sample plus
-        the sends the sample leaves room for."""
+        the sends the sample leaves room for. The count and the scrape are not one
+        instant: an attempt that ended at the backend before the scrape but still held
+        its lease at the count, or was on its way there, is counted but not seen, so
+        the limit could pass the backend's batch plus the bound by that many. With the
+        batch known it never does: the fleet's own attempts alone could not fit more."""
         sample, at_sample = self._sample, self._fleet_at_sample
         if self.fleet_key is None or sample is None or at_sample is None or self._stale():
             return None
         slots = self._spec.max_num_seqs
         queued = sample.waiting if slots is None else sample.running + sample.waiting - slots
-        room = lane.max_backend_waiting - queued
-        return Slot(self.fleet_key, max(0, at_sample + math.floor(room) + 1))
+        bound = lane.max_backend_waiting
+        limit = at_sample + math.floor(bound - queued) + 1
+        if slots is not None:
+            limit = min(limit, slots + math.floor(bound) + 1)
+        return Slot(self.fleet_key, max(0, limit))
 
     def sent(self) -> None:
         self._sent += 1

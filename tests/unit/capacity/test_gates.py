@@ -148,6 +148,18 @@ def test_in_a_fleet_the_bound_counts_every_replicas_sends_since_the_sample(max_n
         assert slot.limit == 5 + sends_allowed_alone(g, lane)
 
 
+def test_in_a_fleet_attempts_counted_but_not_yet_seen_never_lift_the_bound_past_the_batch():
+    """Counted at 3 in flight, scraped after one of them ended (2 running, none waiting):
+    the sample leaves room for one send over 3, but the fleet's attempts can never
+    usefully be more than the batch plus the lane's bound plus one send."""
+    g, _ = fleet_gate(max_num_seqs=2)
+    lane = Lane("interactive", max_backend_waiting=0)
+    g.update(sample(waiting=0, running=2), fleet_in_flight=3)
+    assert g.fleet_slot(lane) == (g.fleet_key, 3)
+    g.update(sample(waiting=0, running=1), fleet_in_flight=1)
+    assert g.fleet_slot(lane) == (g.fleet_key, 3), "one free sequence and one send over it"
+
+
 def test_in_a_fleet_a_full_backend_leaves_no_room_and_a_stale_or_uncounted_sample_no_slot():
     g, clock = fleet_gate(max_num_seqs=4)
     g.update(sample(waiting=6, running=4), fleet_in_flight=9)
