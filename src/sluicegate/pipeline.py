@@ -54,7 +54,10 @@ class Inbound(NamedTuple):
     """A request as its caller hands it over, before anything is checked.
 
     `payload` reads and parses the body: called after the tenant's concurrency gate and
-    before the shared ones, so a slow body holds only its own tenant's slot. `watch`,
+    before the shared ones, so a slow body holds only its own tenant's slot; when
+    `body_in` says the body is already whole, nothing is worth holding while it is
+    read, and the tenant's slot joins the shared gates' decision (one round trip to a
+    shared store instead of two). `watch`,
     when given, is entered once the body is read and cancels the request when its
     caller goes away. `interactive` traffic takes
     the route's and the aggregate's slots as well as the tenant's; jobs take only the
@@ -73,6 +76,7 @@ class Inbound(NamedTuple):
     watch: Callable[[], AbstractAsyncContextManager[Any]] | None = None
     prompt_tokens: int | None = None
     avoid: frozenset[str] = frozenset()
+    body_in: Callable[[], bool] = lambda: True
 
 
 class Pipeline:
@@ -110,13 +114,17 @@ class Pipeline:
         answer: Answer | None = None
         try:
             async with AsyncExitStack() as permits:
-                await self._boundary.enter_tenant(inbound.tenant, permits)
+                arriving = not inbound.body_in()
+                if arriving:
+                    await self._boundary.enter_tenant(inbound.tenant, permits)
                 payload = await inbound.payload()
                 if inbound.watch is not None:
                     await permits.enter_async_context(inbound.watch())
                 call = self._resolve(inbound, payload)
                 tally = Tally()
-                await self._boundary.admit(call, permits, tally, inbound.interactive)
+                await self._boundary.admit(
+                    call, permits, tally, inbound.interactive, tenant_slot=not arriving
+                )
                 started = await self._first_answer(call, inbound.avoid)
                 attempt, answer = started.attempt, started.answer
                 try:

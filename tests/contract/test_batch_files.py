@@ -105,6 +105,9 @@ class Dropped:
     def body_late(self) -> bool:
         return False
 
+    def body_complete(self) -> bool:
+        return True
+
     def bound_sends(self, left_s: float | None) -> None:
         """The server's write timeout is the download's bound."""
 

@@ -2,8 +2,10 @@
 
 The tenant's concurrency is checked before the body is read; once the body is in and
 gave an estimate, the route's and the aggregate's concurrency (a slow body must not hold
-shared capacity) with the rates and token quotas, in one decision. Each of the two is
-one all-or-nothing decision of the limit store (one round trip to a shared one), and
+shared capacity) with the rates and token quotas, in one decision. A body that came whole
+with its headers holds nothing while it is read, so the tenant's slot then joins that
+decision. Each decision is all-or-nothing in the limit store (one round trip to a
+shared one), and
 what it took is handed to the caller's exit stack the moment it is taken, so it is
 given back (its slots freed and its token reservations settled, in one store call)
 whatever happens to the request.
@@ -67,7 +69,7 @@ class Boundary:
         self._routes = routes
         self._aggregate = aggregate
         self._tenant_slots: dict[str, _Slots] = {}
-        self._quota_plans: dict[tuple[str, Endpoint, bool], _Quotas] = {}
+        self._quota_plans: dict[tuple[str, Endpoint, bool, bool], _Quotas] = {}
 
     async def enter_tenant(self, tenant: Tenant, permits: AsyncExitStack) -> None:
         """The tenant's concurrency slot, taken before the body is read: a body trickled
@@ -111,17 +113,24 @@ class Boundary:
         return Ask(slots=tuple(slot for slot, _ in slots)), tuple(gate for _, gate in slots)
 
     async def admit(
-        self, call: Call, permits: AsyncExitStack, tally: Tally, shared: bool = True
+        self,
+        call: Call,
+        permits: AsyncExitStack,
+        tally: Tally,
+        shared: bool = True,
+        tenant_slot: bool = False,
     ) -> None:
         """Prompt budgets, then in one decision the route's and the aggregate's slots
         (`shared`: only interactive HTTP traffic takes them, since they protect the HTTP
-        edge and jobs have their own bounds) and the request and token rates of the
-        tenant and the aggregate."""
+        edge and jobs have their own bounds), the tenant's slot when `enter_tenant` did
+        not take it (`tenant_slot`), and the request and token rates of the tenant and
+        the aggregate."""
         self._check_prompt_budget(call)
-        key = (call.tenant.name, call.endpoint, shared)
+        key = (call.tenant.name, call.endpoint, shared, tenant_slot)
         plan = self._quota_plans.get(key)
         if plan is None:
-            plan = self._quota_plans[key] = self._quotas(call.tenant, call.endpoint, shared)
+            plan = self._quotas(call.tenant, call.endpoint, shared, tenant_slot)
+            self._quota_plans[key] = plan
         if not plan.gates and not plan.slot_gates:
             return
         ask = plan.ask
@@ -150,15 +159,19 @@ class Boundary:
         if budget is not None and prompt > budget:
             raise _too_long(prompt, f"tenant {call.tenant.name}", budget)
 
-    def _quotas(self, tenant: Tenant, endpoint: Endpoint, shared: bool) -> _Quotas:
-        """The shared slots, and the tenant's and the aggregate's rates a request of
-        this tenant is charged: one unit of each request rate, its token reservation
-        of each token rate."""
-        slots, slot_gates = self._shared_gates(endpoint) if shared else (None, ())
+    def _quotas(
+        self, tenant: Tenant, endpoint: Endpoint, shared: bool, tenant_slot: bool
+    ) -> _Quotas:
+        """The slots (the tenant's first, when asked, then the shared ones), and the
+        tenant's and the aggregate's rates a request of this tenant is charged: one
+        unit of each request rate, its token reservation of each token rate."""
+        own, own_gates = self._tenant_gates(tenant) if tenant_slot else (None, ())
+        slots, shared_gates = self._shared_gates(endpoint) if shared else (None, ())
+        taken = tuple(slot for ask in (own, slots) if ask is not None for slot in ask.slots)
+        slot_gates = own_gates + shared_gates
         plan = list(self._plan(tenant))
         gates = tuple(gate for _, gate in plan)
         tokens = tuple(i for i, gate in enumerate(gates) if gate.is_tokens)
-        taken = () if slots is None else slots.slots
         ask = Ask((), taken, tuple(charge for charge, _ in plan))
         return _Quotas(ask, slot_gates, gates, tokens)
 

@@ -47,6 +47,10 @@ class Connection(Protocol):
 
     def body_late(self) -> bool: ...
 
+    def body_complete(self) -> bool:
+        """Whether the request's whole body has arrived, so reading it waits for nothing
+        (False may also mean "not known": a later pipelined request's body is arriving)."""
+
     def bound_sends(self, left_s: float | None) -> None:
         """No send may wait for the client to read past `left_s` from now (None: only the
         server's write timeout applies), else the connection is aborted."""

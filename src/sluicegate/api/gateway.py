@@ -157,6 +157,7 @@ class Gateway:
             _lane(headers),
             _client_retries(headers),
             watch=lambda: DisconnectWatcher(receive),
+            body_in=_arriving if connection is None else connection.body_complete,
         )
 
     async def _serve(self, inbound: Inbound, exchange: Exchange) -> None:
@@ -278,6 +279,11 @@ def _identity_encoding(headers: Mapping[bytes, bytes]) -> None:
             ErrorType.INVALID_REQUEST,
             should_retry=False,
         )
+
+
+def _arriving() -> bool:
+    """Without the server's connection, whether the body is whole is not known."""
+    return False
 
 
 def _body_late(timeout_s: float) -> GatewayError:

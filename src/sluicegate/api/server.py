@@ -228,6 +228,12 @@ class GuardedHttp(HttpToolsProtocol):
     def body_late(self) -> bool:
         return self._body_late
 
+    def body_complete(self) -> bool:
+        """The newest request's flag: a request whose own cycle is older has its whole body
+        in (the next one's headers followed it), and is told "not known", never wrongly
+        "complete"."""
+        return not self.cycle.more_body
+
     def abort(self) -> None:
         self.transport.abort()
 

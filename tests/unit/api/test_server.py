@@ -187,6 +187,22 @@ def test_a_deadline_set_while_paused_applies_and_lifting_it_leaves_the_write_tim
 PARTIAL = b"POST /v1/x HTTP/1.1\r\nhost: gw\r\ncontent-length: 2\r\n\r\n{"
 
 
+def test_a_body_is_complete_only_once_its_last_byte_is_in(loop):
+    protocol, _ = connect(loop)
+    protocol.data_received(PARTIAL)
+    assert not protocol.body_complete()
+    protocol.data_received(b"}")
+    assert protocol.body_complete()
+
+
+def test_a_pipelined_body_still_arriving_is_never_called_complete(loop):
+    """The next request's headers came after this one's body, so its own body is whole;
+    while the newest one's is still arriving, the answer is "not known" (False)."""
+    protocol, _ = connect(loop)
+    protocol.data_received(PARTIAL + b"}" + PARTIAL)
+    assert not protocol.body_complete()
+
+
 def test_a_body_incomplete_at_its_deadline_wakes_its_reader_as_late(loop):
     protocol, _ = connect(loop)
     protocol.data_received(PARTIAL)
