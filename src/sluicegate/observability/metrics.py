@@ -285,7 +285,20 @@ class CapacityCollector(Collector):
             "Times the lower lanes' rate was cut because the top lane's TTFT broke its target.",
             labels=["model"],
         )
+        reserved = GaugeMetricFamily(
+            "sluicegate_reserved_slots",
+            "Pool slots kept free for top-lane requests within their tenant's share: work "
+            "beyond its share and lower lanes leave them.",
+            labels=["model"],
+        )
+        protected = CounterMetricFamily(
+            "sluicegate_protected_requests",
+            "Top-lane requests that arrived within their tenant's share.",
+            labels=["model"],
+        )
         for view in (d.view() for d in self._dispatchers):
+            reserved.add_metric([view.model], view.reserved_slots)
+            protected.add_metric([view.model], view.protected)
             if view.yields:
                 yield_rate.add_metric([view.model], view.yield_rate_per_s or 0.0)
                 yield_cuts.add_metric([view.model], view.yield_cuts)
@@ -300,7 +313,7 @@ class CapacityCollector(Collector):
                 for tenant, counter in lane.service.items():
                     service.add_metric([*key, tenant], counter)
         yield from (depth, oldest, dispatched, expired, shed, correction)
-        yield from (service, yield_rate, yield_cuts)
+        yield from (service, yield_rate, yield_cuts, reserved, protected)
 
     def _gate_families(self) -> Iterator[Metric]:
         state = GaugeMetricFamily(
@@ -670,6 +683,7 @@ TAKES_MAX = frozenset(
         "sluicegate_pool_concurrency_limit",
         "sluicegate_queue_oldest_age_seconds",
         "sluicegate_queue_wait_correction",
+        "sluicegate_reserved_slots",
         "sluicegate_tenant_service",
         "sluicegate_overload_state",
         "sluicegate_overload_pressure",

@@ -42,6 +42,7 @@ def snapshot(
             "lanes": lanes,
             "deployments": deployments,
             "service_gap_s": view.service_gap_s,
+            "reserved_slots": view.reserved_slots,
             "checks": view.checks,
         }
     return {
@@ -52,7 +53,14 @@ def snapshot(
 
 
 TAKES_MAX = frozenset(
-    {"oldest_age_s", "pressure", "service_gap_s", "wait_correction", "after_dispatch_s"}
+    {
+        "oldest_age_s",
+        "pressure",
+        "service_gap_s",
+        "wait_correction",
+        "after_dispatch_s",
+        "reserved_slots",
+    }
 )
 """Status fields merged across workers by their largest value (ages, the worst pressure,
 the slowest service and the worst correction a worker learnt); numbers are otherwise

@@ -35,6 +35,7 @@ from sluicegate.scheduling.checks import DispatchCheck, NotNow, default_checks
 from sluicegate.scheduling.fairness import FairnessPolicy
 from sluicegate.scheduling.promise import Shedder, WaitPredictor
 from sluicegate.scheduling.queues import LaneQueue, Place, Waiter
+from sluicegate.scheduling.reserve import Reserve
 from sluicegate.scheduling.yielding import Yielding
 
 CODEL_TARGET = 0.5
@@ -94,6 +95,11 @@ class DispatcherView:
     """Their allowed dispatch rate while they yield; None while not limited."""
     yield_cuts: int
     checks: Mapping[str, Any]
+    reserved_slots: int
+    """Pool slots that work beyond its share (and lower lanes) leaves free for top-lane
+    requests within their tenant's share."""
+    protected: int
+    """Top-lane requests that arrived within their tenant's share."""
 
 
 class Dispatcher:
@@ -131,6 +137,7 @@ class Dispatcher:
         self._batch = sum(target.full for target in self.targets)
         """Requests the deployments take at once: before any service gap is measured, a
         promised lane queues at most one such batch."""
+        self.reserve = Reserve(self._batch)
         self.checks = tuple(default_checks() if checks is None else checks)
         self._plans: dict[tuple[str, str], tuple[DispatchCheck, ...]] = {}
         self._chain = chain
@@ -185,6 +192,8 @@ class Dispatcher:
             None if yielding is None else yielding.rate_per_s,
             0 if yielding is None else yielding.cuts,
             {check.name: check.view() for check in self.checks},
+            self.reserve.slots(now, self.predictor.gap_s),
+            self.reserve.protected,
         )
 
     def first_token(self, attempt: Attempt, ttft_s: float) -> None:
@@ -216,9 +225,12 @@ class Dispatcher:
         lane's queue; raise the refusal otherwise. Once this returns, the attempt is
         the caller's to `release`."""
         call, lane = attempt.call, attempt.lane
+        protected = self._within_share(attempt, arriving=True)
+        if protected:
+            self.reserve.arrived(self.clock.now())
         ahead = self._queued_ahead(lane)
         if not ahead and not self._paused(lane):
-            refusal = await self._try(attempt)
+            refusal = await self._try(attempt, self._spare(protected))
             if refusal is None:
                 self._dispatched(attempt, 0.0, None, None)
                 return
@@ -422,7 +434,8 @@ class Dispatcher:
                 if waiter is None:
                     continue
                 attempt = waiter.attempt
-                refusal = await self._try(attempt)
+                spare = self._spare(self._within_share(attempt, arriving=False))
+                refusal = await self._try(attempt, spare)
                 if refusal is not None:
                     if not self._outlasts(refusal, waiter.call, waiter.enqueued_s):
                         continue
@@ -469,9 +482,25 @@ class Dispatcher:
         fresh = [t for t in targets if t.deployment.name not in avoid]
         return fresh or targets
 
-    async def _try(self, attempt: Attempt) -> GatewayError | None:
+    def _within_share(self, attempt: Attempt, arriving: bool) -> bool:
+        """Whether `attempt` may take the slots the reserve keeps free: a top-lane request
+        within its tenant's share of the deployments' batch (re-asked at each try from
+        the queue, since shares move as others come and go)."""
+        lane = attempt.lane
+        if lane is not self.protected:
+            return False
+        queue = self.queues[lane.name]
+        tenant = attempt.call.tenant.name
+        return queue.fairness.within_share(tenant, queue.queued, self._batch, arriving)
+
+    def _spare(self, protected: bool) -> int:
+        """The pool slots an attempt must leave free."""
+        return 0 if protected else self.reserve.slots(self.clock.now(), self.predictor.gap_s)
+
+    async def _try(self, attempt: Attempt, spare: int) -> GatewayError | None:
         """Reserve the first candidate deployment that admits the lane and take every
-        permit there; None once `attempt` holds them, else the refusal to answer."""
+        permit there, leaving `spare` slots of each pool free; None once `attempt` holds
+        them, else the refusal to answer."""
         lane = attempt.lane
         if self._prefilling and self._yielding_for(lane) is not None:
             return Refusal.LANE_YIELDING.error(f"lane {lane.name} yields to first tokens due")
@@ -493,7 +522,7 @@ class Dispatcher:
             self._reserve(attempt, target, checks)
             try:
                 tokens, backend = attempt.call.reserved_tokens, target.gate.fleet_slot(lane)
-                permit = await target.group.acquire(tokens, backend)
+                permit = await target.group.acquire(tokens, backend, spare)
             except BaseException:
                 self._unreserve(attempt, checks)
                 raise

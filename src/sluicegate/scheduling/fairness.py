@@ -7,7 +7,7 @@ and what each dispatch cost; the queues own the requests themselves.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 ROUNDING = 1e-9
@@ -46,12 +46,61 @@ class FairnessPolicy(Protocol):
         """`flow` has `change` more (or, negative, fewer) requests at the backend."""
         ...
 
+    def within_share(
+        self, flow: str, queued: Callable[[str], int], capacity: float, arriving: bool
+    ) -> bool:
+        """Whether `flow`'s next request is within its fair share of `capacity` requests
+        at the backend: below its weighted share of it, or all its demand (in flight and
+        `queued(flow)`, plus this request when `arriving`) fits under the max-min split's
+        level. A flow that holds more than its weighted share only because others asked
+        for less is not: what it borrowed is theirs the moment they ask again."""
+        ...
+
+
+def max_min_level(
+    demands: Mapping[str, float], weights: Mapping[str, float], capacity: float
+) -> float:
+    """The water level of a max-min fair split of `capacity` by weight: a flow asking
+    less than level x weight gets what it asks, every other one level x weight; infinite
+    when the demands all fit."""
+    left, weight = capacity, sum(weights.get(flow, 1.0) for flow in demands)
+    for flow in sorted(demands, key=lambda f: demands[f] / weights.get(f, 1.0)):
+        share = weights.get(flow, 1.0)
+        if demands[flow] > left * share / weight:
+            return left / weight
+        left -= demands[flow]
+        weight -= share
+    return math.inf
+
+
+def _within_share(
+    flow: str,
+    in_flight: Mapping[str, int],
+    weights: Mapping[str, float],
+    backlog: Iterable[str],
+    queued: Callable[[str], int],
+    capacity: float,
+    arriving: bool,
+) -> bool:
+    mine = in_flight.get(flow, 0)
+    if mine == 0:
+        return True
+    demands: dict[str, float] = dict(in_flight)
+    for other in backlog:
+        demands[other] = demands.get(other, 0) + queued(other)
+    demands[flow] += arriving
+    weight = weights.get(flow, 1.0)
+    if mine < capacity * weight / sum(weights.get(f, 1.0) for f in demands):
+        return True
+    return demands[flow] <= max_min_level(demands, weights, capacity) * weight
+
 
 class RoundRobin:
     """Visit backlogged flows in turn, one request each: fair by count, blind to cost."""
 
     def __init__(self) -> None:
         self._order: dict[str, None] = {}
+        self._in_flight: dict[str, int] = {}
 
     def backlogged(self, flow: str) -> None:
         self._order[flow] = None
@@ -76,7 +125,15 @@ class RoundRobin:
         return min(queued, mine + 1)
 
     def in_flight(self, flow: str, change: int) -> None:
-        """A round gives each flow one request whatever it has in flight."""
+        """A round gives each flow one request whatever it has in flight; the count only
+        tells who is within its share."""
+        _count(self._in_flight, flow, change)
+
+    def within_share(
+        self, flow: str, queued: Callable[[str], int], capacity: float, arriving: bool
+    ) -> bool:
+        in_flight = self._in_flight
+        return _within_share(flow, in_flight, {}, self._order, queued, capacity, arriving)
 
 
 class VirtualTokenCounter:
@@ -130,11 +187,13 @@ class VirtualTokenCounter:
         return self._in_flight.get(flow, 0) / self._weights.get(flow, 1.0), self.counters[flow]
 
     def in_flight(self, flow: str, change: int) -> None:
-        now = self._in_flight.get(flow, 0) + change
-        if now:
-            self._in_flight[flow] = now
-        else:
-            self._in_flight.pop(flow, None)
+        _count(self._in_flight, flow, change)
+
+    def within_share(
+        self, flow: str, queued: Callable[[str], int], capacity: float, arriving: bool
+    ) -> bool:
+        in_flight, weights = self._in_flight, self._weights
+        return _within_share(flow, in_flight, weights, self._backlog, queued, capacity, arriving)
 
     def charge(self, flow: str, prompt_tokens: float, output_tokens: float) -> None:
         cost = prompt_tokens * self._input_weight + output_tokens * self._output_weight
@@ -150,3 +209,12 @@ class VirtualTokenCounter:
         level = (in_flight.get(flow, 0) + mine) / weights.get(flow, 1.0)
         room = level * other_weight - in_flight.get(other, 0)
         return 0 if room < 0 else min(queued, math.floor(room + ROUNDING) + 1)
+
+
+def _count(counts: dict[str, int], flow: str, change: int) -> None:
+    """Counts kept without zeros, so that their keys are the flows with any."""
+    now = counts.get(flow, 0) + change
+    if now:
+        counts[flow] = now
+    else:
+        counts.pop(flow, None)

@@ -151,6 +151,11 @@ class LaneQueue:
         own = self._flows.get(flow)
         return own.since_s if own else None
 
+    def queued(self, flow: str) -> int:
+        """`flow`'s waiters."""
+        own = self._flows.get(flow)
+        return 0 if own is None else len(own.fresh) + len(own.retried)
+
     def heads(self) -> list[Waiter]:
         """Every backlogged flow's next waiter."""
         return [flow.head() for flow in self._flows.values() if flow]

@@ -568,3 +568,60 @@ async def test_the_fair_share_is_corrected_with_the_completion_the_provider_repo
     expected = VirtualTokenCounter()
     expected.charge("a", 10, 5)
     assert dispatcher.queues["interactive"].fairness.service() == expected.service()
+
+
+def reserving(dispatcher: Dispatcher, slots: int) -> None:
+    """Protected arrivals at 2/s and a completion every 0.5 s: load 1, so the reserve
+    is as large as it may be (a quarter of the batch)."""
+    for _ in range(40):
+        dispatcher.reserve.arrived(dispatcher.clock.now())
+    dispatcher.predictor.gap_s = 0.5
+    assert dispatcher.reserve.slots(dispatcher.clock.now(), 0.5) == slots
+
+
+@pytest.mark.parametrize("reserve", [True, False])
+async def test_work_beyond_its_share_leaves_the_reserve_to_a_tenant_within_its_own(clock, reserve):
+    """`small` holds 1 of 8 and `big` the rest, with 3 more queued. When one of big's
+    ends, big (beyond its half, with a backlog) may not take the slot while only the
+    reserve's 2 are free; `small`'s next request then goes at once. Without the reserve
+    big's backlog would take the slot and small would queue behind it."""
+    pool = Pool(PoolSpec("p", 8), leases(clock))
+    dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        if reserve:
+            reserving(dispatcher, 2)
+        held = [await granted(dispatcher, attempt(clock, tenant="small"))]
+        held += [await granted(dispatcher, attempt(clock, tenant="big")) for _ in range(7)]
+        backlog = [
+            asyncio.create_task(granted(dispatcher, attempt(clock, tenant="big"))) for _ in range(3)
+        ]
+        await settle()
+        await dispatcher.release(held.pop())
+        await settle()
+        assert sum(task.done() for task in backlog) == (0 if reserve else 1)
+        small = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="small")))
+        await settle()
+        assert small.done() is reserve
+        for task in (*backlog, small):
+            task.cancel()
+    finally:
+        runner.cancel()
+
+
+async def test_a_lower_lane_never_takes_the_reserve(clock):
+    pool = Pool(PoolSpec("p", 8), leases(clock))
+    dispatcher = dispatcher_for([INTERACTIVE, HEAVY], pool, clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        reserving(dispatcher, 2)
+        for _ in range(6):
+            await granted(dispatcher, attempt(clock, tenant="batch", lane=HEAVY))
+        heavy = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="x", lane=HEAVY)))
+        await settle()
+        assert not heavy.done()
+        await granted(dispatcher, attempt(clock, tenant="x"))
+        assert pool.counters.active == 7
+        heavy.cancel()
+    finally:
+        runner.cancel()

@@ -1,0 +1,81 @@
+"""Slots kept free for requests within their tenant's share.
+
+A backend runs a batch, and a request that finds the batch full waits for a completion,
+whatever its place in the fair order: the order decides who goes next, not that anyone
+goes now. Max-min fairness promises more to a tenant using less than its share: its
+request should not wait behind work of tenants above theirs, and without preemption the
+only way is to keep slots free for it. So work above its share (and work of lower lanes)
+may take a pool's slots only while `slots()` of them stay free; a request of the top
+lane within its tenant's share may take any.
+
+How many: each protected arrival takes a free slot, and each completion gives one back
+to the free ones first, since nothing else may take it while they are short. With
+protected arrivals at rate L and completions one per measured service gap, the free
+slots behave as an M/M/1/R queue whose load is L x gap, and an arrival finds none free
+with its blocking probability. `slots()` is the fewest R that keep it under `BLOCKING`,
+at most `MOST_OF_BATCH` of the batch: the reserve is throughput held back from the
+others, so it follows the protected traffic and is nothing without any.
+"""
+
+from __future__ import annotations
+
+import math
+
+BLOCKING = 0.05
+"""A protected request should find a free slot at least 95 times in 100."""
+MOST_OF_BATCH = 0.25
+"""Never more than this share of the batch is held back."""
+HORIZON_S = 10.0
+"""The protected arrival rate is a count decayed over this time."""
+GONE_AFTER_S = 3 * HORIZON_S
+"""Protected traffic silent this long is gone: the reserve is given back to the others.
+Its decayed rate alone would keep a slot for minutes after a busy tenant left."""
+REFRESH_S = 0.05
+"""The reserve is worked out again at most this often: dispatches ask for it each time."""
+
+
+def blocking(load: float, slots: int) -> float:
+    """An M/M/1/`slots` queue's probability of being full (Erlang's loss for one server
+    with `slots` places)."""
+    if slots == 0:
+        return 1.0
+    if abs(load - 1.0) < 1e-9:
+        return 1.0 / (slots + 1)
+    return (1.0 - load) * load**slots / (1.0 - load ** (slots + 1))
+
+
+class Reserve:
+    """The free slots one dispatcher keeps for protected requests; times on its clock."""
+
+    def __init__(self, batch: int) -> None:
+        self.most = math.floor(batch * MOST_OF_BATCH)
+        self._rate = 0.0
+        self._rate_at = -math.inf
+        self._slots = 0
+        self._worked_out_at = -math.inf
+        self.protected = 0
+        """Protected arrivals so far, for operators."""
+
+    def arrived(self, now: float) -> None:
+        """A request within its tenant's share arrived."""
+        self._rate = self.rate_per_s(now) + 1.0 / HORIZON_S
+        self._rate_at = now
+        self.protected += 1
+
+    def rate_per_s(self, now: float) -> float:
+        return self._rate * math.exp(-(now - self._rate_at) / HORIZON_S)
+
+    def slots(self, now: float, gap_s: float | None) -> int:
+        """How many slots work that is not protected must leave free now; none before
+        any service gap was measured (nothing has waited for a slot yet)."""
+        if now - self._worked_out_at < REFRESH_S:
+            return self._slots
+        self._worked_out_at = now
+        gone = now - self._rate_at > GONE_AFTER_S
+        load = 0.0 if gap_s is None or gone else self.rate_per_s(now) * gap_s
+        slots = 0
+        if load > 0:
+            while slots < self.most and blocking(load, slots) > BLOCKING:
+                slots += 1
+        self._slots = slots
+        return slots
