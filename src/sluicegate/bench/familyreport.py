@@ -1,5 +1,6 @@
 """The family's document: `family.json` for tools, `family.txt` for people, the worst of
-each figure over the variants that ran."""
+each figure over the variants that ran; and what a variant is judged against, read back
+from the document so that a rescore judges alike."""
 
 from __future__ import annotations
 
@@ -9,6 +10,49 @@ from pathlib import Path
 from typing import Any
 
 from sluicegate.bench import capacity, family, familymetrics, report
+from sluicegate.bench.scenario import Slo
+
+
+def parameters(variant: family.Variant) -> dict[str, Any]:
+    return {
+        "overload": variant.overload,
+        "batch": variant.batch,
+        "retry": variant.retry,
+        "caller_ratio": variant.caller_ratio,
+        "slowdown": variant.slowdown,
+        "slowdown_at": variant.slowdown_at,
+        "timeout_s": variant.timeout_s(),
+        "tenants": [
+            {
+                "name": t.name,
+                "weight": t.weight,
+                "arrival": t.arrival,
+                "share": t.share,
+                "prompt_tokens": [t.prompt().low, t.prompt().high],
+                "output_tokens": [t.output().low, t.output().high],
+            }
+            for t in variant.tenants
+        ],
+    }
+
+
+def basis(
+    result: Mapping[str, Any], lanes: Mapping[str, Slo], duration_s: float
+) -> familymetrics.Basis:
+    """What a variant's runs are judged against, from what `family.json` says of it: the
+    run and a rescore of it read the same."""
+    found = result["parameters"]
+    slowdown_at_s = None if found["slowdown"] is None else found["slowdown_at"] * duration_s
+    return familymetrics.Basis(
+        lanes=lanes,
+        weights={t["name"]: float(t["weight"]) for t in found["tenants"]},
+        cost=capacity.work(family.engine(found["batch"])),
+        capacity=result["capacity"]["effective"],
+        batch=found["batch"],
+        duration_s=duration_s,
+        promise_s=family.PROMISE_S,
+        slowdown_at_s=slowdown_at_s,
+    )
 
 
 def write(out: Path, doc: Mapping[str, Any]) -> None:

@@ -134,7 +134,7 @@ async def _variant(variant: Variant, sizes: Sizes, out: Path) -> dict[str, Any]:
     result: dict[str, Any] = {
         "variant": variant.name,
         "description": variant.describe(),
-        "parameters": _parameters(variant),
+        "parameters": familyreport.parameters(variant),
         "capacity": {"normal": _capacity_json(normal), "slowed": _capacity_json(slowed)},
     }
     if best is None:
@@ -148,21 +148,12 @@ async def _variant(variant: Variant, sizes: Sizes, out: Path) -> dict[str, Any]:
     )
     scenario = scenario.model_copy(update={"capacity_rps": effective["rps"]})
     _write_scenario(out / "scenario.yaml", scenario)
-    weights = {t.name: float(t.weight) for t in variant.tenants}
-    cost = _cost(variant)
+    basis = familyreport.basis(result, scenario.lanes, duration_s)
     for policy in ("on", "off"):
         run_scenario = scenario.model_copy(update={"policy": policy})
         records, exposition = await _through_gateway(run_scenario, out / f"policy-{policy}")
         result[f"policy_{policy}"] = familymetrics.figures(
-            records,
-            scenario.lanes,
-            weights,
-            cost,
-            effective,
-            duration_s,
-            family.PROMISE_S,
-            slowdown_at_s,
-            exposition if policy == "on" else None,
+            records, basis, exposition if policy == "on" else None
         )
     return result
 
@@ -188,19 +179,9 @@ async def _capacity(
         async def measure(rate: float) -> capacity.Probe:
             scenario = family.probe(variant, rate, sizes.probe_length_s(rate), drain_s)
             found = await _drive(scenario, target)
-            return probe_of(rate, found.records, scenario, _cost(variant))
+            return probe_of(rate, found.records, scenario, capacity.work(variant.engine()))
 
         return await capacity.search(measure, ceiling, sizes.steps)
-
-
-def _cost(variant: Variant) -> familymetrics.Cost:
-    settings = variant.engine()
-
-    def cost(record: Record) -> float:
-        prompt, output = record.asked_prompt_tokens, record.asked_output_tokens
-        return capacity.request_cost_s(settings, prompt, output)
-
-    return cost
 
 
 def probe_of(
@@ -293,29 +274,6 @@ def _capacity_json(found: capacity.Capacity | None) -> dict[str, Any] | None:
                 "service_s": p.service_s,
             }
             for p in found.probes
-        ],
-    }
-
-
-def _parameters(variant: Variant) -> dict[str, Any]:
-    return {
-        "overload": variant.overload,
-        "batch": variant.batch,
-        "retry": variant.retry,
-        "caller_ratio": variant.caller_ratio,
-        "slowdown": variant.slowdown,
-        "slowdown_at": variant.slowdown_at,
-        "timeout_s": variant.timeout_s(),
-        "tenants": [
-            {
-                "name": t.name,
-                "weight": t.weight,
-                "arrival": t.arrival,
-                "share": t.share,
-                "prompt_tokens": [t.prompt().low, t.prompt().high],
-                "output_tokens": [t.output().low, t.output().high],
-            }
-            for t in variant.tenants
         ],
     }
 
