@@ -24,14 +24,16 @@ def max_min_shares(
     demands: Mapping[str, float], weights: Mapping[str, float], capacity: float
 ) -> dict[str, float]:
     """Max-min fair shares by weight (water-filling): a tenant asking less than its weighted
-    part gets what it asks, and what it leaves is split among the rest by weight."""
+    part gets what it asks, and what it leaves is split among the rest by weight. Tenants
+    are taken in the order of `demands`, never a set's: the same floats in the same order
+    give the same shares in every process (a rescore reproduces a run to the last bit)."""
     shares = dict.fromkeys(demands, 0.0)
     left = capacity
-    open_ = {tenant for tenant, demand in demands.items() if demand > 0}
+    open_ = [tenant for tenant, demand in demands.items() if demand > 0]
     while open_ and left > 0:
         total_weight = sum(weights[tenant] for tenant in open_)
         per_weight = left / total_weight
-        sated = {t for t in open_ if demands[t] - shares[t] <= per_weight * weights[t]}
+        sated = [t for t in open_ if demands[t] - shares[t] <= per_weight * weights[t]]
         if not sated:
             for tenant in open_:
                 shares[tenant] += per_weight * weights[tenant]
@@ -39,7 +41,7 @@ def max_min_shares(
         for tenant in sated:
             left -= demands[tenant] - shares[tenant]
             shares[tenant] = demands[tenant]
-        open_ -= sated
+        open_ = [tenant for tenant in open_ if tenant not in sated]
     return shares
 
 
@@ -96,13 +98,13 @@ def by_window(
     for window, record in zip(at, records, strict=True):
         demand[window][record.tenant] += cost(record)
         served[window][record.tenant] += cost(record) if record.ok else 0.0
-    above: list[set[str]] = []
+    above: list[list[str]] = []
     served_above: dict[str, float] = {}
     share_above: dict[str, float] = {}
     for window in range(count):
         length = min(window_s, duration_s - window * window_s)
         shares = max_min_shares(demand[window], weights, capacity_work * length)
-        above.append({t for t in weights if demand[window][t] > shares[t]})
+        above.append([t for t in weights if demand[window][t] > shares[t]])
         for tenant in above[-1]:
             served_above[tenant] = served_above.get(tenant, 0.0) + served[window][tenant]
             share_above[tenant] = share_above.get(tenant, 0.0) + shares[tenant]
