@@ -78,6 +78,10 @@ def histogram_buckets(
     return sorted(counts.items())
 
 
+GATEWAY_KEYS = ("predictor", "gateway_refusals", "gateway_refusal_p99_ms")
+"""The figures `gateway_figures` gives, as `figures` names them."""
+
+
 def gateway_figures(exposition: str) -> dict[str, object]:
     """What the gateway measured itself: the predictor's error, and how long refusals
     other than the queue's expiries took."""

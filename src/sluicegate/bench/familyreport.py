@@ -12,6 +12,12 @@ from typing import Any
 from sluicegate.bench import capacity, family, familymetrics, report
 from sluicegate.bench.scenario import Slo
 
+DOCUMENT = "family.json"
+TEXT = "family.txt"
+GATEWAY_METRICS = "gateway-metrics.txt"
+"""The gateway's /metrics after a run, in the run's folder: what a rescore reads its own
+figures (the predictor's error, refusal timing) from."""
+
 
 def parameters(variant: family.Variant) -> dict[str, Any]:
     return {
@@ -57,16 +63,17 @@ def basis(
 
 def write(out: Path, doc: Mapping[str, Any]) -> None:
     """After every variant, so a run cut short keeps what it measured."""
-    report.write_json(out / "family.json", doc)
-    (out / "family.txt").write_text(text(doc))
+    report.write_json(out / DOCUMENT, doc)
+    (out / TEXT).write_text(text(doc))
 
 
 def worst(results: Sequence[Mapping[str, Any]], policy: str) -> dict[str, float]:
     """The worst of each figure over the variants that ran (NaN-free where measured)."""
     runs = [r[f"policy_{policy}"] for r in results if f"policy_{policy}" in r]
 
-    def pick(values: list[float], choose: Callable[[list[float]], float]) -> float:
-        found = [v for v in values if not math.isnan(v)]
+    def pick(values: list[float | None], choose: Callable[[list[float]], float]) -> float:
+        """None where a rescore kept a figure it could not recompute, read back as null."""
+        found = [v for v in values if v is not None and not math.isnan(v)]
         return choose(found) if found else math.nan
 
     recoveries = [float(r["recovery"]["recovery_s"]) for r in runs if r["recovery"] is not None]
@@ -84,6 +91,13 @@ def worst(results: Sequence[Mapping[str, Any]], policy: str) -> dict[str, float]
             [r["at_or_below_share"]["refused_fraction_max"] for r in runs], max
         ),
         "above_share_jain": pick([r["above_share"]["jain_served_of_share"] for r in runs], min),
+        "within_share_queue_wait_p95_ms": pick(
+            [r["within_share"]["queue_wait_p95_ms"] for r in runs], max
+        ),
+        "within_share_refused_fraction": pick(
+            [r["within_share"]["refused_fraction"] for r in runs], max
+        ),
+        "above_share_jain_windowed": pick([r["above_share"]["jain_windowed"] for r in runs], min),
         "recovery_s": pick(recoveries, max),
         "predictor_error_p95_s": pick(
             [r["predictor"]["p95_s"] for r in runs if r["predictor"] is not None], max
@@ -128,6 +142,18 @@ DEFINITIONS = {
     "and between retries alike, so policy on and off compare",
     "refused fraction": "requests with at least one attempt refused by the gateway",
     "Jain": "Jain's index of served / fair share among tenants whose demand exceeds their share",
+    "within share at send": "a request whose tenant had fewer requests outstanding (first "
+    "sent, not ended) before it than the tenant's max-min share by weight of the backend's "
+    "batch, the demands being every tenant's outstanding requests at its first send: fair "
+    "share among the tenants active then, so a burst is within share only up to its part "
+    "of the batch; queue wait p95 and refused fraction of those requests, all tenants "
+    "together (per tenant in the JSON)",
+    "Jain (windowed)": "Jain's index, among tenants above their share in at least one window "
+    "of the promise's length (2 s, by first send), of the work served over the work of "
+    "their shares, both summed over those windows; demand and max-min shares per window, "
+    "so a burst is judged against the capacity of its window",
+    "at or below share (windowed)": "queue wait p95 and refused fraction of the requests "
+    "sent in windows where their tenant asked at most its share (JSON only)",
     "recovery": "from the slowdown to the end of the last 1 s window (by attempt start) whose "
     "admitted TTFT p95 broke the promise; 0 when none did",
     "predictor error": familymetrics.PREDICTOR_SOURCE,
@@ -147,13 +173,15 @@ def text(doc: Mapping[str, Any]) -> str:
         "fair wait p95 ms",
         "fair refused %",
         "Jain above",
+        "within share at send: wait p95 ms / refused %",
+        "Jain above (windowed)",
         "recovery s",
         "pred. err p50/p95 s",
     ]
     rows = []
     for result in doc["variants"]:
         if "error" in result:
-            rows.append([result["variant"], "-", result["error"], *["-"] * 9])
+            rows.append([result["variant"], "-", result["error"], *["-"] * (len(headers) - 3)])
             continue
         for policy in ("on", "off"):
             f = result[f"policy_{policy}"]
@@ -171,6 +199,11 @@ def text(doc: Mapping[str, Any]) -> str:
                     _num(below["queue_wait_p95_ms_max"], 0),
                     _num(100 * below["refused_fraction_max"], 1),
                     _num(f["above_share"]["jain_served_of_share"], 3),
+                    _wait_refused(
+                        f["within_share"]["queue_wait_p95_ms"],
+                        f["within_share"]["refused_fraction"],
+                    ),
+                    _num(f["above_share"]["jain_windowed"], 3),
                     "-" if rec is None else _recovery(rec),
                     _predictor(f["predictor"]),
                 ]
@@ -188,6 +221,10 @@ def text(doc: Mapping[str, Any]) -> str:
                 _num(w["below_share_queue_wait_p95_ms"], 0),
                 _num(100 * w["below_share_refused_fraction"], 1),
                 _num(w["above_share_jain"], 3),
+                _wait_refused(
+                    w["within_share_queue_wait_p95_ms"], w["within_share_refused_fraction"]
+                ),
+                _num(w["above_share_jain_windowed"], 3),
                 _num(w["recovery_s"], 0),
                 "" if policy == "off" else f"-/{_num(w['predictor_error_p95_s'], 2)}",
             ]
@@ -201,6 +238,10 @@ def text(doc: Mapping[str, Any]) -> str:
 def _recovery(found: Mapping[str, Any]) -> str:
     value = _num(found["recovery_s"], 0)
     return value if found["recovered"] else f">{value}"
+
+
+def _wait_refused(wait_ms: float, fraction: float) -> str:
+    return f"{_num(wait_ms, 0)} / {_num(100 * fraction, 1)}"
 
 
 def _predictor(found: Mapping[str, Any] | None) -> str:

@@ -26,6 +26,7 @@ from sluicegate.bench import (
     family,
     familymetrics,
     familyreport,
+    familyrescore,
     page,
     runreport,
     summary,
@@ -73,10 +74,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--quick", action="store_true", help="short runs and probes, for the smoke test")
     add("--print", action="store_true", help="print the variants' parameters and stop")
     add("--out", type=Path, default=DEFAULT_OUT, help="output folder (default %(default)s)")
+    add(
+        "--rescore",
+        type=Path,
+        metavar="DIR",
+        help="recompute the figures of a finished run in DIR from its files, running nothing",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """0 once every variant ran; 1 when a process failed."""
+    if args.rescore is not None:
+        return familyrescore.rescore(args.rescore)
     sizes = QUICK if args.quick else FULL
     duration_s = args.duration or sizes["duration"]
     probe_s = args.probe or sizes["probe"]
@@ -221,6 +230,7 @@ async def _through_gateway(scenario: Scenario, out: Path) -> tuple[list[Record],
     }
     doc = runreport.document(scenario, found, setup)
     runreport.write(out, doc, found.records, scenario.lanes, page.html(doc, runreport.tables(doc)))
+    (out / familyreport.GATEWAY_METRICS).write_text(exposition)
     return found.records, exposition
 
 
