@@ -73,6 +73,13 @@ def test_quick_family_finds_capacity_and_reports_every_figure(tmp_path: Path) ->
         above = figures["above_share"]
         if above["tenants"] >= 2:
             assert 1 / above["tenants"] <= above["jain_served_of_share"] <= 1 + 1e-9
+        if above["tenants_windowed"] >= 2:
+            assert 1 / above["tenants_windowed"] <= above["jain_windowed"] <= 1 + 1e-9
+        within, beyond = figures["within_share"], figures["beyond_share"]
+        assert within["requests"] > 0, "a tenant with nothing outstanding is within share"
+        assert within["requests"] + beyond["requests"] == figures["requests"]
+        assert sum(t["requests"] for t in within["per_tenant"].values()) == within["requests"]
+        assert fraction(within["refused_fraction"])
         predictor = figures["predictor"]
         if policy == "off":
             assert predictor is None
@@ -88,3 +95,7 @@ def test_quick_family_finds_capacity_and_reports_every_figure(tmp_path: Path) ->
     replay = load(tmp_path / variant.name / "scenario.yaml")
     assert replay.capacity_rps == found["rps"]
     assert replay.gateway == family.gateway_config(variant)
+    assert (tmp_path / variant.name / "policy-on" / "gateway-metrics.txt").exists()
+    run_bench("family", "--rescore", str(tmp_path))
+    (rescored,) = json.loads((tmp_path / "family.json").read_text())["variants"]
+    assert rescored == result, "the same figures from the run's files alone"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import pytest
 
@@ -39,33 +40,19 @@ def unit_cost(record: Record) -> float:
     return 1.0
 
 
-def test_max_min_gives_the_small_their_demand_and_splits_the_rest_by_weight() -> None:
-    shares = familymetrics.max_min_shares(
-        {"small": 1.0, "mid": 10.0, "big": 10.0, "idle": 0.0},
-        {"small": 1.0, "mid": 1.0, "big": 2.0, "idle": 5.0},
-        9.0,
-    )
-    assert shares["small"] == 1.0
-    assert shares["mid"] == pytest.approx(8 / 3)
-    assert shares["big"] == pytest.approx(16 / 3)
-    assert shares["idle"] == 0.0
-
-
-def test_max_min_gives_everyone_their_demand_when_it_fits() -> None:
-    demands = {"a": 1.0, "b": 2.0}
-    assert familymetrics.max_min_shares(demands, {"a": 1.0, "b": 1.0}, 10.0) == demands
-
-
-def test_max_min_with_nobody_sated_is_proportional_to_weight() -> None:
-    shares = familymetrics.max_min_shares({"a": 10.0, "b": 10.0}, {"a": 1.0, "b": 3.0}, 8.0)
-    assert shares == {"a": 2.0, "b": 6.0}
+def basis(
+    weights: Mapping[str, float],
+    capacity: Mapping[str, float],
+    duration_s: float,
+    cost: familymetrics.Cost = unit_cost,
+    batch: int = 8,
+) -> familymetrics.Basis:
+    return familymetrics.Basis(LANES, weights, cost, capacity, batch, duration_s, 2.0, None)
 
 
 def test_a_request_and_its_retry_count_once_in_goodput() -> None:
     records = [refused_then_served(0.0), served(1.0, 0.5)]
-    found = familymetrics.figures(
-        records, LANES, {"a": 1.0}, unit_cost, {"rps": 1.0, "work": 1.0}, 10.0, 2.0, None
-    )
+    found = familymetrics.figures(records, basis({"a": 1.0}, {"rps": 1.0, "work": 1.0}, 10.0))
     assert found["goodput_rps"] == pytest.approx(0.2)
     assert found["goodput_of_capacity"] == pytest.approx(0.2)
     assert found["admitted"] == 2
@@ -80,7 +67,7 @@ def test_goodput_leaves_out_a_late_first_token_and_weighs_work() -> None:
         return record.asked_prompt_tokens / 100
 
     found = familymetrics.figures(
-        records, LANES, {"a": 1.0}, by_tokens, {"rps": 1.0, "work": 3.0}, 1.0, 2.0, None
+        records, basis({"a": 1.0}, {"rps": 1.0, "work": 3.0}, 1.0, by_tokens)
     )
     assert found["goodput_rps"] == 1.0
     assert found["goodput_of_capacity"] == 1.0
@@ -100,7 +87,7 @@ def test_tenants_below_their_share_get_wait_and_refusals_the_others_jain() -> No
     heavy = [served(float(i), 1.9, "heavy") for i in range(2)] + [refused(0.5, "heavy")] * 14
     weights = {"small": 1.0, "big": 1.0, "heavy": 1.0}
     found = familymetrics.figures(
-        small + big + heavy, LANES, weights, unit_cost, {"rps": 9, "work": 13.0}, 1.0, 2.0, None
+        small + big + heavy, basis(weights, {"rps": 9, "work": 13.0}, 1.0)
     )
     tenants = found["tenants"]
     assert not tenants["small"]["above_share"]
@@ -204,3 +191,45 @@ def test_the_gateways_own_figures_are_read_from_its_metrics_page() -> None:
     predictor = found["predictor"]
     assert predictor["samples"] == 2, "only requests admitted on a prediction"
     assert 0.1 <= predictor["p95_s"] <= 0.25
+
+
+def test_a_burst_given_its_window_share_scores_one_below_share_on_average() -> None:
+    steady = [served(0.1 * k, 0.3, "s") for k in range(2)] + [refused(0.0, "s")] * 2
+    for w in (1, 2, 3):
+        steady += [served(2.0 * w + 0.1 * k, 0.3, "s") for k in range(3)] + [refused(2.0 * w, "s")]
+    burst = [served(0.5, 0.3, "b") for _ in range(2)] + [refused(0.5, "b") for _ in range(4)]
+    found = familymetrics.figures(
+        steady + burst, basis({"s": 1.0, "b": 1.0}, {"rps": 2.0, "work": 2.0}, 8.0)
+    )
+    # Over the run b asks 0.75/s of 2: below its share, so the first figures count its
+    # refusals against the tenants at or below their share and leave it out of Jain.
+    assert not found["tenants"]["b"]["above_share"]
+    assert found["at_or_below_share"]["refused_fraction_max"] == pytest.approx(4 / 6)
+    assert math.isnan(found["above_share"]["jain_served_of_share"])
+    # In its window b asked 6 of 4 with s asking 4: both above, both served their 2.
+    above = found["above_share"]
+    assert above["tenants_windowed"] == 2
+    assert above["jain_windowed"] == pytest.approx(1.0)
+    # s alone in the later windows, at its share there: 3 of its 12 requests refused.
+    windowed = found["at_or_below_share"]["windowed"]
+    assert windowed["requests"] == 12
+    assert windowed["refused_fraction"] == pytest.approx(0.25)
+
+
+def test_within_share_at_send_judges_a_burst_by_the_batch_free_when_it_came() -> None:
+    other = [served(0.1 * i, 0.3, "other", prefill=0.1) for i in range(4)]
+    burst = [served(1.0, 0.3, "burst", prefill=0.1) for _ in range(2)]
+    burst += [served(1.0, 5.0, "burst") for _ in range(4)] + [refused(1.0, "burst")] * 4
+    weights = {"other": 1.0, "burst": 1.0}
+    found = familymetrics.figures(
+        other + burst, basis(weights, {"rps": 9, "work": 9.0}, 8.0, batch=4)
+    )
+    within = found["within_share"]
+    assert within["requests"] == 6
+    assert within["queue_wait_p95_ms"] == pytest.approx(200.0)
+    assert within["refused_fraction"] == 0.0
+    assert within["per_tenant"]["burst"]["requests"] == 2
+    assert within["per_tenant"]["other"]["requests"] == 4
+    beyond = found["beyond_share"]
+    assert beyond["requests"] == 8
+    assert beyond["refused_fraction"] == 0.5

@@ -16,6 +16,7 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from sluicegate.bench.records import Record
 from sluicegate.sim.engine import EngineSettings
 
 IN_SLO = 0.99
@@ -74,6 +75,15 @@ def request_cost_s(settings: EngineSettings, prompt_tokens: float, output_tokens
         output_tokens * full_step_s / batch + settings.prefill_s_per_token * prompt_tokens
     )
     return per_request_s * settings.time_scale
+
+
+def work(settings: EngineSettings) -> Callable[[Record], float]:
+    """A request's `request_cost_s` from the tokens it asked for, served or not."""
+
+    def cost(record: Record) -> float:
+        return request_cost_s(settings, record.asked_prompt_tokens, record.asked_output_tokens)
+
+    return cost
 
 
 def ceiling_rps(

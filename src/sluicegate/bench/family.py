@@ -102,9 +102,7 @@ class Variant:
         return {"max_num_seqs": self.batch, "kv_cache_tokens": self.batch * KV_TOKENS_PER_SEQ}
 
     def engine(self) -> EngineSettings:
-        return EngineSettings(
-            max_num_seqs=self.batch, kv_cache_tokens=self.batch * KV_TOKENS_PER_SEQ
-        )
+        return engine(self.batch)
 
     def mean_tokens(self) -> tuple[float, float]:
         """Mean prompt and output tokens of the variant's requests, by share."""
@@ -129,6 +127,11 @@ class Variant:
             f"{self.overload:.2f}x capacity, {len(self.tenants)} tenants ({kinds}), "
             f"callers 1:{self.caller_ratio:.1f}, batch {self.batch}, retry {self.retry}{slow}"
         )
+
+
+def engine(batch: int) -> EngineSettings:
+    """The simulator's settings for a variant's batch."""
+    return EngineSettings(max_num_seqs=batch, kv_cache_tokens=batch * KV_TOKENS_PER_SEQ)
 
 
 def generate(seed: int, index: int) -> Variant:

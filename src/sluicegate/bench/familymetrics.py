@@ -10,9 +10,11 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from sluicegate.bench import shares
 from sluicegate.bench.records import Record
 from sluicegate.bench.scenario import Slo
 from sluicegate.bench.stats import jain, percentile
@@ -76,6 +78,10 @@ def histogram_buckets(
     return sorted(counts.items())
 
 
+GATEWAY_KEYS = ("predictor", "gateway_refusals", "gateway_refusal_p99_ms")
+"""The figures `gateway_figures` gives, as `figures` names them."""
+
+
 def gateway_figures(exposition: str) -> dict[str, object]:
     """What the gateway measured itself: the predictor's error, and how long refusals
     other than the queue's expiries took."""
@@ -94,29 +100,6 @@ def gateway_figures(exposition: str) -> dict[str, object]:
         "refusals": max((count for _, count in refusals), default=0.0),
         "refusal_p99_ms": 1000 * histogram_quantiles(refusals, (99,))["p99"],
     }
-
-
-def max_min_shares(
-    demands: Mapping[str, float], weights: Mapping[str, float], capacity: float
-) -> dict[str, float]:
-    """Max-min fair shares by weight (water-filling): a tenant asking less than its weighted
-    part gets what it asks, and what it leaves is split among the rest by weight."""
-    shares = dict.fromkeys(demands, 0.0)
-    left = capacity
-    open_ = {tenant for tenant, demand in demands.items() if demand > 0}
-    while open_ and left > 0:
-        total_weight = sum(weights[tenant] for tenant in open_)
-        per_weight = left / total_weight
-        sated = {t for t in open_ if demands[t] - shares[t] <= per_weight * weights[t]}
-        if not sated:
-            for tenant in open_:
-                shares[tenant] += per_weight * weights[tenant]
-            return shares
-        for tenant in sated:
-            left -= demands[tenant] - shares[tenant]
-            shares[tenant] = demands[tenant]
-        open_ -= sated
-    return shares
 
 
 def admitted_ttft_s(record: Record) -> float | None:
@@ -168,40 +151,45 @@ def tenants(
     for record in records:
         by_tenant[record.tenant].append(record)
     demands = {t: sum(map(cost, rs)) / duration_s for t, rs in by_tenant.items()}
-    shares = max_min_shares(demands, weights, capacity_work)
+    fair = shares.max_min_shares(demands, weights, capacity_work)
     found: dict[str, dict[str, object]] = {}
     for tenant, members in by_tenant.items():
-        waits = [w for r in members if (w := r.queue_wait_s) is not None]
         served = sum(cost(r) for r in members if r.ok) / duration_s
         found[tenant] = {
             "weight": weights[tenant],
-            "requests": len(members),
             "demand": demands[tenant],
-            "fair_share": shares[tenant],
-            "above_share": demands[tenant] > shares[tenant],
+            "fair_share": fair[tenant],
+            "above_share": demands[tenant] > fair[tenant],
             "served": served,
-            "served_of_share": served / shares[tenant] if shares[tenant] > 0 else math.nan,
-            "queue_wait_p95_ms": 1000 * percentile(waits, 95),
-            "queue_wait_samples": len(waits),
-            "refused_fraction": _fraction(sum(refused(r) for r in members), len(members)),
+            "served_of_share": served / fair[tenant] if fair[tenant] > 0 else math.nan,
+            **_group(members),
             "failed_fraction": _fraction(sum(not r.ok for r in members), len(members)),
         }
     return found
 
 
+@dataclass(frozen=True, slots=True)
+class Basis:
+    """What a variant's run is judged against."""
+
+    lanes: Mapping[str, Slo]
+    weights: Mapping[str, float]
+    cost: Cost
+    capacity: Mapping[str, float]
+    """`rps` and `work` per second, over the run (`familyrun._effective`)."""
+    batch: int
+    """Sequences the backend runs at once: what tenants share at a request's send."""
+    duration_s: float
+    promise_s: float
+    slowdown_at_s: float | None
+
+
 def figures(
-    records: Sequence[Record],
-    lanes: Mapping[str, Slo],
-    weights: Mapping[str, float],
-    cost: Cost,
-    capacity: Mapping[str, float],
-    duration_s: float,
-    promise_s: float,
-    slowdown_at_s: float | None,
-    exposition: str | None = None,
+    records: Sequence[Record], basis: Basis, exposition: str | None = None
 ) -> dict[str, object]:
-    """The variant's figures for one run; `capacity` has `rps` and `work` (per second);
-    `exposition` is the gateway's /metrics after the run, None for a pass-through."""
+    """The variant's figures for one run; `exposition` is the gateway's /metrics after
+    the run, None for a pass-through."""
+    lanes, cost, capacity, duration_s = basis.lanes, basis.cost, basis.capacity, basis.duration_s
     goodput = goodput_rps(records, lanes, duration_s)
     good_work = sum(cost(r) for r in records if meets(r, lanes[r.lane])) / duration_s
     ttfts = [t for r in records if (t := admitted_ttft_s(r)) is not None]
@@ -211,9 +199,6 @@ def figures(
         for a in r.attempts
         if a.error in REFUSALS and a.error not in WAITED
     ]
-    per_tenant = tenants(records, weights, cost, capacity["work"], duration_s)
-    below = [f for f in per_tenant.values() if not f["above_share"] and f["requests"]]
-    above = [f["served_of_share"] for f in per_tenant.values() if f["above_share"]]
     ttft_p95 = percentile(ttfts, 95)
     gateway = None if exposition is None else gateway_figures(exposition)
     return {
@@ -224,29 +209,69 @@ def figures(
         "goodput_of_capacity": _ratio(good_work, capacity["work"]),
         "admitted": len(ttfts),
         "admitted_ttft_p95_s": ttft_p95,
-        "admitted_ttft_p95_of_promise": ttft_p95 / promise_s,
+        "admitted_ttft_p95_of_promise": ttft_p95 / basis.promise_s,
         "refusals_at_once": len(at_once),
         "refusals_after_waiting": sum(
             a.error in WAITED for r in records for a in r.attempts if a.error is not None
         ),
         "refusal_p99_ms": 1000 * percentile(at_once, 99),
         "refusal_source": REFUSAL_SOURCE,
+        **share_figures(records, basis),
+        "predictor": None if gateway is None else gateway["predictor"],
+        "gateway_refusals": None if gateway is None else gateway["refusals"],
+        "gateway_refusal_p99_ms": math.nan if gateway is None else gateway["refusal_p99_ms"],
+        "recovery": None
+        if basis.slowdown_at_s is None
+        else recovery(records, basis.promise_s, basis.slowdown_at_s, duration_s),
+    }
+
+
+def share_figures(records: Sequence[Record], basis: Basis) -> dict[str, object]:
+    """Tenants against their fair share three ways: by demand over the whole run (the
+    first definition, kept), each request at its send, and per window of the promise."""
+    weights = basis.weights
+    per_tenant = tenants(records, weights, basis.cost, basis.capacity["work"], basis.duration_s)
+    below = [f for f in per_tenant.values() if not f["above_share"] and f["requests"]]
+    above = [f["served_of_share"] for f in per_tenant.values() if f["above_share"]]
+    at_send = shares.within_share_at_send(records, weights, basis.batch)
+    within = [r for r, inside in zip(records, at_send, strict=True) if inside]
+    windowed = shares.by_window(
+        records, weights, basis.cost, basis.capacity["work"], basis.promise_s, basis.duration_s
+    )
+    ratios = [windowed.served[t] / windowed.shares[t] for t in windowed.shares]
+    return {
         "tenants": per_tenant,
         "at_or_below_share": {
             "tenants": len(below),
             "queue_wait_p95_ms_max": _max(f["queue_wait_p95_ms"] for f in below),
             "refused_fraction_max": _max(f["refused_fraction"] for f in below),
+            "windowed": _group(
+                [r for r, up in zip(records, windowed.above, strict=True) if not up]
+            ),
         },
         "above_share": {
             "tenants": len(above),
             "jain_served_of_share": jain(above) if len(above) >= 2 else math.nan,
+            "tenants_windowed": len(ratios),
+            "jain_windowed": jain(ratios) if len(ratios) >= 2 else math.nan,
         },
-        "predictor": None if gateway is None else gateway["predictor"],
-        "gateway_refusals": None if gateway is None else gateway["refusals"],
-        "gateway_refusal_p99_ms": math.nan if gateway is None else gateway["refusal_p99_ms"],
-        "recovery": None
-        if slowdown_at_s is None
-        else recovery(records, promise_s, slowdown_at_s, duration_s),
+        "within_share": {
+            **_group(within),
+            "per_tenant": {t: _group([r for r in within if r.tenant == t]) for t in weights},
+        },
+        "beyond_share": _group(
+            [r for r, inside in zip(records, at_send, strict=True) if not inside]
+        ),
+    }
+
+
+def _group(records: Sequence[Record]) -> dict[str, object]:
+    waits = [w for r in records if (w := r.queue_wait_s) is not None]
+    return {
+        "requests": len(records),
+        "queue_wait_p95_ms": 1000 * percentile(waits, 95),
+        "queue_wait_samples": len(waits),
+        "refused_fraction": _fraction(sum(map(refused, records)), len(records)),
     }
 
 

@@ -13,7 +13,7 @@ import argparse
 import asyncio
 import math
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +21,16 @@ from typing import Any
 
 import yaml
 
-from sluicegate.bench import capacity, family, familymetrics, page, report, runreport, summary
+from sluicegate.bench import (
+    capacity,
+    family,
+    familymetrics,
+    familyreport,
+    familyrescore,
+    page,
+    runreport,
+    summary,
+)
 from sluicegate.bench.args import loop_factory, positive
 from sluicegate.bench.family import Variant
 from sluicegate.bench.loadgen import make_session
@@ -65,10 +74,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--quick", action="store_true", help="short runs and probes, for the smoke test")
     add("--print", action="store_true", help="print the variants' parameters and stop")
     add("--out", type=Path, default=DEFAULT_OUT, help="output folder (default %(default)s)")
+    add(
+        "--rescore",
+        type=Path,
+        metavar="DIR",
+        help="recompute the figures of a finished run in DIR from its files, running nothing",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """0 once every variant ran; 1 when a process failed."""
+    if args.rescore is not None:
+        return familyrescore.rescore(args.rescore)
     sizes = QUICK if args.quick else FULL
     duration_s = args.duration or sizes["duration"]
     probe_s = args.probe or sizes["probe"]
@@ -95,11 +112,11 @@ def run(args: argparse.Namespace) -> int:
             for variant in variants:
                 print(f"bench family: {variant.name}: {variant.describe()}", file=sys.stderr)
                 results.append(runner.run(_variant(variant, sized, args.out / variant.name)))
-                _write(args.out, document(setup, results))
+                familyreport.write(args.out, familyreport.document(setup, results))
     except (ServiceError, TargetError) as exc:
         print(f"bench family: {exc}", file=sys.stderr)
         return 1
-    print(text(document(setup, results)))
+    print(familyreport.text(familyreport.document(setup, results)))
     print(f"bench family: results in {args.out}", file=sys.stderr)
     return 0
 
@@ -126,7 +143,7 @@ async def _variant(variant: Variant, sizes: Sizes, out: Path) -> dict[str, Any]:
     result: dict[str, Any] = {
         "variant": variant.name,
         "description": variant.describe(),
-        "parameters": _parameters(variant),
+        "parameters": familyreport.parameters(variant),
         "capacity": {"normal": _capacity_json(normal), "slowed": _capacity_json(slowed)},
     }
     if best is None:
@@ -140,21 +157,12 @@ async def _variant(variant: Variant, sizes: Sizes, out: Path) -> dict[str, Any]:
     )
     scenario = scenario.model_copy(update={"capacity_rps": effective["rps"]})
     _write_scenario(out / "scenario.yaml", scenario)
-    weights = {t.name: float(t.weight) for t in variant.tenants}
-    cost = _cost(variant)
+    basis = familyreport.basis(result, scenario.lanes, duration_s)
     for policy in ("on", "off"):
         run_scenario = scenario.model_copy(update={"policy": policy})
         records, exposition = await _through_gateway(run_scenario, out / f"policy-{policy}")
         result[f"policy_{policy}"] = familymetrics.figures(
-            records,
-            scenario.lanes,
-            weights,
-            cost,
-            effective,
-            duration_s,
-            family.PROMISE_S,
-            slowdown_at_s,
-            exposition if policy == "on" else None,
+            records, basis, exposition if policy == "on" else None
         )
     return result
 
@@ -180,19 +188,9 @@ async def _capacity(
         async def measure(rate: float) -> capacity.Probe:
             scenario = family.probe(variant, rate, sizes.probe_length_s(rate), drain_s)
             found = await _drive(scenario, target)
-            return probe_of(rate, found.records, scenario, _cost(variant))
+            return probe_of(rate, found.records, scenario, capacity.work(variant.engine()))
 
         return await capacity.search(measure, ceiling, sizes.steps)
-
-
-def _cost(variant: Variant) -> familymetrics.Cost:
-    settings = variant.engine()
-
-    def cost(record: Record) -> float:
-        prompt, output = record.asked_prompt_tokens, record.asked_output_tokens
-        return capacity.request_cost_s(settings, prompt, output)
-
-    return cost
 
 
 def probe_of(
@@ -232,6 +230,7 @@ async def _through_gateway(scenario: Scenario, out: Path) -> tuple[list[Record],
     }
     doc = runreport.document(scenario, found, setup)
     runreport.write(out, doc, found.records, scenario.lanes, page.html(doc, runreport.tables(doc)))
+    (out / familyreport.GATEWAY_METRICS).write_text(exposition)
     return found.records, exposition
 
 
@@ -289,35 +288,6 @@ def _capacity_json(found: capacity.Capacity | None) -> dict[str, Any] | None:
     }
 
 
-def _parameters(variant: Variant) -> dict[str, Any]:
-    return {
-        "overload": variant.overload,
-        "batch": variant.batch,
-        "retry": variant.retry,
-        "caller_ratio": variant.caller_ratio,
-        "slowdown": variant.slowdown,
-        "slowdown_at": variant.slowdown_at,
-        "timeout_s": variant.timeout_s(),
-        "tenants": [
-            {
-                "name": t.name,
-                "weight": t.weight,
-                "arrival": t.arrival,
-                "share": t.share,
-                "prompt_tokens": [t.prompt().low, t.prompt().high],
-                "output_tokens": [t.output().low, t.output().high],
-            }
-            for t in variant.tenants
-        ],
-    }
-
-
-def _write(out: Path, doc: Mapping[str, Any]) -> None:
-    """After every variant, so a run cut short keeps what it measured."""
-    report.write_json(out / "family.json", doc)
-    (out / "family.txt").write_text(text(doc))
-
-
 def _write_scenario(path: Path, scenario: Scenario) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(_scenario_file(scenario))
@@ -330,155 +300,3 @@ def _scenario_file(scenario: Scenario) -> str:
         "#   sluicegate bench run scenario.yaml --policy on|off\n"
     )
     return head + yaml.safe_dump(scenario.model_dump(mode="json"), sort_keys=False)
-
-
-def worst(results: Sequence[Mapping[str, Any]], policy: str) -> dict[str, float]:
-    """The worst of each figure over the variants that ran (NaN-free where measured)."""
-    runs = [r[f"policy_{policy}"] for r in results if f"policy_{policy}" in r]
-
-    def pick(values: list[float], choose: Callable[[list[float]], float]) -> float:
-        found = [v for v in values if not math.isnan(v)]
-        return choose(found) if found else math.nan
-
-    recoveries = [float(r["recovery"]["recovery_s"]) for r in runs if r["recovery"] is not None]
-    return {
-        "goodput_of_capacity": pick([r["goodput_of_capacity"] for r in runs], min),
-        "admitted_ttft_p95_of_promise": pick(
-            [r["admitted_ttft_p95_of_promise"] for r in runs], max
-        ),
-        "refusal_p99_ms": pick([r["refusal_p99_ms"] for r in runs], max),
-        "gateway_refusal_p99_ms": pick([r["gateway_refusal_p99_ms"] for r in runs], max),
-        "below_share_queue_wait_p95_ms": pick(
-            [r["at_or_below_share"]["queue_wait_p95_ms_max"] for r in runs], max
-        ),
-        "below_share_refused_fraction": pick(
-            [r["at_or_below_share"]["refused_fraction_max"] for r in runs], max
-        ),
-        "above_share_jain": pick([r["above_share"]["jain_served_of_share"] for r in runs], min),
-        "recovery_s": pick(recoveries, max),
-        "predictor_error_p95_s": pick(
-            [r["predictor"]["p95_s"] for r in runs if r["predictor"] is not None], max
-        ),
-        "unrecovered": float(
-            sum(not r["recovery"]["recovered"] for r in runs if r["recovery"] is not None)
-        ),
-    }
-
-
-def document(setup: Mapping[str, Any], results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    return report.envelope(
-        "family",
-        setup,
-        DEFINITIONS,
-        [],
-        variants=list(results),
-        worst={policy: worst(results, policy) for policy in ("on", "off")},
-    )
-
-
-DEFINITIONS = {
-    "capacity": capacity.__doc__ or "",
-    "effective capacity": "with a slowdown, the normal and slowed capacities weighted by the "
-    "time the run spent at each",
-    "work": "a request's seconds of a full backend batch (its prefill and its share of the "
-    "full-batch decode steps, from the tokens it asked for): goodput and fair shares are "
-    "counted in work, so a policy cannot score by serving short requests first, and a run "
-    "whose mix of tenants differs from the probe's (closed loops, bursts) still compares",
-    "goodput": "distinct requests (a request and its retries count once) that succeeded with "
-    "their first token inside the 2 s promise from their first send: their work per second "
-    "of the run over the capacity's work per second (goodput %); the same count in "
-    "requests/s over capacity in requests/s is goodput_rps_of_capacity",
-    "admitted TTFT": "the successful attempt's own send to first token, p95",
-    "refusal p99": familymetrics.REFUSAL_SOURCE,
-    "demand": "work asked per second by a tenant's requests, served or not",
-    "fair share": "max-min fair share by weight of the capacity's work per second (the "
-    "capacity's rate x the expected work of the variant's requests) among tenants that "
-    "sent anything",
-    "queue wait": "TTFT (first send, retries included) less the simulator's own prefill step "
-    "(sim_timing in the usage event): waiting in the gateway's queue, the backend's queue "
-    "and between retries alike, so policy on and off compare",
-    "refused fraction": "requests with at least one attempt refused by the gateway",
-    "Jain": "Jain's index of served / fair share among tenants whose demand exceeds their share",
-    "recovery": "from the slowdown to the end of the last 1 s window (by attempt start) whose "
-    "admitted TTFT p95 broke the promise; 0 when none did",
-    "predictor error": familymetrics.PREDICTOR_SOURCE,
-    "refusal p99 (gateway)": familymetrics.GATEWAY_REFUSAL_SOURCE,
-}
-
-
-def text(doc: Mapping[str, Any]) -> str:
-    headers = [
-        "variant",
-        "policy",
-        "capacity/s",
-        "goodput %",
-        "TTFT p95 s",
-        "refusal p99 ms",
-        "gw refusal p99 ms",
-        "fair wait p95 ms",
-        "fair refused %",
-        "Jain above",
-        "recovery s",
-        "pred. err p50/p95 s",
-    ]
-    rows = []
-    for result in doc["variants"]:
-        if "error" in result:
-            rows.append([result["variant"], "-", result["error"], *["-"] * 9])
-            continue
-        for policy in ("on", "off"):
-            f = result[f"policy_{policy}"]
-            below = f["at_or_below_share"]
-            rec = f["recovery"]
-            rows.append(
-                [
-                    result["variant"],
-                    policy,
-                    _num(result["capacity"]["effective"]["rps"], 2),
-                    _num(100 * f["goodput_of_capacity"], 1),
-                    _num(f["admitted_ttft_p95_s"], 2),
-                    _num(f["refusal_p99_ms"], 1),
-                    _num(f["gateway_refusal_p99_ms"], 2),
-                    _num(below["queue_wait_p95_ms_max"], 0),
-                    _num(100 * below["refused_fraction_max"], 1),
-                    _num(f["above_share"]["jain_served_of_share"], 3),
-                    "-" if rec is None else _recovery(rec),
-                    _predictor(f["predictor"]),
-                ]
-            )
-    for policy, w in doc["worst"].items():
-        rows.append(
-            [
-                "WORST",
-                policy,
-                "",
-                _num(100 * w["goodput_of_capacity"], 1),
-                _num(w["admitted_ttft_p95_of_promise"] * family.PROMISE_S, 2),
-                _num(w["refusal_p99_ms"], 1),
-                _num(w["gateway_refusal_p99_ms"], 2),
-                _num(w["below_share_queue_wait_p95_ms"], 0),
-                _num(100 * w["below_share_refused_fraction"], 1),
-                _num(w["above_share_jain"], 3),
-                _num(w["recovery_s"], 0),
-                "" if policy == "off" else f"-/{_num(w['predictor_error_p95_s'], 2)}",
-            ]
-        )
-    described = "\n".join(f"  {r['variant']}: {r['description']}" for r in doc["variants"])
-    notes = "\n".join(f"  {k}: {v}" for k, v in doc["definitions"].items())
-    table = report.table(headers, rows, left=2)
-    return f"Traffic family\n{described}\n\n{table}\n\nDefinitions:\n{notes}\n"
-
-
-def _recovery(found: Mapping[str, Any]) -> str:
-    value = _num(found["recovery_s"], 0)
-    return value if found["recovered"] else f">{value}"
-
-
-def _predictor(found: Mapping[str, Any] | None) -> str:
-    if found is None:
-        return "-"
-    return f"{_num(found['p50_s'], 2)}/{_num(found['p95_s'], 2)}"
-
-
-def _num(value: float | None, digits: int) -> str:
-    return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}"

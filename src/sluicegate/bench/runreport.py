@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from sluicegate.bench import report, summary
-from sluicegate.bench.records import Record
+from sluicegate.bench.records import Attempt, Record
 from sluicegate.bench.scenario import Scenario, Slo
 from sluicegate.bench.traffic import Run
 
@@ -169,12 +169,23 @@ def write(
     report.write_json(out / FILES["summary"], doc)
     (out / FILES["report"]).write_text(text(doc))
     (out / FILES["html"]).write_text(page)
-    with (out / FILES["requests"]).open("wb") as lines:
+    write_records(out / FILES["requests"], records, lanes)
+
+
+def write_records(path: Path, records: Sequence[Record], lanes: Mapping[str, Slo]) -> None:
+    with path.open("wb") as lines:
         for record in records:
-            lines.write(orjson.dumps(_record_json(record, lanes)) + b"\n")
+            lines.write(orjson.dumps(record_json(record, lanes)) + b"\n")
+
+
+def read_records(path: Path) -> list[Record]:
+    """What `write_records` wrote."""
+    with path.open("rb") as lines:
+        return [record_from_json(orjson.loads(line)) for line in lines if line.strip()]
 
 
 _TIMES = ("ttft_ms", "tpot_ms", "e2e_ms")
+_ATTEMPT_FIELDS = tuple(field.name for field in fields(Attempt))
 _LATENCY_HEADERS = [
     "group",
     "name",
@@ -210,7 +221,8 @@ def _outcomes(statuses: Mapping[str, Mapping[str, int]]) -> list[list[str]]:
     return [[name, str(requests.get(name, 0)), str(attempts.get(name, 0))] for name in names]
 
 
-def _record_json(record: Record, lanes: Mapping[str, Slo]) -> dict[str, object]:
+def record_json(record: Record, lanes: Mapping[str, Slo]) -> dict[str, object]:
+    """Every field of the record and its attempts, with the figures derived from them."""
     return {
         "tenant": record.tenant,
         "lane": record.lane,
@@ -228,17 +240,26 @@ def _record_json(record: Record, lanes: Mapping[str, Slo]) -> dict[str, object]:
         "prompt_tokens": record.last.prompt_tokens,
         "output_tokens": record.last.output_tokens,
         "in_slo": summary.meets(record, lanes[record.lane]),
-        "attempts": [
-            {
-                "start_s": a.start_s,
-                "end_s": a.end_s,
-                "status": a.status,
-                "error": a.error,
-                "retry_after_s": a.retry_after_s,
-            }
-            for a in record.attempts
-        ],
+        "attempts": [{name: getattr(a, name) for name in _ATTEMPT_FIELDS} for a in record.attempts],
     }
+
+
+def record_from_json(line: Mapping[str, Any]) -> Record:
+    """The inverse of `record_json`: the rest of its keys are derived from these. A line
+    written before every attempt field was kept raises KeyError."""
+    prompt, output = line["asked_tokens"]
+    return Record(
+        tenant=line["tenant"],
+        lane=line["lane"],
+        flow=line["flow"],
+        stream=line["stream"],
+        start_s=line["start_s"],
+        attempts=tuple(
+            Attempt(*(attempt[name] for name in _ATTEMPT_FIELDS)) for attempt in line["attempts"]
+        ),
+        asked_prompt_tokens=prompt,
+        asked_output_tokens=output,
+    )
 
 
 def _phase(setup: Mapping[str, Any]) -> str:

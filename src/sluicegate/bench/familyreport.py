@@ -1,0 +1,254 @@
+"""The family's document: `family.json` for tools, `family.txt` for people, the worst of
+each figure over the variants that ran; and what a variant is judged against, read back
+from the document so that a rescore judges alike."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sluicegate.bench import capacity, family, familymetrics, report
+from sluicegate.bench.scenario import Slo
+
+DOCUMENT = "family.json"
+TEXT = "family.txt"
+GATEWAY_METRICS = "gateway-metrics.txt"
+"""The gateway's /metrics after a run, in the run's folder: what a rescore reads its own
+figures (the predictor's error, refusal timing) from."""
+
+
+def parameters(variant: family.Variant) -> dict[str, Any]:
+    return {
+        "overload": variant.overload,
+        "batch": variant.batch,
+        "retry": variant.retry,
+        "caller_ratio": variant.caller_ratio,
+        "slowdown": variant.slowdown,
+        "slowdown_at": variant.slowdown_at,
+        "timeout_s": variant.timeout_s(),
+        "tenants": [
+            {
+                "name": t.name,
+                "weight": t.weight,
+                "arrival": t.arrival,
+                "share": t.share,
+                "prompt_tokens": [t.prompt().low, t.prompt().high],
+                "output_tokens": [t.output().low, t.output().high],
+            }
+            for t in variant.tenants
+        ],
+    }
+
+
+def basis(
+    result: Mapping[str, Any], lanes: Mapping[str, Slo], duration_s: float
+) -> familymetrics.Basis:
+    """What a variant's runs are judged against, from what `family.json` says of it: the
+    run and a rescore of it read the same."""
+    found = result["parameters"]
+    slowdown_at_s = None if found["slowdown"] is None else found["slowdown_at"] * duration_s
+    return familymetrics.Basis(
+        lanes=lanes,
+        weights={t["name"]: float(t["weight"]) for t in found["tenants"]},
+        cost=capacity.work(family.engine(found["batch"])),
+        capacity=result["capacity"]["effective"],
+        batch=found["batch"],
+        duration_s=duration_s,
+        promise_s=family.PROMISE_S,
+        slowdown_at_s=slowdown_at_s,
+    )
+
+
+def write(out: Path, doc: Mapping[str, Any]) -> None:
+    """After every variant, so a run cut short keeps what it measured."""
+    report.write_json(out / DOCUMENT, doc)
+    (out / TEXT).write_text(text(doc))
+
+
+def worst(results: Sequence[Mapping[str, Any]], policy: str) -> dict[str, float]:
+    """The worst of each figure over the variants that ran (NaN-free where measured)."""
+    runs = [r[f"policy_{policy}"] for r in results if f"policy_{policy}" in r]
+
+    def pick(values: list[float | None], choose: Callable[[list[float]], float]) -> float:
+        """None where a rescore kept a figure it could not recompute, read back as null."""
+        found = [v for v in values if v is not None and not math.isnan(v)]
+        return choose(found) if found else math.nan
+
+    recoveries = [float(r["recovery"]["recovery_s"]) for r in runs if r["recovery"] is not None]
+    return {
+        "goodput_of_capacity": pick([r["goodput_of_capacity"] for r in runs], min),
+        "admitted_ttft_p95_of_promise": pick(
+            [r["admitted_ttft_p95_of_promise"] for r in runs], max
+        ),
+        "refusal_p99_ms": pick([r["refusal_p99_ms"] for r in runs], max),
+        "gateway_refusal_p99_ms": pick([r["gateway_refusal_p99_ms"] for r in runs], max),
+        "below_share_queue_wait_p95_ms": pick(
+            [r["at_or_below_share"]["queue_wait_p95_ms_max"] for r in runs], max
+        ),
+        "below_share_refused_fraction": pick(
+            [r["at_or_below_share"]["refused_fraction_max"] for r in runs], max
+        ),
+        "above_share_jain": pick([r["above_share"]["jain_served_of_share"] for r in runs], min),
+        "within_share_queue_wait_p95_ms": pick(
+            [r["within_share"]["queue_wait_p95_ms"] for r in runs], max
+        ),
+        "within_share_refused_fraction": pick(
+            [r["within_share"]["refused_fraction"] for r in runs], max
+        ),
+        "above_share_jain_windowed": pick([r["above_share"]["jain_windowed"] for r in runs], min),
+        "recovery_s": pick(recoveries, max),
+        "predictor_error_p95_s": pick(
+            [r["predictor"]["p95_s"] for r in runs if r["predictor"] is not None], max
+        ),
+        "unrecovered": float(
+            sum(not r["recovery"]["recovered"] for r in runs if r["recovery"] is not None)
+        ),
+    }
+
+
+def document(setup: Mapping[str, Any], results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    return report.envelope(
+        "family",
+        setup,
+        DEFINITIONS,
+        [],
+        variants=list(results),
+        worst={policy: worst(results, policy) for policy in ("on", "off")},
+    )
+
+
+DEFINITIONS = {
+    "capacity": capacity.__doc__ or "",
+    "effective capacity": "with a slowdown, the normal and slowed capacities weighted by the "
+    "time the run spent at each",
+    "work": "a request's seconds of a full backend batch (its prefill and its share of the "
+    "full-batch decode steps, from the tokens it asked for): goodput and fair shares are "
+    "counted in work, so a policy cannot score by serving short requests first, and a run "
+    "whose mix of tenants differs from the probe's (closed loops, bursts) still compares",
+    "goodput": "distinct requests (a request and its retries count once) that succeeded with "
+    "their first token inside the 2 s promise from their first send: their work per second "
+    "of the run over the capacity's work per second (goodput %); the same count in "
+    "requests/s over capacity in requests/s is goodput_rps_of_capacity",
+    "admitted TTFT": "the successful attempt's own send to first token, p95",
+    "refusal p99": familymetrics.REFUSAL_SOURCE,
+    "demand": "work asked per second by a tenant's requests, served or not",
+    "fair share": "max-min fair share by weight of the capacity's work per second (the "
+    "capacity's rate x the expected work of the variant's requests) among tenants that "
+    "sent anything",
+    "queue wait": "TTFT (first send, retries included) less the simulator's own prefill step "
+    "(sim_timing in the usage event): waiting in the gateway's queue, the backend's queue "
+    "and between retries alike, so policy on and off compare",
+    "refused fraction": "requests with at least one attempt refused by the gateway",
+    "Jain": "Jain's index of served / fair share among tenants whose demand exceeds their share",
+    "within share at send": "a request whose tenant had fewer requests outstanding (first "
+    "sent, not ended) before it than the tenant's max-min share by weight of the backend's "
+    "batch, the demands being every tenant's outstanding requests at its first send: fair "
+    "share among the tenants active then, so a burst is within share only up to its part "
+    "of the batch; queue wait p95 and refused fraction of those requests, all tenants "
+    "together (per tenant in the JSON)",
+    "Jain (windowed)": "Jain's index, among tenants above their share in at least one window "
+    "of the promise's length (2 s, by first send), of the work served over the work of "
+    "their shares, both summed over those windows; demand and max-min shares per window, "
+    "so a burst is judged against the capacity of its window",
+    "at or below share (windowed)": "queue wait p95 and refused fraction of the requests "
+    "sent in windows where their tenant asked at most its share (JSON only)",
+    "recovery": "from the slowdown to the end of the last 1 s window (by attempt start) whose "
+    "admitted TTFT p95 broke the promise; 0 when none did",
+    "predictor error": familymetrics.PREDICTOR_SOURCE,
+    "refusal p99 (gateway)": familymetrics.GATEWAY_REFUSAL_SOURCE,
+}
+
+
+def text(doc: Mapping[str, Any]) -> str:
+    headers = [
+        "variant",
+        "policy",
+        "capacity/s",
+        "goodput %",
+        "TTFT p95 s",
+        "refusal p99 ms",
+        "gw refusal p99 ms",
+        "fair wait p95 ms",
+        "fair refused %",
+        "Jain above",
+        "within share at send: wait p95 ms / refused %",
+        "Jain above (windowed)",
+        "recovery s",
+        "pred. err p50/p95 s",
+    ]
+    rows = []
+    for result in doc["variants"]:
+        if "error" in result:
+            rows.append([result["variant"], "-", result["error"], *["-"] * (len(headers) - 3)])
+            continue
+        for policy in ("on", "off"):
+            f = result[f"policy_{policy}"]
+            below = f["at_or_below_share"]
+            rec = f["recovery"]
+            rows.append(
+                [
+                    result["variant"],
+                    policy,
+                    _num(result["capacity"]["effective"]["rps"], 2),
+                    _num(100 * f["goodput_of_capacity"], 1),
+                    _num(f["admitted_ttft_p95_s"], 2),
+                    _num(f["refusal_p99_ms"], 1),
+                    _num(f["gateway_refusal_p99_ms"], 2),
+                    _num(below["queue_wait_p95_ms_max"], 0),
+                    _num(100 * below["refused_fraction_max"], 1),
+                    _num(f["above_share"]["jain_served_of_share"], 3),
+                    _wait_refused(
+                        f["within_share"]["queue_wait_p95_ms"],
+                        f["within_share"]["refused_fraction"],
+                    ),
+                    _num(f["above_share"]["jain_windowed"], 3),
+                    "-" if rec is None else _recovery(rec),
+                    _predictor(f["predictor"]),
+                ]
+            )
+    for policy, w in doc["worst"].items():
+        rows.append(
+            [
+                "WORST",
+                policy,
+                "",
+                _num(100 * w["goodput_of_capacity"], 1),
+                _num(w["admitted_ttft_p95_of_promise"] * family.PROMISE_S, 2),
+                _num(w["refusal_p99_ms"], 1),
+                _num(w["gateway_refusal_p99_ms"], 2),
+                _num(w["below_share_queue_wait_p95_ms"], 0),
+                _num(100 * w["below_share_refused_fraction"], 1),
+                _num(w["above_share_jain"], 3),
+                _wait_refused(
+                    w["within_share_queue_wait_p95_ms"], w["within_share_refused_fraction"]
+                ),
+                _num(w["above_share_jain_windowed"], 3),
+                _num(w["recovery_s"], 0),
+                "" if policy == "off" else f"-/{_num(w['predictor_error_p95_s'], 2)}",
+            ]
+        )
+    described = "\n".join(f"  {r['variant']}: {r['description']}" for r in doc["variants"])
+    notes = "\n".join(f"  {k}: {v}" for k, v in doc["definitions"].items())
+    table = report.table(headers, rows, left=2)
+    return f"Traffic family\n{described}\n\n{table}\n\nDefinitions:\n{notes}\n"
+
+
+def _recovery(found: Mapping[str, Any]) -> str:
+    value = _num(found["recovery_s"], 0)
+    return value if found["recovered"] else f">{value}"
+
+
+def _wait_refused(wait_ms: float, fraction: float) -> str:
+    return f"{_num(wait_ms, 0)} / {_num(100 * fraction, 1)}"
+
+
+def _predictor(found: Mapping[str, Any] | None) -> str:
+    if found is None:
+        return "-"
+    return f"{_num(found['p50_s'], 2)}/{_num(found['p95_s'], 2)}"
+
+
+def _num(value: float | None, digits: int) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}"

@@ -1,0 +1,60 @@
+"""The family's worst-of row and table, on figures made by hand."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from sluicegate.bench import familymetrics, familyreport
+from sluicegate.bench.records import Attempt, Record
+from sluicegate.bench.scenario import Slo
+
+BASIS = familymetrics.Basis(
+    {"interactive": Slo(ttft_s=2.0)},
+    {"a": 1.0},
+    lambda record: 1.0,
+    {"rps": 1.0, "work": 1.0},
+    4,
+    4.0,
+    2.0,
+    None,
+)
+
+
+def figures(wait_ms: float, refused: float, jain: float) -> dict[str, Any]:
+    attempt = Attempt(0.0, 1.0, 200, first_token_s=0.5, backend_prefill_s=0.1)
+    found: dict[str, Any] = familymetrics.figures(
+        [Record("a", "interactive", 0, True, 0.0, (attempt,))], BASIS
+    )
+    found["within_share"] |= {"queue_wait_p95_ms": wait_ms, "refused_fraction": refused}
+    found["above_share"]["jain_windowed"] = jain
+    return found
+
+
+def result(name: str, on: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "variant": name,
+        "description": "",
+        "capacity": {"effective": {"rps": 1.0}},
+        "policy_on": on,
+        "policy_off": figures(0.0, 0.0, math.nan),
+    }
+
+
+def test_the_worst_takes_the_longest_wait_most_refusals_and_lowest_windowed_jain() -> None:
+    results = [
+        result("v0", figures(120.0, 0.02, 0.97)),
+        result("v1", figures(80.0, math.nan, 0.91)),
+        result("v2", figures(math.nan, 0.05, math.nan)),
+    ]
+    results[0]["policy_on"]["gateway_refusal_p99_ms"] = 3.0
+    results[1]["policy_on"]["gateway_refusal_p99_ms"] = None  # kept by a rescore, as read
+    worst = familyreport.worst(results, "on")
+    assert worst["gateway_refusal_p99_ms"] == 3.0
+    assert worst["within_share_queue_wait_p95_ms"] == 120.0
+    assert worst["within_share_refused_fraction"] == 0.05
+    assert worst["above_share_jain_windowed"] == 0.91
+    text = familyreport.text(familyreport.document({}, results))
+    assert "within share at send: wait p95 ms / refused %" in text
+    assert "120 / 2.0" in text
+    assert "Jain above (windowed)" in text

@@ -1,0 +1,51 @@
+"""A run's request lines: what is written is what a rescore reads back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from sluicegate.bench import runreport
+from sluicegate.bench.records import Attempt, Record
+from sluicegate.bench.scenario import Slo
+
+LANES = {"interactive": Slo(ttft_s=2.0)}
+
+
+def retried() -> Record:
+    refused = Attempt(1.25, 1.252, 429, "tenant_rate_limited", 0.5, True)
+    served = Attempt(
+        2.0,
+        4.75,
+        200,
+        should_retry=False,
+        first_token_s=2.4,
+        last_token_s=4.7,
+        prompt_tokens=310,
+        output_tokens=42,
+        backend_prefill_s=0.031,
+    )
+    return Record("t1", "interactive", 3, True, 1.2, (refused, served), 310, 64)
+
+
+def test_a_record_read_back_from_its_line_is_the_record_written(tmp_path: Path) -> None:
+    path = tmp_path / "requests.jsonl"
+    record = retried()
+    runreport.write_records(path, [record, record], LANES)
+    back = runreport.read_records(path)
+    assert back == [record, record]
+    assert back[0].queue_wait_s == pytest.approx(2.4 - 1.2 - 0.031)
+
+
+def test_a_line_missing_an_attempts_field_is_refused_not_defaulted(tmp_path: Path) -> None:
+    line = runreport.record_json(retried(), LANES)
+    attempts = line["attempts"]
+    assert isinstance(attempts, list)
+    for attempt in attempts:
+        del attempt["backend_prefill_s"]
+    path = tmp_path / "requests.jsonl"
+    path.write_bytes(orjson.dumps(line) + b"\n")
+    with pytest.raises(KeyError):
+        runreport.read_records(path)

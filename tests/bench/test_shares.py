@@ -1,0 +1,79 @@
+"""Fair shares by weight: over a run, at each request's send, and per window."""
+
+from __future__ import annotations
+
+import pytest
+
+from sluicegate.bench import shares
+from sluicegate.bench.records import Attempt, Record
+
+
+def sent(tenant: str, at: float, ends: float, ok: bool = True) -> Record:
+    attempt = Attempt(at, ends, 200) if ok else Attempt(at, at + 0.003, 503, "overloaded")
+    return Record(tenant, "interactive", 0, True, at, (attempt,), 100, 10)
+
+
+def unit_cost(record: Record) -> float:
+    return 1.0
+
+
+def test_max_min_gives_the_small_their_demand_and_splits_the_rest_by_weight() -> None:
+    found = shares.max_min_shares(
+        {"small": 1.0, "mid": 10.0, "big": 10.0, "idle": 0.0},
+        {"small": 1.0, "mid": 1.0, "big": 2.0, "idle": 5.0},
+        9.0,
+    )
+    assert found["small"] == 1.0
+    assert found["mid"] == pytest.approx(8 / 3)
+    assert found["big"] == pytest.approx(16 / 3)
+    assert found["idle"] == 0.0
+
+
+def test_max_min_gives_everyone_their_demand_when_it_fits() -> None:
+    demands = {"a": 1.0, "b": 2.0}
+    assert shares.max_min_shares(demands, {"a": 1.0, "b": 1.0}, 10.0) == demands
+
+
+def test_max_min_with_nobody_sated_is_proportional_to_weight() -> None:
+    found = shares.max_min_shares({"a": 10.0, "b": 10.0}, {"a": 1.0, "b": 3.0}, 8.0)
+    assert found == {"a": 2.0, "b": 6.0}
+
+
+def test_a_tenant_with_nothing_outstanding_is_within_its_share() -> None:
+    hog = [sent("hog", 0.1 * i, 100.0) for i in range(10)]
+    small = [sent("small", 5.0, 6.0), sent("small", 7.0, 8.0)]
+    within = shares.within_share_at_send(hog + small, {"hog": 1.0, "small": 1.0}, 1)
+    assert within[10:] == [True, True], "the first ended before the second was sent"
+    assert within[:10] == [True] + [False] * 9
+
+
+@pytest.mark.parametrize(
+    ("burst_weight", "other_weight", "inside"), [(1.0, 1.0, 2), (3.0, 1.0, 3), (1.0, 3.0, 1)]
+)
+def test_only_a_bursts_requests_up_to_its_share_of_the_batch_are_within(
+    burst_weight: float, other_weight: float, inside: int
+) -> None:
+    other = [sent("other", 0.1 * i, 50.0) for i in range(4)]
+    burst = [sent("burst", 1.0, 30.0) for _ in range(10)]
+    weights = {"burst": burst_weight, "other": other_weight}
+    within = shares.within_share_at_send(other + burst, weights, 4)
+    assert within[:4] == [True] * 4, "alone on the backend, up to the whole batch"
+    assert within[4:] == [True] * inside + [False] * (10 - inside)
+
+
+def test_by_window_sums_served_and_share_over_the_windows_above_share() -> None:
+    steady = [
+        sent("s", 2.0 * w + 0.1 * k, 2.0 * w + 1.0, ok=k != 3) for w in range(4) for k in range(4)
+    ]
+    burst = [sent("b", 0.5, 1.5, ok=k < 2) for k in range(6)]
+    found = shares.by_window(steady + burst, {"s": 1.0, "b": 1.0}, unit_cost, 2.0, 2.0, 8.0)
+    # Window 0: demands s 4, b 6 on 4 -> shares 2 each, both above; later s alone, at share.
+    assert found.shares == {"s": 2.0, "b": 2.0}
+    assert found.served == {"s": 3.0, "b": 2.0}
+    assert found.above == [True] * 4 + [False] * 12 + [True] * 6
+
+
+def test_the_last_window_ends_with_the_run() -> None:
+    records = [sent("a", 6.5, 6.6), sent("a", 6.6, 6.7), sent("a", 6.7, 6.8)]
+    found = shares.by_window(records, {"a": 1.0}, unit_cost, 2.0, 2.0, 7.0)
+    assert found.shares == {"a": 2.0}, "the last window is 1 s long: 2 units, not 4"
