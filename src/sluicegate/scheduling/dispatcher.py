@@ -343,7 +343,9 @@ class Dispatcher:
 
     def _shed_late(self, queue: LaneQueue) -> None:
         """Shed each tenant's head whose wait its CoDel finds too long: that tenant's
-        queue has kept requests waiting past what the promise allows for an interval."""
+        queue has kept requests waiting past what the promise allows for an interval.
+        A head within its tenant's share is first in line for the next slot: it waits
+        for it (until its budget), and the shedding falls on those above their share."""
         lane = queue.lane
         promise = lane.ttft_slo_s
         if promise is None:
@@ -352,6 +354,8 @@ class Dispatcher:
         target = self.predictor.budget_s(lane.name, promise) * CODEL_TARGET
         shedders = self._shedders[lane.name]
         for waiter in queue.heads():
+            if self._within_share(waiter.attempt, arriving=False):
+                continue
             shedder = shedders.get(waiter.flow)
             if shedder is None:
                 shedder = shedders[waiter.flow] = Shedder()

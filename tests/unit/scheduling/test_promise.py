@@ -293,3 +293,36 @@ async def test_a_tenant_passed_by_the_others_sheds_its_own_late_requests(clock):
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+async def test_a_tenant_within_its_share_is_not_shed_but_waits_for_the_next_slot(clock):
+    """`heavy` holds both slots and `light` has nothing in flight: light's queued request
+    is within its share and first in line, so it is never shed while it waits (heavy's
+    late head is), and it takes the slot that frees before its budget ends."""
+    pool = Pool(PoolSpec("p", 2), leases(clock))
+    dispatcher = dispatcher_for([PROMISED], pool, clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        grants = [
+            await granted(dispatcher, attempt(clock, tenant="heavy", lane=PROMISED))
+            for _ in range(2)
+        ]
+        heavy = asyncio.create_task(
+            granted(dispatcher, attempt(clock, tenant="heavy", lane=PROMISED))
+        )
+        light = asyncio.create_task(
+            granted(dispatcher, attempt(clock, tenant="light", lane=PROMISED))
+        )
+        await settle()
+        for _ in range(8):
+            clock.advance(0.2)
+            dispatcher.kick()
+            await settle()
+        assert heavy.done() and heavy.exception().code == "shed"
+        assert not light.done()
+        await dispatcher.release(grants.pop())
+        await settle()
+        assert light.done() and light.exception() is None
+        await dispatcher.release(grants.pop())
+    finally:
+        runner.cancel()
