@@ -225,7 +225,7 @@ class Dispatcher:
         lane's queue; raise the refusal otherwise. Once this returns, the attempt is
         the caller's to `release`."""
         call, lane = attempt.call, attempt.lane
-        protected = self._within_share(attempt, arriving=True)
+        protected = self._within_share(attempt)
         if protected:
             self.reserve.arrived(self.clock.now())
         ahead = self._queued_ahead(lane)
@@ -244,7 +244,7 @@ class Dispatcher:
         queue = self.queues[lane.name]
         if queue.full:
             raise Refusal.QUEUE_FULL.error(f"the {lane.name} queue of {self.model} is full")
-        waiter = Waiter(attempt, self.clock.now(), predicted_s)
+        waiter = Waiter(attempt, self.clock.now(), predicted_s, protected)
         queue.push(waiter)
         self.kick()
         await self._wait(waiter, queue)
@@ -354,7 +354,7 @@ class Dispatcher:
         target = self.predictor.budget_s(lane.name, promise) * CODEL_TARGET
         shedders = self._shedders[lane.name]
         for waiter in queue.heads():
-            if self._within_share(waiter.attempt, arriving=False):
+            if waiter.protected:
                 continue
             shedder = shedders.get(waiter.flow)
             if shedder is None:
@@ -438,8 +438,7 @@ class Dispatcher:
                 if waiter is None:
                     continue
                 attempt = waiter.attempt
-                spare = self._spare(self._within_share(attempt, arriving=False))
-                refusal = await self._try(attempt, spare)
+                refusal = await self._try(attempt, self._spare(waiter.protected))
                 if refusal is not None:
                     if not self._outlasts(refusal, waiter.call, waiter.enqueued_s):
                         continue
@@ -486,16 +485,16 @@ class Dispatcher:
         fresh = [t for t in targets if t.deployment.name not in avoid]
         return fresh or targets
 
-    def _within_share(self, attempt: Attempt, arriving: bool) -> bool:
+    def _within_share(self, attempt: Attempt) -> bool:
         """Whether `attempt` may take the slots the reserve keeps free: a top-lane request
-        within its tenant's share of the deployments' batch (re-asked at each try from
-        the queue, since shares move as others come and go)."""
+        that came within its tenant's share of the deployments' batch. Judged once, as
+        it comes, as the share is promised: a request sent beyond it does not become
+        protected by waiting."""
         lane = attempt.lane
         if lane is not self.protected:
             return False
         queue = self.queues[lane.name]
-        tenant = attempt.call.tenant.name
-        return queue.fairness.within_share(tenant, queue.queued, self._batch, arriving)
+        return queue.fairness.within_share(attempt.call.tenant.name, queue.queued, self._batch)
 
     def _spare(self, protected: bool) -> int:
         """The pool slots an attempt must leave free."""

@@ -46,14 +46,12 @@ class FairnessPolicy(Protocol):
         """`flow` has `change` more (or, negative, fewer) requests at the backend."""
         ...
 
-    def within_share(
-        self, flow: str, queued: Callable[[str], int], capacity: float, arriving: bool
-    ) -> bool:
-        """Whether `flow`'s next request is within its fair share of `capacity` requests
-        at the backend: below its weighted share of it, or all its demand (in flight and
-        `queued(flow)`, plus this request when `arriving`) fits under the max-min split's
-        level. A flow that holds more than its weighted share only because others asked
-        for less is not: what it borrowed is theirs the moment they ask again."""
+    def within_share(self, flow: str, queued: Callable[[str], int], capacity: float) -> bool:
+        """Whether a newcomer of `flow` comes within its max-min fair share of `capacity`
+        requests at the backend: fewer requests of its flow before it (in flight and
+        `queued(flow)`) than its share, the demands being each flow's requests in flight
+        and queued, the newcomer's included. A burst is within up to its share; a flow
+        that holds what others left it is not, once it asks for more."""
         ...
 
 
@@ -80,19 +78,15 @@ def _within_share(
     backlog: Iterable[str],
     queued: Callable[[str], int],
     capacity: float,
-    arriving: bool,
 ) -> bool:
-    mine = in_flight.get(flow, 0)
-    if mine == 0:
+    before = in_flight.get(flow, 0) + queued(flow)
+    if before == 0:
         return True
     demands: dict[str, float] = dict(in_flight)
     for other in backlog:
         demands[other] = demands.get(other, 0) + queued(other)
-    demands[flow] += arriving
-    weight = weights.get(flow, 1.0)
-    if mine < capacity * weight / sum(weights.get(f, 1.0) for f in demands):
-        return True
-    return demands[flow] <= max_min_level(demands, weights, capacity) * weight
+    demands[flow] = before + 1
+    return before < max_min_level(demands, weights, capacity) * weights.get(flow, 1.0)
 
 
 class RoundRobin:
@@ -129,11 +123,8 @@ class RoundRobin:
         tells who is within its share."""
         _count(self._in_flight, flow, change)
 
-    def within_share(
-        self, flow: str, queued: Callable[[str], int], capacity: float, arriving: bool
-    ) -> bool:
-        in_flight = self._in_flight
-        return _within_share(flow, in_flight, {}, self._order, queued, capacity, arriving)
+    def within_share(self, flow: str, queued: Callable[[str], int], capacity: float) -> bool:
+        return _within_share(flow, self._in_flight, {}, self._order, queued, capacity)
 
 
 class VirtualTokenCounter:
@@ -189,11 +180,9 @@ class VirtualTokenCounter:
     def in_flight(self, flow: str, change: int) -> None:
         _count(self._in_flight, flow, change)
 
-    def within_share(
-        self, flow: str, queued: Callable[[str], int], capacity: float, arriving: bool
-    ) -> bool:
+    def within_share(self, flow: str, queued: Callable[[str], int], capacity: float) -> bool:
         in_flight, weights = self._in_flight, self._weights
-        return _within_share(flow, in_flight, weights, self._backlog, queued, capacity, arriving)
+        return _within_share(flow, in_flight, weights, self._backlog, queued, capacity)
 
     def charge(self, flow: str, prompt_tokens: float, output_tokens: float) -> None:
         cost = prompt_tokens * self._input_weight + output_tokens * self._output_weight

@@ -26,15 +26,24 @@ class Waiter:
     frame, which can reach this future, would leave a reference cycle (raise
     `renewed()` instead)."""
 
-    __slots__ = ("attempt", "call", "enqueued_s", "future", "lane", "predicted_s")
+    __slots__ = ("attempt", "call", "enqueued_s", "future", "lane", "predicted_s", "protected")
 
-    def __init__(self, attempt: Attempt, enqueued_s: float, predicted_s: float | None) -> None:
+    def __init__(
+        self,
+        attempt: Attempt,
+        enqueued_s: float,
+        predicted_s: float | None,
+        protected: bool = False,
+    ) -> None:
         self.attempt = attempt
         self.call = attempt.call
         self.lane = attempt.lane
         self.enqueued_s = enqueued_s
         self.predicted_s = predicted_s
         """The wait it was admitted on, to learn from once it is dispatched."""
+        self.protected = protected
+        """It came within its tenant's share: it may take the dispatcher's reserve, and
+        it is not shed (it is first in line for the next slot)."""
         self.future: asyncio.Future[GatewayError | None] = (
             asyncio.get_running_loop().create_future()
         )

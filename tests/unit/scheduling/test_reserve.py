@@ -73,35 +73,45 @@ def vtc(in_flight: dict[str, int], weights: dict[str, float] | None = None):
     return policy
 
 
-def test_a_flow_with_nothing_in_flight_is_within_its_share():
-    assert vtc({"big": 8}).within_share("new", lambda flow: 0, 8, arriving=True)
+def none_queued(flow: str) -> int:
+    return 0
+
+
+def test_a_flow_with_nothing_before_it_is_within_its_share():
+    assert vtc({"big": 8}).within_share("new", none_queued, 8)
 
 
 def test_a_flow_whose_whole_demand_fits_is_within_its_share():
-    """`big` may hold 7 of 8 while `small` asks for 1: its demand fits under the level."""
-    policy = vtc({"big": 6, "small": 1})
-    assert policy.within_share("big", lambda flow: 0, 8, arriving=True)
+    """`big` may hold 7 of 8 while `small` asks for 1."""
+    assert vtc({"big": 6, "small": 1}).within_share("big", none_queued, 8)
+    assert not vtc({"big": 7, "small": 1}).within_share("big", none_queued, 8)
 
 
-def test_a_flow_with_a_backlog_beyond_the_level_is_within_only_below_its_weighted_share():
-    """With a backlog `big` asks for more than the 7 `small` leaves: what it borrowed
-    beyond its half is small's the moment small asks, so it is not within its share."""
-    policy = vtc({"big": 6, "small": 1})
-    backlog = {"big": 3}
+def test_a_burst_is_within_its_share_up_to_its_share():
+    """Arriving one by one beside `big`'s backlog, `burst` (weight 1 of 2) comes within
+    its share for its first 4 of 8, queued or not."""
+    policy = vtc({"big": 4})
     policy.backlogged("big")
-    assert not policy.within_share("big", lambda flow: backlog.get(flow, 0), 8, arriving=False)
-    policy.in_flight("big", -3)
-    assert policy.within_share("big", lambda flow: backlog.get(flow, 0), 8, arriving=False)
+    queued = {"big": 10, "burst": 0}
+    within = []
+    for _ in range(6):
+        within.append(policy.within_share("burst", queued.get, 8))
+        queued["burst"] += 1
+    assert within == [True] * 4 + [False] * 2
 
 
-def test_weights_set_the_weighted_share():
-    """Weighted 3 to 1, `big`'s share of 8 is 6."""
-    backlog = {"big": 5}
-    for held, within in ((5, True), (6, False)):
-        policy = vtc({"big": held, "small": 1}, {"big": 3.0, "small": 1.0})
+def test_weights_set_the_share():
+    """Weighted 3 to 1 against `big`'s backlog, `light`'s share of 8 is 6."""
+    weights = {"big": 1.0, "light": 3.0}
+    queued = {"big": 10}
+
+    def backlogged(light: int):
+        policy = vtc({"big": 2, "light": light}, weights)
         policy.backlogged("big")
-        got = policy.within_share("big", lambda flow: backlog.get(flow, 0), 8, arriving=False)
-        assert got is within
+        return policy.within_share("light", lambda flow: queued.get(flow, 0), 8)
+
+    assert backlogged(5)
+    assert not backlogged(6)
 
 
 def test_round_robin_counts_in_flight_for_the_share_alone():
@@ -109,5 +119,6 @@ def test_round_robin_counts_in_flight_for_the_share_alone():
     policy.in_flight("big", 6)
     policy.in_flight("small", 1)
     policy.backlogged("big")
-    assert not policy.within_share("big", lambda flow: 3, 8, arriving=False)
-    assert policy.within_share("small", lambda flow: 0, 8, arriving=True)
+    backlog = {"big": 3}
+    assert not policy.within_share("big", lambda flow: backlog.get(flow, 0), 8)
+    assert policy.within_share("small", lambda flow: backlog.get(flow, 0), 8)
