@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import pytest
 
 from sluicegate.bench import capacity, familymetrics
+from sluicegate.bench.client import queue_from_server_timing
 from sluicegate.bench.records import Attempt, Record
 from sluicegate.bench.scenario import Slo
 from sluicegate.observability.metrics import GatewayMetrics
@@ -233,3 +234,22 @@ def test_within_share_at_send_judges_a_burst_by_the_batch_free_when_it_came() ->
     beyond = found["beyond_share"]
     assert beyond["requests"] == 8
     assert beyond["refused_fraction"] == 0.5
+
+
+def test_the_gateways_part_of_a_wait_is_its_refusals_the_backoff_and_its_queue() -> None:
+    """Refused at 0, sent again at 0.5 and held 0.1 s before dispatch: the gateway held it
+    0.6 s of its 0.65 s wait; the rest (the engine step it came during) is the backend's."""
+    refusal = Attempt(0.0, 0.002, 503, "overloaded")
+    ok = Attempt(0.5, 1.5, 200, first_token_s=0.7, backend_prefill_s=0.05, gateway_queue_s=0.1)
+    record = Record("a", "interactive", 0, True, 0.0, (refusal, ok), 100, 10)
+    assert record.queue_wait_s == pytest.approx(0.65)
+    assert record.gateway_wait_s == pytest.approx(0.6)
+    group = familymetrics.figures([record], basis({"a": 1.0}, {"rps": 1.0, "work": 1.0}, 10.0))
+    assert group["within_share"]["gateway_wait_p95_ms"] == pytest.approx(600)
+
+
+def test_the_client_reads_the_gateways_queue_from_server_timing() -> None:
+    assert queue_from_server_timing("queue;dur=12.5, upstream;dur=300.0") == pytest.approx(0.0125)
+    assert queue_from_server_timing("upstream;dur=3") is None
+    assert queue_from_server_timing(None) is None
+    assert queue_from_server_timing("queue;dur=x") is None

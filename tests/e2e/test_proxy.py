@@ -72,6 +72,21 @@ async def test_stream_bytes_pass_through_unchanged(gateway, sim, http: aiohttp.C
     assert '"model":"sim-model"' in proxied
 
 
+@pytest.mark.parametrize("stream", [True, False])
+async def test_answers_say_where_the_time_to_the_first_byte_went(gateway, http, stream):
+    """Server-Timing: the gateway's part (arrival to dispatch) and the deployment's
+    (dispatch to first byte), so a caller can tell the two waits apart."""
+    body = {"model": "chat", "messages": MESSAGES, "max_tokens": 3, "stream": stream}
+    headers = {"Authorization": f"Bearer {ALICE}"}
+    async with http.post(f"{gateway.url}/v1/chat/completions", json=body, headers=headers) as resp:
+        assert resp.status == 200
+        timing = resp.headers["server-timing"]
+        await resp.read()
+    found = dict(re.findall(r"(\w+);dur=([0-9.]+)", timing))
+    assert set(found) == {"queue", "upstream"}
+    assert all(0 <= float(ms) < 5000 for ms in found.values())
+
+
 async def test_refusals_never_reach_the_model(gateway, sim, http, alice, bob):
     before = (await sim_stats(http, sim))["received"]
     with pytest.raises(openai.AuthenticationError):

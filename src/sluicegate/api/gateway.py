@@ -18,6 +18,7 @@ from sluicegate.api.asgi import (
     ClientDisconnected,
     Connection,
     DisconnectWatcher,
+    Headers,
     Receive,
     Router,
     Scope,
@@ -169,16 +170,17 @@ class Gateway:
                 await self._relay_stream(exchange, answer)
             else:
                 body = await answer.read()
+                headers = _with_timing(JSON_HEADERS, answer, answer.attempt.first_byte_s)
         if exchange.started:
             await exchange.send({"type": "http.response.body", "body": b""})
         else:
-            await exchange.start(200, JSON_HEADERS)
+            await exchange.start(200, headers)
             await exchange.send({"type": "http.response.body", "body": body})
 
     async def _relay_stream(self, exchange: Exchange, answer: Answer) -> None:
         """Pass upstream bytes through as they arrive: no buffering, no re-serialisation."""
         send = exchange.send
-        await exchange.start(200, SSE_HEADERS)
+        await exchange.start(200, _with_timing(SSE_HEADERS, answer, self._clock.now()))
         async for chunk in answer.chunks():
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
@@ -279,6 +281,19 @@ def _identity_encoding(headers: Mapping[bytes, bytes]) -> None:
             ErrorType.INVALID_REQUEST,
             should_retry=False,
         )
+
+
+def _with_timing(headers: Headers, answer: Answer, first: float | None) -> Headers:
+    """`headers` and where the time to the first byte (at `first`) went, in milliseconds
+    (W3C Server-Timing): `queue` from arrival to dispatch (the gates and any wait for a
+    turn), `upstream` from dispatch to the deployment's first byte (its own queue and
+    prefill), so a caller can tell the gateway's wait from the backend's."""
+    attempt = answer.attempt
+    dispatched = attempt.dispatched_s
+    if dispatched is None or first is None:
+        return headers
+    queue, upstream = 1000 * (dispatched - attempt.call.arrived_s), 1000 * (first - dispatched)
+    return [*headers, (b"server-timing", b"queue;dur=%.1f, upstream;dur=%.1f" % (queue, upstream))]
 
 
 def _arriving() -> bool:

@@ -85,6 +85,7 @@ class _Exchange:
             prompt_tokens=int(self.usage.get("prompt_tokens") or 0),
             output_tokens=int(self.usage.get("completion_tokens") or self.chunks),
             backend_prefill_s=self.prefill_s,
+            gateway_queue_s=queue_from_server_timing(self.headers.get("server-timing")),
         )
 
 
@@ -153,6 +154,18 @@ def _read_body(body: bytes, exchange: _Exchange) -> str:
     exchange.usage = _object(body).get("usage") or {}
     exchange.first_s = exchange.last_s = exchange.since()
     return OK
+
+
+def queue_from_server_timing(timing: str | None) -> float | None:
+    """The `queue` metric of a Server-Timing header, in seconds."""
+    for metric in (timing or "").split(","):
+        name, _, params = metric.strip().partition(";")
+        if name == "queue" and params.startswith("dur="):
+            try:
+                return float(params[4:]) / 1000
+            except ValueError:
+                return None
+    return None
 
 
 def _error_code(body: bytes, status: int) -> str:

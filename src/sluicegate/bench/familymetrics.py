@@ -267,10 +267,12 @@ def share_figures(records: Sequence[Record], basis: Basis) -> dict[str, object]:
 
 def _group(records: Sequence[Record]) -> dict[str, object]:
     waits = [w for r in records if (w := r.queue_wait_s) is not None]
+    held = [w for r in records if (w := r.gateway_wait_s) is not None]
     return {
         "requests": len(records),
         "queue_wait_p95_ms": 1000 * percentile(waits, 95),
         "queue_wait_samples": len(waits),
+        "gateway_wait_p95_ms": 1000 * percentile(held, 95),
         "refused_fraction": _fraction(sum(map(refused, records)), len(records)),
     }
 

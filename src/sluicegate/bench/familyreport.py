@@ -97,6 +97,9 @@ def worst(results: Sequence[Mapping[str, Any]], policy: str) -> dict[str, float]
         "within_share_refused_fraction": pick(
             [r["within_share"]["refused_fraction"] for r in runs], max
         ),
+        "within_share_gateway_wait_p95_ms": pick(
+            [r["within_share"]["gateway_wait_p95_ms"] for r in runs], max
+        ),
         "above_share_jain_windowed": pick([r["above_share"]["jain_windowed"] for r in runs], min),
         "recovery_s": pick(recoveries, max),
         "predictor_error_p95_s": pick(
@@ -148,6 +151,10 @@ DEFINITIONS = {
     "share among the tenants active then, so a burst is within share only up to its part "
     "of the batch; queue wait p95 and refused fraction of those requests, all tenants "
     "together (per tenant in the JSON)",
+    "gateway wait": "of a served request, the part the gateway held it: from its first send "
+    "to its last attempt (refused attempts and the backoff after them), plus that attempt's "
+    "arrival to dispatch from the gateway's Server-Timing `queue`; the rest of the queue "
+    "wait is the backend's (its own queue and the engine step running when it came)",
     "Jain (windowed)": "Jain's index, among tenants above their share in at least one window "
     "of the promise's length (2 s, by first send), of the work served over the work of "
     "their shares, both summed over those windows; demand and max-min shares per window, "
@@ -174,6 +181,7 @@ def text(doc: Mapping[str, Any]) -> str:
         "fair refused %",
         "Jain above",
         "within share at send: wait p95 ms / refused %",
+        "within share: gateway wait p95 ms",
         "Jain above (windowed)",
         "recovery s",
         "pred. err p50/p95 s",
@@ -203,6 +211,7 @@ def text(doc: Mapping[str, Any]) -> str:
                         f["within_share"]["queue_wait_p95_ms"],
                         f["within_share"]["refused_fraction"],
                     ),
+                    _num(f["within_share"]["gateway_wait_p95_ms"], 0),
                     _num(f["above_share"]["jain_windowed"], 3),
                     "-" if rec is None else _recovery(rec),
                     _predictor(f["predictor"]),
@@ -224,6 +233,7 @@ def text(doc: Mapping[str, Any]) -> str:
                 _wait_refused(
                     w["within_share_queue_wait_p95_ms"], w["within_share_refused_fraction"]
                 ),
+                _num(w["within_share_gateway_wait_p95_ms"], 0),
                 _num(w["above_share_jain_windowed"], 3),
                 _num(w["recovery_s"], 0),
                 "" if policy == "off" else f"-/{_num(w['predictor_error_p95_s'], 2)}",

@@ -30,6 +30,9 @@ class Attempt:
     backend_prefill_s: float | None = None
     """The simulator's own time from taking the request into its batch to its first token
     (its `sim_timing`); None from any other backend."""
+    gateway_queue_s: float | None = None
+    """The gateway's own time from the request's arrival to its dispatch (its
+    Server-Timing `queue`); None without a gateway in front."""
 
     @property
     def ok(self) -> bool:
@@ -98,6 +101,16 @@ class Record:
         began its request (gateway queue, backend queue, retries), whoever queued it."""
         ttft, prefill = self.ttft_s, self.last.backend_prefill_s
         return None if ttft is None or prefill is None else max(0.0, ttft - prefill)
+
+    @property
+    def gateway_wait_s(self) -> float | None:
+        """The part of the wait the gateway itself held a served request: from its first
+        send to its last attempt (attempts the gateway refused, and the caller's backoff
+        after them), then that attempt's time from arrival to dispatch (Server-Timing)."""
+        held = self.last.gateway_queue_s
+        if not self.ok or held is None:
+            return None
+        return self.last.start_s - self.attempts[0].start_s + held
 
     @property
     def waiting_until_s(self) -> float:
