@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from sluicegate.bench.arrivals import Burst, Poisson
 from sluicegate.bench.dists import Fixed
+from sluicegate.bench.procs import SIM_URL_ENV
 from sluicegate.bench.scenario import Flow, ScenarioError, compressed, load, rate_scaled
 from sluicegate.bench.traffic import flow_keys
+from sluicegate.config.loader import parse_settings
 
-LIBRARY = Path(__file__).parents[2] / "bench" / "scenarios"
+ROOT = Path(__file__).parents[2]
+LIBRARY = ROOT / "bench" / "scenarios"
+SCENARIOS = sorted(LIBRARY.glob("*.yaml"))
 MINIMAL = {
     "name": "minimal",
     "duration_s": 10,
@@ -43,11 +49,43 @@ def changed(path: str, value: object) -> dict:
     return raw
 
 
-@pytest.mark.parametrize("path", sorted(LIBRARY.glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_every_library_scenario_loads(path):
     scenario = load(path)
     assert scenario.name == path.stem
     assert scenario.gateway is not None
+
+
+def variables(node: Any) -> set[str]:
+    """The environment variables a gateway config reads: `${NAME}` and keys' `env`."""
+    if isinstance(node, dict):
+        named = {v for k, v in node.items() if k in ("env", "api_key_env") and isinstance(v, str)}
+        return named.union(*(variables(v) for v in node.values()))
+    if isinstance(node, list):
+        return set().union(*(variables(v) for v in node))
+    return set(re.findall(r"\$\{(\w+)\}", node)) if isinstance(node, str) else set()
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_every_library_scenario_starts_a_valid_gateway(path):
+    """The gateway config is only a mapping to the scenario schema: the gateway's own
+    loader must accept it too, or the run fails at start."""
+    gateway = load(path).gateway
+    env = {name: f"value-of-{name}" for name in variables(gateway)}
+    parse_settings(gateway, str(path), {**env, SIM_URL_ENV: "http://127.0.0.1:8001"})
+
+
+def test_the_small_slow_backend_runs_the_readme_lanes():
+    """The README's example `scheduling` block as a user would copy it, less the two
+    lines a single-model stack without Redis cannot take."""
+    blocks = (ROOT / "README.md").read_text().split("```yaml\n")[1:]
+    example = next(block.split("```", 1)[0] for block in blocks if "\nscheduling:" in block)
+    readme = yaml.safe_load(example)["scheduling"]
+    del readme["fairness_scope"], readme["overload"]["ladder"]["background_model"]
+    for name in ("small-slow-backend", "small-slow-backend-idle"):
+        gateway = load(LIBRARY / f"{name}.yaml").gateway
+        assert gateway is not None
+        assert gateway["scheduling"] == readme
 
 
 @pytest.mark.parametrize(
@@ -102,10 +140,16 @@ def test_rate_scale_multiplies_poisson_rates_only(tmp_path):
     assert burst.count == 9
 
 
-def test_an_idle_baseline_replays_the_same_traffic_as_its_busy_scenario():
-    busy = load(LIBRARY / "noisy-neighbour.yaml").flows
-    idle = load(LIBRARY / "noisy-neighbour-idle.yaml").flows
-    assert [f.tenant for f in busy] == ["a", "b", "c"]
-    assert flow_keys(busy)[1:] == flow_keys(idle)
+@pytest.mark.parametrize("name", ["noisy-neighbour", "small-slow-backend"])
+def test_an_idle_baseline_replays_the_same_traffic_as_its_busy_scenario(name):
+    busy = load(LIBRARY / f"{name}.yaml")
+    idle = load(LIBRARY / f"{name}-idle.yaml")
+    assert [f.tenant for f in busy.flows] == ["a", "b", "c"]
+    assert busy.flows[1:] == idle.flows
+    assert flow_keys(busy.flows)[1:] == flow_keys(idle.flows)
+    assert (busy.seed, busy.sim) == (idle.seed, idle.sim)
+
+
+def test_flows_are_keyed_by_tenant_and_rank():
     two_of_a = [Flow.model_validate(flow) for flow in MINIMAL["flows"]]
     assert flow_keys(two_of_a) == [("a", 0), ("a", 1)]
