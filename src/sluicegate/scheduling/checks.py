@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -148,22 +149,24 @@ class GateCheck:
 
 
 class ShareCheck:
-    """A lane with `max_share` < 1 holds at most that share of each pool's concurrency,
-    so the rest stays for the lanes above it."""
+    """A lane with `max_share` < 1 holds at most that share of each pool's concurrency
+    while the lanes above it are busy (`busy_above`), so the rest stays for them; while
+    they are not, it uses what they leave, the whole pool."""
 
     name = "lane_share"
 
-    def __init__(self) -> None:
+    def __init__(self, busy_above: Callable[[Lane], bool] = lambda lane: True) -> None:
         self.in_use: Counter[tuple[str, str]] = Counter()
         """(pool, lane) -> attempts of that lane holding a permit of that pool."""
         self.refused = 0
+        self._busy_above = busy_above
 
     def applies(self, target: Target, lane: Lane) -> bool:
         """Always: the counts of every lane are shown, not only of those it limits."""
         return True
 
     def check(self, target: Target, lane: Lane) -> NotNow | None:
-        if lane.max_share >= 1.0:
+        if lane.max_share >= 1.0 or not self._busy_above(lane):
             return None
         for pool in target.pools:
             cap = max(1, math.floor(lane.max_share * pool.limits.max_concurrency))
@@ -189,6 +192,8 @@ class ShareCheck:
         return {"refused": self.refused, "in_use": in_use}
 
 
-def default_checks() -> tuple[DispatchCheck, ...]:
+def default_checks(
+    busy_above: Callable[[Lane], bool] = lambda lane: True,
+) -> tuple[DispatchCheck, ...]:
     """In the order asked: the cheapest and most telling first."""
-    return (BreakerCheck(), GateCheck(), ShareCheck())
+    return (BreakerCheck(), GateCheck(), ShareCheck(busy_above))

@@ -35,7 +35,7 @@ from sluicegate.scheduling.checks import DispatchCheck, NotNow, default_checks
 from sluicegate.scheduling.fairness import FairnessPolicy
 from sluicegate.scheduling.promise import Shedder, WaitPredictor
 from sluicegate.scheduling.queues import LaneQueue, Place, Waiter
-from sluicegate.scheduling.reserve import Reserve
+from sluicegate.scheduling.reserve import GONE_AFTER_S, Reserve
 from sluicegate.scheduling.yielding import Yielding
 
 CODEL_TARGET = 0.5
@@ -138,7 +138,9 @@ class Dispatcher:
         """Requests the deployments take at once: before any service gap is measured, a
         promised lane queues at most one such batch."""
         self.reserve = Reserve(self._batch)
-        self.checks = tuple(default_checks() if checks is None else checks)
+        self._arrived_s: dict[str, float] = {}
+        """Each lane's latest arrival: a lane's share caps it only while one above is busy."""
+        self.checks = tuple(default_checks(self._busy_above) if checks is None else checks)
         self._plans: dict[tuple[str, str], tuple[DispatchCheck, ...]] = {}
         self._chain = chain
         self._turn = itertools.count()
@@ -225,9 +227,10 @@ class Dispatcher:
         lane's queue; raise the refusal otherwise. Once this returns, the attempt is
         the caller's to `release`."""
         call, lane = attempt.call, attempt.lane
+        now = self._arrived_s[lane.name] = self.clock.now()
         protected = self._within_share(attempt)
         if protected:
-            self.reserve.arrived(self.clock.now())
+            self.reserve.arrived(now)
         ahead = self._queued_ahead(lane)
         if not ahead and not self._paused(lane):
             refusal = await self._try(attempt, self._spare(protected))
@@ -495,6 +498,17 @@ class Dispatcher:
             return False
         queue = self.queues[lane.name]
         return queue.fairness.within_share(attempt.call.tenant.name, queue.queued, self._batch)
+
+    def _busy_above(self, lane: Lane) -> bool:
+        """Whether a lane above `lane` had an arrival within `GONE_AFTER_S`, the time
+        after which the reserve, too, deems the protected traffic gone."""
+        since = self.clock.now() - GONE_AFTER_S
+        arrived = self._arrived_s
+        return any(
+            arrived.get(other.name, -math.inf) > since
+            for other in self.lanes
+            if other.priority > lane.priority
+        )
 
     def _spare(self, protected: bool) -> int:
         """The pool slots an attempt must leave free."""

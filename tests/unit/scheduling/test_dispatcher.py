@@ -247,6 +247,7 @@ async def test_a_lane_share_reserves_the_rest_of_the_pool(clock):
     dispatcher = dispatcher_for([INTERACTIVE, BACKGROUND], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
+        await busy_top(dispatcher, clock, INTERACTIVE)
         grants = [await granted(dispatcher, attempt(clock, lane=BACKGROUND)) for _ in range(2)]
         third = asyncio.create_task(granted(dispatcher, attempt(clock, lane=BACKGROUND)))
         await settle()
@@ -517,15 +518,20 @@ def two_pools(clock: FakeClock, limit: int = 4) -> tuple[Dispatcher, list[Pool],
     pools = [Pool(PoolSpec(name, limit), shared) for name in ("p", "q")]
     deployment = dataclasses.replace(DEPLOYMENT, pools=("p", "q"))
     target = Target(deployment, tuple(pools), Gate(), Breaker(BreakerPolicy(), clock))
-    lanes = [Lane("half", queue_size=0, max_share=0.5)]
+    lanes = [Lane("half", queue_size=0, max_share=0.5), Lane("top", priority=100)]
     dispatcher = Dispatcher("m", lanes, [target], lambda lane: VirtualTokenCounter(), clock)
     return dispatcher, pools, memory
+
+
+async def busy_top(dispatcher: Dispatcher, clock: FakeClock, lane: Lane) -> None:
+    """One request of `lane` arrives and ends: the lanes below hold to their share."""
+    await dispatcher.release(await granted(dispatcher, attempt(clock, tenant="top", lane=lane)))
 
 
 @pytest.mark.parametrize("turns", range(1, 8))
 async def test_a_cancel_anywhere_inside_pool_acquisition_leaks_no_permit(clock, turns):
     dispatcher, pools, memory = two_pools(clock)
-    a = attempt(clock, lane=dispatcher.lanes[0])
+    a = attempt(clock, lane=dispatcher.lanes[1])
     task = asyncio.create_task(dispatcher.acquire(a))
     for _ in range(turns):
         await asyncio.sleep(0)
@@ -543,7 +549,8 @@ async def test_a_lane_share_holds_when_the_store_yields(clock):
     """Four attempts at once against a share of two: the check and the count it guards
     are one step, so no more than two pass while the store is being asked."""
     dispatcher, pools, _ = two_pools(clock)
-    lane = dispatcher.lanes[0]
+    top, lane = dispatcher.lanes
+    await busy_top(dispatcher, clock, top)
     attempts = [attempt(clock, lane=lane) for _ in range(4)]
     outcomes = await asyncio.gather(
         *(dispatcher.acquire(a) for a in attempts), return_exceptions=True
@@ -623,5 +630,32 @@ async def test_a_lower_lane_never_takes_the_reserve(clock):
         await granted(dispatcher, attempt(clock, tenant="x"))
         assert pool.counters.active == 7
         heavy.cancel()
+    finally:
+        runner.cancel()
+
+
+async def test_a_lane_share_lends_the_pool_while_the_lanes_above_are_quiet(clock):
+    """Work conservation: with no arrival above for the reserve's 30 s, the background
+    lane uses the whole pool; once the lane above is busy again it is held to its half."""
+    pool = Pool(PoolSpec("p", 4), leases(clock))
+    dispatcher = dispatcher_for([INTERACTIVE, BACKGROUND], pool, clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        grants = [await granted(dispatcher, attempt(clock, lane=BACKGROUND)) for _ in range(3)]
+        for grant in grants:
+            await dispatcher.release(grant)
+        await busy_top(dispatcher, clock, INTERACTIVE)
+        clock.advance(29.0)
+        grants = [await granted(dispatcher, attempt(clock, lane=BACKGROUND)) for _ in range(2)]
+        third = asyncio.create_task(granted(dispatcher, attempt(clock, lane=BACKGROUND)))
+        await settle()
+        assert not third.done()
+        clock.advance(2.0)
+        dispatcher.kick()
+        await settle()
+        assert third.done()
+        assert pool.counters.active == 3
+        for grant in [*grants, third.result()]:
+            await dispatcher.release(grant)
     finally:
         runner.cancel()
