@@ -158,6 +158,7 @@ def build(
             metrics.queue_waited,
             pause_rule(settings, monitor),
             chain=model.strategy == "fallback",
+            reserve=settings.scheduling.reserve,
         )
         for name, model in settings.models.items()
     }

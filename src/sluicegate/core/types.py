@@ -261,6 +261,9 @@ class Scheduling:
     cost_alpha: float = 1.0
     cost_beta: float = 1.0
     cost_gamma: float = 0.0
+    reserve: float = 0.25
+    """At most this share of the batch is kept free for top-lane requests within their
+    tenant's share (`scheduling/reserve.py`); 0: none."""
     overload: OverloadPolicy = field(default_factory=OverloadPolicy)
 
     @property

@@ -35,7 +35,7 @@ from sluicegate.scheduling.checks import DispatchCheck, NotNow, default_checks
 from sluicegate.scheduling.fairness import FairnessPolicy
 from sluicegate.scheduling.promise import Shedder, WaitPredictor
 from sluicegate.scheduling.queues import LaneQueue, Place, Waiter
-from sluicegate.scheduling.reserve import GONE_AFTER_S, Reserve
+from sluicegate.scheduling.reserve import GONE_AFTER_S, MOST_OF_BATCH, Reserve
 from sluicegate.scheduling.yielding import Yielding
 
 CODEL_TARGET = 0.5
@@ -114,6 +114,7 @@ class Dispatcher:
         paused: Callable[[Lane], bool] = lambda lane: False,
         chain: bool = False,
         checks: Sequence[DispatchCheck] | None = None,
+        reserve: float = MOST_OF_BATCH,
     ) -> None:
         self.model = model
         self.lanes = sorted(lanes, key=lambda lane: -lane.priority)
@@ -137,7 +138,7 @@ class Dispatcher:
         self._batch = sum(target.full for target in self.targets)
         """Requests the deployments take at once: before any service gap is measured, a
         promised lane queues at most one such batch."""
-        self.reserve = Reserve(self._batch)
+        self.reserve = Reserve(self._batch, reserve)
         self._arrived_s: dict[str, float] = {}
         """Each lane's latest arrival: a lane's share caps it only while one above is busy."""
         self.checks = tuple(default_checks(self._busy_above) if checks is None else checks)

@@ -13,8 +13,9 @@ to the free ones first, since nothing else may take it while they are short. Wit
 protected arrivals at rate L and completions one per measured service gap, the free
 slots behave as an M/M/1/R queue whose load is L x gap, and an arrival finds none free
 with its blocking probability. `slots()` is the fewest R that keep it under `BLOCKING`,
-at most `MOST_OF_BATCH` of the batch: the reserve is throughput held back from the
-others, so it follows the protected traffic and is nothing without any.
+at most `most_of_batch` of the batch (`scheduling.reserve`, 0 turns it off): the reserve
+is throughput held back from the others, so it follows the protected traffic and is
+nothing without any.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import math
 BLOCKING = 0.05
 """A protected request should find a free slot at least 95 times in 100."""
 MOST_OF_BATCH = 0.25
-"""Never more than this share of the batch is held back."""
+"""By default never more than this share of the batch is held back."""
 HORIZON_S = 10.0
 """The protected arrival rate is a count decayed over this time."""
 GONE_AFTER_S = 3 * HORIZON_S
@@ -47,8 +48,8 @@ def blocking(load: float, slots: int) -> float:
 class Reserve:
     """The free slots one dispatcher keeps for protected requests; times on its clock."""
 
-    def __init__(self, batch: int) -> None:
-        self.most = math.floor(batch * MOST_OF_BATCH)
+    def __init__(self, batch: int, most_of_batch: float = MOST_OF_BATCH) -> None:
+        self.most = math.floor(batch * most_of_batch)
         self._rate = 0.0
         self._rate_at = -math.inf
         self._slots = 0

@@ -45,6 +45,13 @@ def test_the_reserve_never_passes_a_quarter_of_the_batch():
     assert reserve.slots(now, 0.1) == 2
 
 
+def test_a_reserve_of_none_keeps_nothing():
+    reserve = Reserve(16, 0.0)
+    for second in range(100):
+        reserve.arrived(second / 10)
+    assert reserve.slots(10.0, 0.1) == 0
+
+
 def test_the_reserve_is_given_back_once_protected_traffic_stops():
     reserve, now = reserve_at(3.0)
     assert reserve.slots(now + HORIZON_S, 0.1) > 0
