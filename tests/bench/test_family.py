@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sluicegate.bench import family
+from sluicegate.bench import capacity, family, familyrun
 from sluicegate.bench.arrivals import Burst, Closed, Poisson
 from sluicegate.bench.scenario import load
 
@@ -135,3 +135,22 @@ def test_long_answers_get_a_timeout_long_enough_to_finish() -> None:
     for variant in long:
         # A full batch of 64 steps about 46 ms: 1,000 tokens take 46 s, far past 15 s.
         assert variant.timeout_s() > 1000 * 0.046 * (variant.slowdown or 1.0)
+
+
+def test_a_capacity_read_back_from_its_json_is_the_capacity_written():
+    probes = (
+        capacity.Probe(2.0, 30, 1.0, 0.4, 3.1),
+        capacity.Probe(4.0, 50, 0.9, 0.4, 5.0),
+    )
+    found = capacity.Capacity(3.5, probes)
+    assert familyrun.capacity_from_json(familyrun.capacity_json(found)) == found
+
+
+def test_a_gateway_setting_changed_by_a_dotted_key_leaves_the_rest():
+    config = {"scheduling": {"fairness": "vtc", "reserve": 0.25}, "pools": [1]}
+    path, value = familyrun.setting("scheduling.reserve=0")
+    changed = familyrun.with_setting(config, path, value)
+    assert changed == {"scheduling": {"fairness": "vtc", "reserve": 0}, "pools": [1]}
+    assert config["scheduling"]["reserve"] == 0.25
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        familyrun.setting("scheduling.reserve")

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +81,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="recompute the figures of a finished run in DIR from its files, running nothing",
     )
+    add(
+        "--reuse",
+        type=Path,
+        metavar="DIR",
+        help="take each variant's capacity from the run in DIR (same seed and variant) "
+        "instead of searching it again: for comparing gateway settings on the same traffic",
+    )
+    add(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="change one gateway setting for every variant (a dotted key, a YAML value), "
+        "e.g. scheduling.reserve=0: an experiment, no longer the README's settings",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,8 +120,16 @@ def run(args: argparse.Namespace) -> int:
         "probe_s": probe_s,
         "steps": steps,
         "quick": args.quick,
+        "reused_capacity": None if args.reuse is None else str(args.reuse),
+        "gateway_changes": list(args.set),
     }
-    sized = Sizes(duration_s, probe_s, steps, probe_requests)
+    try:
+        changes = [setting(item) for item in args.set]
+        known = {} if args.reuse is None else _capacities(args.reuse)
+    except (ValueError, OSError) as exc:
+        print(f"bench family: {exc}", file=sys.stderr)
+        return 2
+    sized = Sizes(duration_s, probe_s, steps, probe_requests, known, tuple(changes))
     results: list[dict[str, Any]] = []
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
@@ -127,6 +151,10 @@ class Sizes:
     probe_s: float
     steps: int
     probe_requests: int
+    known: Mapping[str, Mapping[str, Any]]
+    """Capacities found by an earlier run, by variant name (`--reuse`)."""
+    changes: tuple[tuple[tuple[str, ...], Any], ...]
+    """Gateway settings changed for every variant (`--set`)."""
 
     def probe_length_s(self, rate: float) -> float:
         wanted = self.probe_requests / rate
@@ -135,16 +163,21 @@ class Sizes:
 
 async def _variant(variant: Variant, sizes: Sizes, out: Path) -> dict[str, Any]:
     duration_s = sizes.duration_s
-    normal = await _capacity(variant, sizes, None, out)
-    slowed = None
-    if variant.slowdown is not None:
-        slowed = await _capacity(variant, sizes, variant.slowdown, out)
+    known = sizes.known.get(variant.name)
+    if known is not None:
+        normal = capacity_from_json(known["normal"])
+        slowed = None if known["slowed"] is None else capacity_from_json(known["slowed"])
+    else:
+        normal = await _capacity(variant, sizes, None, out)
+        slowed = None
+        if variant.slowdown is not None:
+            slowed = await _capacity(variant, sizes, variant.slowdown, out)
     best = normal.best
     result: dict[str, Any] = {
         "variant": variant.name,
         "description": variant.describe(),
         "parameters": familyreport.parameters(variant),
-        "capacity": {"normal": _capacity_json(normal), "slowed": _capacity_json(slowed)},
+        "capacity": {"normal": capacity_json(normal), "slowed": capacity_json(slowed)},
     }
     if best is None:
         result["error"] = "no capacity found: no probe kept 99 % inside the SLO"
@@ -155,7 +188,10 @@ async def _variant(variant: Variant, sizes: Sizes, out: Path) -> dict[str, Any]:
     scenario = family.scenario(
         variant, normal.rate_rps, best.service_s, duration_s, variant.timeout_s() + 5
     )
-    scenario = scenario.model_copy(update={"capacity_rps": effective["rps"]})
+    gateway = scenario.gateway
+    for path, value in sizes.changes:
+        gateway = with_setting(gateway, path, value)
+    scenario = scenario.model_copy(update={"capacity_rps": effective["rps"], "gateway": gateway})
     _write_scenario(out / "scenario.yaml", scenario)
     basis = familyreport.basis(result, scenario.lanes, duration_s)
     for policy in ("on", "off"):
@@ -268,7 +304,7 @@ def _effective(
     return {"rps": rps, "work": rps * cost_s}
 
 
-def _capacity_json(found: capacity.Capacity | None) -> dict[str, Any] | None:
+def capacity_json(found: capacity.Capacity | None) -> dict[str, Any] | None:
     if found is None:
         return None
     return {
@@ -286,6 +322,35 @@ def _capacity_json(found: capacity.Capacity | None) -> dict[str, Any] | None:
             for p in found.probes
         ],
     }
+
+
+def _capacities(folder: Path) -> dict[str, Mapping[str, Any]]:
+    """Each variant's capacities as an earlier run's family.json has them."""
+    doc = json.loads((folder / "family.json").read_text())
+    return {v["variant"]: v["capacity"] for v in doc["variants"] if "error" not in v}
+
+
+def capacity_from_json(found: Mapping[str, Any]) -> capacity.Capacity:
+    """The inverse of `capacity_json`."""
+    probes = tuple(
+        capacity.Probe(p["rate_rps"], p["requests"], p["in_slo"], p["cost_s"], p["service_s"])
+        for p in found["probes"]
+    )
+    return capacity.Capacity(found["ceiling_rps"], probes)
+
+
+def setting(item: str) -> tuple[tuple[str, ...], Any]:
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise ValueError(f"--set {item!r}: expected KEY=VALUE")
+    return tuple(key.split(".")), yaml.safe_load(value)
+
+
+def with_setting(config: Mapping[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    """`config` with the setting at `path` replaced by `value` (copied, not changed)."""
+    head, *rest = path
+    inner = config.get(head, {})
+    return {**config, head: value if not rest else with_setting(inner, tuple(rest), value)}
 
 
 def _write_scenario(path: Path, scenario: Scenario) -> None:
