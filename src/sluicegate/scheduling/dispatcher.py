@@ -233,6 +233,8 @@ class Dispatcher:
         if protected:
             self.reserve.arrived(now)
         ahead = self._queued_ahead(lane)
+        if protected:
+            ahead = self.queues[lane.name].protected
         if not ahead and not self._paused(lane):
             refusal = await self._try(attempt, self._spare(protected))
             if refusal is None:
@@ -438,7 +440,7 @@ class Dispatcher:
                     continue
                 queue = self.queues[lane.name]
                 self._shed_late(queue)
-                waiter = queue.head()
+                waiter = queue.protected_head() or queue.head()
                 if waiter is None:
                     continue
                 attempt = waiter.attempt

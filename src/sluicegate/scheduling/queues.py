@@ -98,6 +98,9 @@ class LaneQueue:
         self.fresh = 0
         """Waiters that are first attempts: the only ones a first attempt queues behind
         within its tenant."""
+        self.protected = 0
+        """Waiters that came within their tenant's share: they go before the others,
+        which may not take the slots kept free for them anyway."""
 
     @property
     def full(self) -> bool:
@@ -113,6 +116,7 @@ class LaneQueue:
         flow.part(waiter).append(waiter)
         self.size += 1
         self.fresh += not waiter.call.client_retries
+        self.protected += waiter.protected
 
     def head(self) -> Waiter | None:
         """The next waiter: the fairness policy picks the tenant, its queue the waiter."""
@@ -134,6 +138,7 @@ class LaneQueue:
                 return False
         self.size -= 1
         self.fresh -= not waiter.call.client_retries
+        self.protected -= waiter.protected
         if not flow:
             self.fairness.idle(waiter.flow)
         return True
@@ -164,6 +169,15 @@ class LaneQueue:
         """`flow`'s waiters."""
         own = self._flows.get(flow)
         return 0 if own is None else len(own.fresh) + len(own.retried)
+
+    def protected_head(self) -> Waiter | None:
+        """The longest-waiting head that came within its tenant's share, if any: the
+        fair order's head beyond its share must leave it the reserve, and would keep
+        it waiting behind itself."""
+        if not self.protected:
+            return None
+        heads = [waiter for waiter in self.heads() if waiter.protected]
+        return min(heads, key=lambda waiter: waiter.enqueued_s, default=None)
 
     def heads(self) -> list[Waiter]:
         """Every backlogged flow's next waiter."""

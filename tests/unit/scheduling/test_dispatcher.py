@@ -29,7 +29,7 @@ from sluicegate.core.types import (
 )
 from sluicegate.scheduling.attempt import Attempt, Outcome, Target
 from sluicegate.scheduling.dispatcher import Dispatcher
-from sluicegate.scheduling.fairness import VirtualTokenCounter
+from sluicegate.scheduling.fairness import RoundRobin, VirtualTokenCounter
 from sluicegate.stores.memory import MemoryLimitStore
 from tests.support.clock import FakeClock
 from tests.support.fakes import YieldingStore
@@ -657,5 +657,43 @@ async def test_a_lane_share_lends_the_pool_while_the_lanes_above_are_quiet(clock
         assert pool.counters.active == 3
         for grant in [*grants, third.result()]:
             await dispatcher.release(grant)
+    finally:
+        runner.cancel()
+
+
+async def test_a_request_within_its_share_passes_a_backlog_beyond_theirs(clock):
+    """`small` holds 1 of 8 and `big` 7, with 3 more queued beyond its share. Round robin
+    would visit big's backlog first, but with one slot free and a reserve of two it may
+    not take it: small's next request (within its share) is dispatched at once, not
+    queued behind that backlog, and once the pool is full again a queued one of small's
+    goes before big's when a slot frees."""
+    pool = Pool(PoolSpec("p", 8), leases(clock))
+    target = Target(DEPLOYMENT, (pool,), Gate(), Breaker(BreakerPolicy(), clock))
+    dispatcher = Dispatcher("m", [INTERACTIVE], [target], lambda lane: RoundRobin(), clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        reserving(dispatcher, 2)
+        held = [await granted(dispatcher, attempt(clock, tenant="small"))]
+        held += [await granted(dispatcher, attempt(clock, tenant="big")) for _ in range(7)]
+        backlog = [
+            asyncio.create_task(granted(dispatcher, attempt(clock, tenant="big"))) for _ in range(3)
+        ]
+        await settle()
+        await dispatcher.release(held.pop())
+        await settle()
+        assert not any(task.done() for task in backlog)
+        passing = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="small")))
+        await settle()
+        assert passing.done()
+        held.append(passing.result())
+        queued = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="small")))
+        await settle()
+        assert not queued.done()
+        await dispatcher.release(held.pop(1))
+        await settle()
+        assert queued.done()
+        assert not any(task.done() for task in backlog)
+        for task in (*backlog, passing, queued):
+            task.cancel()
     finally:
         runner.cancel()
