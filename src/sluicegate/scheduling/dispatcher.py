@@ -495,12 +495,14 @@ class Dispatcher:
         """Whether `attempt` may take the slots the reserve keeps free: a top-lane request
         that came within its tenant's share of the deployments' batch. Judged once, as
         it comes, as the share is promised: a request sent beyond it does not become
-        protected by waiting."""
-        lane = attempt.lane
-        if lane is not self.protected:
+        protected by waiting, nor by coming back (a retry its caller announces was
+        judged when it first came; counted again it would take the reserve from the
+        requests within their share while its tenant's backoff hides its demand)."""
+        lane, call = attempt.lane, attempt.call
+        if lane is not self.protected or call.client_retries:
             return False
         queue = self.queues[lane.name]
-        return queue.fairness.within_share(attempt.call.tenant.name, queue.queued, self._batch)
+        return queue.fairness.within_share(call.tenant.name, queue.queued, self._batch)
 
     def _busy_above(self, lane: Lane) -> bool:
         """Whether a lane above `lane` had an arrival within `GONE_AFTER_S`, the time

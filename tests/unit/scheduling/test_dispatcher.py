@@ -697,3 +697,27 @@ async def test_a_request_within_its_share_passes_a_backlog_beyond_theirs(clock):
             task.cancel()
     finally:
         runner.cancel()
+
+
+async def test_a_retry_its_caller_announces_never_takes_the_reserve(clock):
+    """`small` is within its share, but this request is its caller's second attempt:
+    its demand was judged when it first came, so it waits behind the reserve."""
+    pool = Pool(PoolSpec("p", 8), leases(clock))
+    dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        reserving(dispatcher, 2)
+        held = [await granted(dispatcher, attempt(clock, tenant="big")) for _ in range(6)]
+        retry = Attempt(call(clock, tenant="small")._replace(client_retries=1))
+        waiting = asyncio.create_task(granted(dispatcher, retry))
+        await settle()
+        assert not waiting.done()
+        fresh = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="small")))
+        await settle()
+        assert fresh.done()
+        for task in (waiting, fresh):
+            task.cancel()
+        for grant in held:
+            await dispatcher.release(grant)
+    finally:
+        runner.cancel()
