@@ -27,6 +27,11 @@ class FairnessPolicy(Protocol):
         """The backlogged flow to serve next (no side effect); None when none is."""
         ...
 
+    def pick_from(self, flows: Iterable[str]) -> str | None:
+        """Of these backlogged flows, the one the fair order serves first (no side
+        effect, no holding back); None when `flows` is empty."""
+        ...
+
     def service(self) -> Mapping[str, float]:
         """Each flow's service counter, for operators; empty when the policy keeps none."""
         ...
@@ -105,6 +110,10 @@ class RoundRobin:
     def pick(self) -> str | None:
         return next(iter(self._order), None)
 
+    def pick_from(self, flows: Iterable[str]) -> str | None:
+        wanted = set(flows)
+        return next((flow for flow in self._order if flow in wanted), None)
+
     def service(self) -> Mapping[str, float]:
         return {}
 
@@ -173,6 +182,9 @@ class VirtualTokenCounter:
 
     def pick(self) -> str | None:
         return min(self._backlog, key=self._order, default=None)
+
+    def pick_from(self, flows: Iterable[str]) -> str | None:
+        return min(flows, key=self._order, default=None)
 
     def _order(self, flow: str) -> tuple[float, float]:
         return self._in_flight.get(flow, 0) / self._weights.get(flow, 1.0), self.counters[flow]

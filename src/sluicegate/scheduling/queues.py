@@ -171,13 +171,15 @@ class LaneQueue:
         return 0 if own is None else len(own.fresh) + len(own.retried)
 
     def protected_head(self) -> Waiter | None:
-        """The longest-waiting head that came within its tenant's share, if any: the
-        fair order's head beyond its share must leave it the reserve, and would keep
-        it waiting behind itself."""
+        """Of the heads that came within their tenant's share, the one the fair order
+        serves first (a single request of a tenant with nothing in flight before the
+        tail of another's burst), if any: the fair order's head beyond its share must
+        leave them the reserve, and would keep them waiting behind itself."""
         if not self.protected:
             return None
-        heads = [waiter for waiter in self.heads() if waiter.protected]
-        return min(heads, key=lambda waiter: waiter.enqueued_s, default=None)
+        flows = [name for name, flow in self._flows.items() if flow and flow.head().protected]
+        chosen = self.fairness.pick_from(flows)
+        return None if chosen is None else self._flows[chosen].head()
 
     def heads(self) -> list[Waiter]:
         """Every backlogged flow's next waiter."""

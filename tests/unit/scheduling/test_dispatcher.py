@@ -721,3 +721,28 @@ async def test_a_retry_its_caller_announces_never_takes_the_reserve(clock):
             await dispatcher.release(grant)
     finally:
         runner.cancel()
+
+
+async def test_of_the_requests_within_their_share_the_fair_order_serves_first(clock):
+    """`a` (3 in flight) and then `b` (none) each queue a request within its share while
+    the pool is full: the freed slot goes to b, whose tenant holds the least, not to the
+    request that waited longer."""
+    pool = Pool(PoolSpec("p", 8), leases(clock))
+    dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        held = [await granted(dispatcher, attempt(clock, tenant="c")) for _ in range(5)]
+        held += [await granted(dispatcher, attempt(clock, tenant="a")) for _ in range(3)]
+        first = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="a")))
+        await settle()
+        clock.advance(0.1)
+        second = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b")))
+        await settle()
+        assert dispatcher.queues["interactive"].protected == 2
+        await dispatcher.release(held.pop(0))
+        await settle()
+        assert (first.done(), second.done()) == (False, True)
+        for task in (first, second):
+            task.cancel()
+    finally:
+        runner.cancel()

@@ -147,3 +147,16 @@ def test_a_returning_flow_lifted_level_with_one_above_its_share_wins_the_tie():
     vtc.backlogged("b")
     assert vtc.counters["b"] == vtc.counters["a"]
     assert vtc.pick() == "b"
+
+
+def test_pick_from_serves_the_given_flows_in_the_fair_order():
+    rr = RoundRobin()
+    for flow in ("a", "b", "c"):
+        rr.backlogged(flow)
+    assert rr.pick_from(["c", "b"]) == "b"
+    assert rr.pick_from([]) is None
+    vtc = VirtualTokenCounter()
+    for flow, held in (("a", 3), ("b", 1), ("c", 2)):
+        vtc.backlogged(flow)
+        vtc.in_flight(flow, held)
+    assert vtc.pick_from(["a", "c"]) == "c"
