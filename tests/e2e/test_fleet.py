@@ -333,9 +333,11 @@ async def test_replicas_together_keep_the_backend_queue_within_the_lanes_bound(h
 @pytest.mark.parametrize("scope", ["fleet", "local"])
 async def test_tenants_split_over_two_replicas_share_one_pool_fairly(fleet, http, scope):
     """A's callers reach replica 1 only, B's and C's replica 2 only, all backlogged on one
-    pool: with fleet fairness each gets about a third of the tokens; with local fairness
-    A, alone on its replica, gets more than either of the others (0.38-0.53 measured:
-    how much more depends on how the two replicas' dispatchers race for freed slots)."""
+    pool: with fleet fairness each gets about a third of the tokens. With local fairness
+    each replica orders only its own tenants, and the split between the replicas follows
+    how their dispatchers race for freed slots (A, alone on its replica, measured from
+    0.28 to 0.53 as the dispatcher changed): nothing holds it near a third, and all that
+    can be asserted is that nobody starves."""
     one, two = fleet.start(
         2,
         pool={"max_concurrency": 4},
@@ -360,7 +362,7 @@ async def test_tenants_split_over_two_replicas_share_one_pool_fairly(fleet, http
     if scope == "fleet":
         assert all(0.27 <= share <= 0.40 for share in shares.values()), shares
     else:
-        assert shares["a"] > max(shares["b"], shares["c"]), shares
+        assert all(share >= 0.15 for share in shares.values()), shares
 
 
 @pytest.fixture

@@ -29,8 +29,12 @@ MOST_OF_BATCH = 0.25
 HORIZON_S = 10.0
 """The protected arrival rate is a count decayed over this time."""
 GONE_AFTER_S = 3 * HORIZON_S
-"""Protected traffic silent this long is gone: the reserve is given back to the others.
-Its decayed rate alone would keep a slot for minutes after a busy tenant left."""
+"""Protected traffic silent this long is gone whatever its rate: the reserve is given
+back to the others. Its decayed rate alone would keep a slot for minutes."""
+GONE_AFTER_GAPS = 5
+"""Protected traffic is also gone once silent for this many of its own mean gaps: a
+burst of protected arrivals that stops (closed loops grown beyond their share) must
+not keep slots idle for the whole `GONE_AFTER_S`."""
 REFRESH_S = 0.05
 """The reserve is worked out again at most this often: dispatches ask for it each time."""
 
@@ -52,6 +56,7 @@ class Reserve:
         self.most = math.floor(batch * most_of_batch)
         self._rate = 0.0
         self._rate_at = -math.inf
+        self._gone_at = -math.inf
         self._slots = 0
         self._worked_out_at = -math.inf
         self.protected = 0
@@ -61,6 +66,7 @@ class Reserve:
         """A request within its tenant's share arrived."""
         self._rate = self.rate_per_s(now) + 1.0 / HORIZON_S
         self._rate_at = now
+        self._gone_at = now + min(GONE_AFTER_S, GONE_AFTER_GAPS / self._rate)
         self.protected += 1
 
     def rate_per_s(self, now: float) -> float:
@@ -72,7 +78,7 @@ class Reserve:
         if now - self._worked_out_at < REFRESH_S:
             return self._slots
         self._worked_out_at = now
-        gone = now - self._rate_at > GONE_AFTER_S
+        gone = now > self._gone_at
         load = 0.0 if gap_s is None or gone else self.rate_per_s(now) * gap_s
         slots = 0
         if load > 0:

@@ -53,10 +53,18 @@ def test_a_reserve_of_none_keeps_nothing():
 
 
 def test_the_reserve_is_given_back_once_protected_traffic_stops():
+    """Silent for five of its mean gaps (3/s: 1.7 s), the protected traffic is gone."""
     reserve, now = reserve_at(3.0)
-    assert reserve.slots(now + HORIZON_S, 0.1) > 0
-    assert reserve.slots(now + GONE_AFTER_S - 1, 0.1) > 0
-    assert reserve.slots(now + GONE_AFTER_S + 1, 0.1) == 0
+    assert reserve.slots(now + 1.5, 0.1) > 0
+    assert reserve.slots(now + 1.8, 0.1) == 0
+
+
+def test_rare_protected_traffic_keeps_its_reserve_for_at_most_thirty_seconds():
+    """One protected request every 10 s: five gaps would be 50 s; the reserve stays for
+    the 30 s cap only."""
+    reserve, now = reserve_at(0.1)
+    assert reserve.slots(now + GONE_AFTER_S - 1, 1.0) > 0
+    assert reserve.slots(now + GONE_AFTER_S + 1, 1.0) == 0
 
 
 def test_the_reserve_is_worked_out_again_at_most_every_fifty_milliseconds():
