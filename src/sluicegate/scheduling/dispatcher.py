@@ -139,8 +139,11 @@ class Dispatcher:
         """Requests the deployments take at once: before any service gap is measured, a
         promised lane queues at most one such batch."""
         self.reserve = Reserve(self._batch, reserve)
-        self._arrived_s: dict[str, float] = {}
-        """Each lane's latest arrival: a lane's share caps it only while one above is busy."""
+        started = clock.now()
+        self._arrived_s = {lane.name: started for lane in self.lanes}
+        """Each lane's latest arrival: a lane's share caps it only while one above is busy.
+        A lane counts as busy at the start: a batch submitted before anyone else arrives
+        must not take the whole pool from the top lane's first requests."""
         self.checks = tuple(default_checks(self._busy_above) if checks is None else checks)
         self._plans: dict[tuple[str, str], tuple[DispatchCheck, ...]] = {}
         self._chain = chain
@@ -510,9 +513,7 @@ class Dispatcher:
         since = self.clock.now() - GONE_AFTER_S
         arrived = self._arrived_s
         return any(
-            arrived.get(other.name, -math.inf) > since
-            for other in self.lanes
-            if other.priority > lane.priority
+            arrived[other.name] > since for other in self.lanes if other.priority > lane.priority
         )
 
     def _spare(self, protected: bool) -> int:

@@ -636,11 +636,21 @@ async def test_a_lower_lane_never_takes_the_reserve(clock):
 
 async def test_a_lane_share_lends_the_pool_while_the_lanes_above_are_quiet(clock):
     """Work conservation: with no arrival above for the reserve's 30 s, the background
-    lane uses the whole pool; once the lane above is busy again it is held to its half."""
+    lane uses the whole pool; once the lane above is busy again it is held to its half.
+    At the start the lanes above count as busy: a batch submitted first would otherwise
+    take the whole pool from the first interactive requests."""
     pool = Pool(PoolSpec("p", 4), leases(clock))
     dispatcher = dispatcher_for([INTERACTIVE, BACKGROUND], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
+        early = [await granted(dispatcher, attempt(clock, lane=BACKGROUND)) for _ in range(2)]
+        capped = asyncio.create_task(granted(dispatcher, attempt(clock, lane=BACKGROUND)))
+        await settle()
+        assert not capped.done()
+        capped.cancel()
+        for grant in early:
+            await dispatcher.release(grant)
+        clock.advance(31.0)
         grants = [await granted(dispatcher, attempt(clock, lane=BACKGROUND)) for _ in range(3)]
         for grant in grants:
             await dispatcher.release(grant)
