@@ -100,11 +100,12 @@ class YieldingStore:
     """A `LimitStore` that gives the loop a turn before every call, as any networked store
     does: check-then-act code that a store answering at once hides breaks on it. A
     decision yields once per key it looks at; `cancelled[key]` counts cancellations that
-    arrived there."""
+    arrived there, `takes` the decisions asked (each a round trip to a networked store)."""
 
     def __init__(self, inner: LimitStore) -> None:
         self.inner = inner
         self.cancelled: dict[str, int] = {}
+        self.takes = 0
 
     async def _turn(self, key: str) -> None:
         try:
@@ -114,6 +115,7 @@ class YieldingStore:
             raise
 
     async def take(self, ask: Ask, lease: Lease, ttl_s: float) -> Refused | None:
+        self.takes += 1
         for key in (*ask.cooldowns, *(slot.key for slot in ask.slots)):
             await self._turn(key)
         return await self.inner.take(ask, lease, ttl_s)

@@ -24,7 +24,7 @@ from sluicegate.core.types import Endpoint
 from sluicegate.pipeline import Inbound
 from sluicegate.stores.memory import MemoryLimitStore
 from tests.support.clock import FakeClock
-from tests.support.fakes import ScriptedProvider, UnreachableStore
+from tests.support.fakes import ScriptedProvider, UnreachableStore, YieldingStore
 
 ENV = {"A_KEY": "sk-a"}
 
@@ -267,23 +267,13 @@ async def test_n_and_best_of_multiply_the_output_reservation():
         assert len(h.providers["a"].bodies) == 1
 
 
-class CountsTakes(FailsAfterAdmission):
-    def __init__(self, inner: LimitStore) -> None:
-        super().__init__(inner)
-        self.takes = 0
-
-    async def take(self, ask, lease, ttl_s):
-        self.takes += 1
-        return await self.inner.take(ask, lease, ttl_s)
-
-
 @pytest.mark.parametrize(("body_in", "takes"), [(True, 2), (False, 3)])
 async def test_a_whole_body_costs_one_decision_at_the_edge(body_in: bool, takes: int):
     """Tenant, route and rate gates plus the pool: a body still arriving is read
     holding only its tenant's slot (two edge decisions); a whole one needs one."""
     raw = config({"name": "a"}, route={"max_concurrency": 4})
     raw["tenants"][0]["limits"] = {"max_concurrency": 2, "requests_per_minute": 600}
-    store = CountsTakes(MemoryLimitStore(FakeClock()))
+    store = YieldingStore(MemoryLimitStore(FakeClock()))
     async with running(raw, {}, store) as h:
         await h.ask(h.inbound(max_tokens=10)._replace(body_in=lambda: body_in))
         assert store.takes == takes

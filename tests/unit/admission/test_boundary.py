@@ -13,6 +13,7 @@ from sluicegate.core.limits import GiveBack, Rate
 from sluicegate.core.types import Endpoint, Lane, Model, Quota, RoutePolicy, Tenant
 from sluicegate.stores.memory import MemoryLimitStore
 from tests.support.clock import FakeClock
+from tests.support.fakes import YieldingStore
 
 MODEL = Model("m", ())
 LANE = Lane("default")
@@ -241,24 +242,12 @@ async def test_a_request_gives_back_its_edge_slots_and_settles_its_tokens_in_one
     assert await store.available(keys.AGGREGATE_TOKENS, rate) == pytest.approx(950)
 
 
-class CountingStore(MemoryLimitStore):
-    """Counts decisions: each is one round trip to a shared store."""
-
-    def __init__(self, clock: FakeClock) -> None:
-        super().__init__(clock)
-        self.takes = 0
-
-    async def take(self, ask, lease, ttl_s):
-        self.takes += 1
-        return await super().take(ask, lease, ttl_s)
-
-
 async def test_a_body_already_in_takes_the_tenants_slot_in_the_one_decision_after_it():
     """Nothing is held while a whole body is read, so its tenant's slot is decided with
     the shared slots and the rates: one decision at the edge, not two, and the same
     refusal and release as when the slot comes first."""
     clock = FakeClock()
-    store = CountingStore(clock)
+    store = YieldingStore(MemoryLimitStore(clock))
     route, aggregate = RoutePolicy(max_concurrency=5), Quota(max_concurrency=5)
     gate = Boundary(Leases(store, clock), dict.fromkeys(Endpoint, route), aggregate)
     tenant = Tenant("a", None, Quota(max_concurrency=1, requests=Rate(10, 60, 10)))

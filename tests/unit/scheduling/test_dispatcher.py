@@ -586,6 +586,22 @@ def reserving(dispatcher: Dispatcher, slots: int) -> None:
     assert dispatcher.reserve.slots(dispatcher.clock.now(), 0.5) == slots
 
 
+async def big_backlog_beside_small(
+    dispatcher: Dispatcher, clock: FakeClock
+) -> tuple[list[Attempt], list[asyncio.Task[Attempt]]]:
+    """On a pool of 8: `small` holds 1 and `big` 6, one of big's 7 having ended, with 3
+    more of big's queued beyond its share."""
+    held = [await granted(dispatcher, attempt(clock, tenant="small"))]
+    held += [await granted(dispatcher, attempt(clock, tenant="big")) for _ in range(7)]
+    backlog = [
+        asyncio.create_task(granted(dispatcher, attempt(clock, tenant="big"))) for _ in range(3)
+    ]
+    await settle()
+    await dispatcher.release(held.pop())
+    await settle()
+    return held, backlog
+
+
 @pytest.mark.parametrize("reserve", [True, False])
 async def test_work_beyond_its_share_leaves_the_reserve_to_a_tenant_within_its_own(clock, reserve):
     """`small` holds 1 of 8 and `big` the rest, with 3 more queued. When one of big's
@@ -598,14 +614,7 @@ async def test_work_beyond_its_share_leaves_the_reserve_to_a_tenant_within_its_o
     try:
         if reserve:
             reserving(dispatcher, 2)
-        held = [await granted(dispatcher, attempt(clock, tenant="small"))]
-        held += [await granted(dispatcher, attempt(clock, tenant="big")) for _ in range(7)]
-        backlog = [
-            asyncio.create_task(granted(dispatcher, attempt(clock, tenant="big"))) for _ in range(3)
-        ]
-        await settle()
-        await dispatcher.release(held.pop())
-        await settle()
+        _, backlog = await big_backlog_beside_small(dispatcher, clock)
         assert sum(task.done() for task in backlog) == (0 if reserve else 1)
         small = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="small")))
         await settle()
@@ -683,14 +692,7 @@ async def test_a_request_within_its_share_passes_a_backlog_beyond_theirs(clock):
     runner = asyncio.create_task(dispatcher.run())
     try:
         reserving(dispatcher, 2)
-        held = [await granted(dispatcher, attempt(clock, tenant="small"))]
-        held += [await granted(dispatcher, attempt(clock, tenant="big")) for _ in range(7)]
-        backlog = [
-            asyncio.create_task(granted(dispatcher, attempt(clock, tenant="big"))) for _ in range(3)
-        ]
-        await settle()
-        await dispatcher.release(held.pop())
-        await settle()
+        held, backlog = await big_backlog_beside_small(dispatcher, clock)
         assert not any(task.done() for task in backlog)
         passing = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="small")))
         await settle()

@@ -10,6 +10,8 @@ import pytest
 from sluicegate.capacity.pools import Pool
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.types import Lane, PoolSpec
+from sluicegate.scheduling.attempt import Attempt
+from sluicegate.scheduling.dispatcher import Dispatcher
 from sluicegate.scheduling.fairness import RoundRobin, VirtualTokenCounter
 from sluicegate.scheduling.promise import MAX_CORRECTION, Shedder, WaitPredictor
 from sluicegate.scheduling.queues import LaneQueue, Place, Waiter
@@ -250,6 +252,12 @@ async def test_a_backend_that_stops_makes_its_queue_shed_from_the_head(clock):
         runner.cancel()
 
 
+async def heavy_holds_both(dispatcher: Dispatcher, clock: FakeClock) -> list[Attempt]:
+    return [
+        await granted(dispatcher, attempt(clock, tenant="heavy", lane=PROMISED)) for _ in range(2)
+    ]
+
+
 async def test_a_tenant_passed_by_the_others_sheds_its_own_late_requests(clock):
     """The heavy tenant holds both slots, so the fair order serves the light one's
     newcomers first and the heavy queue's head ages. Light heads on time must not hide
@@ -259,10 +267,7 @@ async def test_a_tenant_passed_by_the_others_sheds_its_own_late_requests(clock):
     dispatcher = dispatcher_for([PROMISED], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
-        grants = [
-            await granted(dispatcher, attempt(clock, tenant="heavy", lane=PROMISED))
-            for _ in range(2)
-        ]
+        grants = await heavy_holds_both(dispatcher, clock)
         heavy = [
             asyncio.create_task(granted(dispatcher, attempt(clock, tenant="heavy", lane=PROMISED)))
             for _ in range(2)
@@ -303,10 +308,7 @@ async def test_a_tenant_within_its_share_is_not_shed_but_waits_for_the_next_slot
     dispatcher = dispatcher_for([PROMISED], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
-        grants = [
-            await granted(dispatcher, attempt(clock, tenant="heavy", lane=PROMISED))
-            for _ in range(2)
-        ]
+        grants = await heavy_holds_both(dispatcher, clock)
         heavy = asyncio.create_task(
             granted(dispatcher, attempt(clock, tenant="heavy", lane=PROMISED))
         )
