@@ -225,3 +225,8 @@ async def test_a_pool_decision_with_spare_slots_leaves_them_free(store, clock):
     assert getattr(await group.acquire(10), "code", None) == "pool_concurrency_limited"
     for permit in held:
         await permit.release(10)
+
+
+async def test_a_slot_of_no_places_refuses_even_when_empty(store):
+    refused = await take(store, slots(("nothing", 0)))
+    assert refused == Refused(Part.SLOT, 0, None)

@@ -158,7 +158,7 @@ class Gateway:
             _lane(headers),
             _client_retries(headers),
             watch=lambda: DisconnectWatcher(receive),
-            body_in=_arriving if connection is None else connection.body_complete,
+            body_in=_whole_not_known if connection is None else connection.body_complete,
         )
 
     async def _serve(self, inbound: Inbound, exchange: Exchange) -> None:
@@ -170,11 +170,12 @@ class Gateway:
                 await self._relay_stream(exchange, answer)
             else:
                 body = await answer.read()
-                headers = _with_timing(JSON_HEADERS, answer, answer.attempt.first_byte_s)
         if exchange.started:
             await exchange.send({"type": "http.response.body", "body": b""})
         else:
-            await exchange.start(200, headers)
+            await exchange.start(
+                200, _with_timing(JSON_HEADERS, answer, answer.attempt.first_byte_s)
+            )
             await exchange.send({"type": "http.response.body", "body": body})
 
     async def _relay_stream(self, exchange: Exchange, answer: Answer) -> None:
@@ -285,9 +286,10 @@ def _identity_encoding(headers: Mapping[bytes, bytes]) -> None:
 
 def _with_timing(headers: Headers, answer: Answer, first: float | None) -> Headers:
     """`headers` and where the time to the first byte (at `first`) went, in milliseconds
-    (W3C Server-Timing): `queue` from arrival to dispatch (the gates and any wait for a
-    turn), `upstream` from dispatch to the deployment's first byte (its own queue and
-    prefill), so a caller can tell the gateway's wait from the backend's."""
+    (W3C Server-Timing): `queue` from arrival to this attempt's dispatch (the gates, any
+    wait for a turn, and earlier attempts of a retried call), `upstream` from dispatch
+    to the deployment's first byte (its own queue and prefill; a non-streamed answer's
+    first bytes come with its whole body), so a caller can tell whose wait it was."""
     attempt = answer.attempt
     dispatched = attempt.dispatched_s
     if dispatched is None or first is None:
@@ -296,7 +298,7 @@ def _with_timing(headers: Headers, answer: Answer, first: float | None) -> Heade
     return [*headers, (b"server-timing", b"queue;dur=%.1f, upstream;dur=%.1f" % (queue, upstream))]
 
 
-def _arriving() -> bool:
+def _whole_not_known() -> bool:
     """Without the server's connection, whether the body is whole is not known."""
     return False
 

@@ -298,7 +298,7 @@ class CapacityCollector(Collector):
         )
         for view in (d.view() for d in self._dispatchers):
             reserved.add_metric([view.model], view.reserved_slots)
-            protected.add_metric([view.model], view.protected)
+            protected.add_metric([view.model], view.protected_arrivals)
             if view.yields:
                 yield_rate.add_metric([view.model], view.yield_rate_per_s or 0.0)
                 yield_cuts.add_metric([view.model], view.yield_cuts)

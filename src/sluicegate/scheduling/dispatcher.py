@@ -98,7 +98,7 @@ class DispatcherView:
     reserved_slots: int
     """Pool slots that work beyond its share (and lower lanes) leaves free for top-lane
     requests within their tenant's share."""
-    protected: int
+    protected_arrivals: int
     """Top-lane requests that arrived within their tenant's share."""
 
 
@@ -139,6 +139,8 @@ class Dispatcher:
         """Requests the deployments take at once: before any service gap is measured, a
         promised lane queues at most one such batch."""
         self.reserve = Reserve(self._batch, reserve)
+        self._spares = _SpareSplit(self.targets)
+        """Each deployment's part of the reserve, in proportion to its capacity."""
         started = clock.now()
         self._arrived_s = {lane.name: started for lane in self.lanes}
         """Each lane's latest arrival: a lane's share caps it only while one above is busy.
@@ -199,7 +201,7 @@ class Dispatcher:
             0 if yielding is None else yielding.cuts,
             {check.name: check.view() for check in self.checks},
             self.reserve.slots(now, self.predictor.gap_s),
-            self.reserve.protected,
+            self.reserve.arrivals,
         )
 
     def first_token(self, attempt: Attempt, ttft_s: float) -> None:
@@ -498,11 +500,12 @@ class Dispatcher:
         """Whether `attempt` may take the slots the reserve keeps free: a top-lane request
         that came within its tenant's share of the deployments' batch. Judged once, as
         it comes, as the share is promised: a request sent beyond it does not become
-        protected by waiting, nor by coming back (a retry its caller announces was
-        judged when it first came; counted again it would take the reserve from the
-        requests within their share while its tenant's backoff hides its demand)."""
+        protected by waiting, nor by coming back (a retry its caller announces, or the
+        gateway's own next attempt, was judged when it first came; counted again it
+        would take the reserve from the requests within their share while its tenant's
+        backoff hides its demand)."""
         lane, call = attempt.lane, attempt.call
-        if lane is not self.protected or call.client_retries:
+        if lane is not self.protected or call.client_retries or attempt.number > 1:
             return False
         queue = self.queues[lane.name]
         return queue.fairness.within_share(call.tenant.name, queue.queued, self._batch)
@@ -517,8 +520,10 @@ class Dispatcher:
         )
 
     def _spare(self, protected: bool) -> int:
-        """The pool slots an attempt must leave free."""
-        return 0 if protected else self.reserve.slots(self.clock.now(), self.predictor.gap_s)
+        """The slots an attempt must leave free over all the deployments."""
+        if protected or not self.reserve.most:
+            return 0
+        return self.reserve.slots(self.clock.now(), self.predictor.gap_s)
 
     async def _try(self, attempt: Attempt, spare: int) -> GatewayError | None:
         """Reserve the first candidate deployment that admits the lane and take every
@@ -545,7 +550,8 @@ class Dispatcher:
             self._reserve(attempt, target, checks)
             try:
                 tokens, backend = attempt.call.reserved_tokens, target.gate.fleet_slot(lane)
-                permit = await target.group.acquire(tokens, backend, spare)
+                spare_here = self._spares[spare][target.deployment.name]
+                permit = await target.group.acquire(tokens, backend, spare_here)
             except BaseException:
                 self._unreserve(attempt, checks)
                 raise
@@ -561,10 +567,13 @@ class Dispatcher:
         return _most_telling(refusals)
 
     def _reserve(self, attempt: Attempt, target: Target, checks: tuple[DispatchCheck, ...]) -> None:
-        """Record the attempt against what the checks count, before any await."""
+        """Record the attempt against what the checks count, and its tenant as holding one
+        more, before any await: a request judged while this one waits for the store
+        sees it (`_within_share`)."""
         attempt.target = target
         for check in checks:
             check.dispatched(target, attempt.lane)
+        self.queues[attempt.lane.name].fairness.in_flight(attempt.call.tenant.name, 1)
 
     def _unreserve(self, attempt: Attempt, checks: tuple[DispatchCheck, ...]) -> None:
         """Undo `_reserve` for an attempt that did not go out."""
@@ -572,6 +581,7 @@ class Dispatcher:
         assert target is not None
         for check in checks:
             check.withdrawn(target, attempt.lane)
+        self.queues[attempt.lane.name].fairness.in_flight(attempt.call.tenant.name, -1)
         attempt.target = None
 
     def _plan(self, target: Target, lane: Lane) -> tuple[DispatchCheck, ...]:
@@ -613,7 +623,6 @@ class Dispatcher:
         attempt.charged_output = output
         fairness = self.queues[lane.name].fairness
         fairness.charge(call.tenant.name, call.prompt_tokens, output)
-        fairness.in_flight(call.tenant.name, 1)
         stats = self.stats[lane.name]
         stats.dispatched += 1
         stats.in_flight += 1
@@ -673,3 +682,24 @@ def _most_telling(refusals: list[GatewayError]) -> GatewayError:
     if untimed:
         return untimed[0]
     return min(refusals, key=lambda r: r.retry_after_s or 0.0)
+
+
+class _SpareSplit(dict[int, dict[str, int]]):
+    """Each deployment's part of `spare` slots over all of them: in proportion to what it
+    takes at once (rounded down, the rest one each from the first), never all of it."""
+
+    def __init__(self, targets: Sequence[Target]) -> None:
+        super().__init__()
+        self._targets = tuple(targets)
+
+    def __missing__(self, spare: int) -> dict[str, int]:
+        batch = sum(target.full for target in self._targets)
+        parts = [spare * target.full // batch for target in self._targets]
+        for index in range(spare - sum(parts)):
+            parts[index % len(parts)] += 1
+        split = {
+            target.deployment.name: min(part, target.full - 1)
+            for target, part in zip(self._targets, parts, strict=True)
+        }
+        self[spare] = split
+        return split

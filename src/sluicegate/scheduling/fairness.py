@@ -87,11 +87,14 @@ def _within_share(
     before = in_flight.get(flow, 0) + queued(flow)
     if before == 0:
         return True
+    if before >= capacity:
+        return False
     demands: dict[str, float] = dict(in_flight)
     for other in backlog:
         demands[other] = demands.get(other, 0) + queued(other)
     demands[flow] = before + 1
-    return before < max_min_level(demands, weights, capacity) * weights.get(flow, 1.0)
+    share = max_min_level(demands, weights, capacity) * weights.get(flow, 1.0)
+    return before < share - ROUNDING
 
 
 class RoundRobin:

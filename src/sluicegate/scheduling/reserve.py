@@ -40,13 +40,16 @@ REFRESH_S = 0.05
 
 
 def blocking(load: float, slots: int) -> float:
-    """An M/M/1/`slots` queue's probability of being full (Erlang's loss for one server
-    with `slots` places)."""
+    """The probability that an M/M/1 queue truncated at `slots` is full (its stationary
+    distribution is geometric in the load). Written so that no power overflows: above
+    load 1 the powers are of its inverse."""
     if slots == 0:
         return 1.0
     if abs(load - 1.0) < 1e-9:
         return 1.0 / (slots + 1)
-    return (1.0 - load) * load**slots / (1.0 - load ** (slots + 1))
+    if load < 1.0:
+        return (1.0 - load) * load**slots / (1.0 - load ** (slots + 1))
+    return (load - 1.0) / (load - (1.0 / load) ** slots)
 
 
 class Reserve:
@@ -59,7 +62,7 @@ class Reserve:
         self._gone_at = -math.inf
         self._slots = 0
         self._worked_out_at = -math.inf
-        self.protected = 0
+        self.arrivals = 0
         """Protected arrivals so far, for operators."""
 
     def arrived(self, now: float) -> None:
@@ -67,7 +70,7 @@ class Reserve:
         self._rate = self.rate_per_s(now) + 1.0 / HORIZON_S
         self._rate_at = now
         self._gone_at = now + min(GONE_AFTER_S, GONE_AFTER_GAPS / self._rate)
-        self.protected += 1
+        self.arrivals += 1
 
     def rate_per_s(self, now: float) -> float:
         return self._rate * math.exp(-(now - self._rate_at) / HORIZON_S)

@@ -37,7 +37,7 @@ class MemoryLimitStore:
         held_by = self._slots
         for index, (key, limit) in enumerate(slots):
             held = held_by.get(key)
-            if held and len(held) >= limit and _sweep(held, now) >= limit:
+            if limit <= 0 or (held and len(held) >= limit and _sweep(held, now) >= limit):
                 return Refused(Part.SLOT, index, None)
         if charges:
             tats: dict[str, float] = {}

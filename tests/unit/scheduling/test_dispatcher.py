@@ -163,11 +163,12 @@ async def test_an_idle_system_dispatches_at_once_and_release_frees_the_pool(setu
     assert pool.counters.active == 0
 
 
-async def test_a_lane_without_a_queue_refuses_at_once(setup, clock):
-    dispatcher, _, _ = setup
-    grant = await granted(dispatcher, attempt(clock))
+async def test_a_lane_without_a_queue_refuses_at_once(clock):
+    now = Lane("now", priority=100)
+    dispatcher = dispatcher_for([now], Pool(PoolSpec("p", 1), leases(clock)), clock)
+    grant = await granted(dispatcher, attempt(clock, lane=now))
     with pytest.raises(GatewayError) as info:
-        await granted(dispatcher, attempt(clock, lane=Lane("now", priority=100)))
+        await granted(dispatcher, attempt(clock, lane=now))
     assert info.value.code == "pool_concurrency_limited"
     await dispatcher.release(grant)
 
@@ -758,3 +759,53 @@ async def test_of_the_requests_within_their_share_the_fair_order_serves_first(cl
             task.cancel()
     finally:
         runner.cancel()
+
+
+async def test_a_burst_judged_while_the_store_answers_sees_its_own_earlier_requests(clock):
+    """On a store that yields, a burst of 8 beside `other`'s 4 comes within its share for
+    its first 4 only: each request counts as its tenant's the moment it asks the pools,
+    before the store answers, so the next one's verdict sees it."""
+    pool = Pool(PoolSpec("p", 8), Leases(YieldingStore(MemoryLimitStore(clock)), clock))
+    dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        held = [await granted(dispatcher, attempt(clock, tenant="other")) for _ in range(4)]
+        before = dispatcher.reserve.arrivals
+        burst = [
+            asyncio.create_task(granted(dispatcher, attempt(clock, tenant="burst")))
+            for _ in range(8)
+        ]
+        await settle()
+        await settle()
+        assert dispatcher.reserve.arrivals - before == 4
+        for task in burst:
+            task.cancel()
+        for grant in held:
+            await dispatcher.release(grant)
+    finally:
+        runner.cancel()
+
+
+async def test_the_reserve_is_split_between_deployments_by_their_capacity(clock):
+    """Two deployments of 4 and a reserve of 2: each keeps one free, so work beyond its
+    share gets 6 of the 8 slots (taking 2 from each pool would leave it 4)."""
+    store = MemoryLimitStore(clock)
+    targets = []
+    for name in ("a", "b"):
+        pool = Pool(PoolSpec(name, 4), Leases(store, clock))
+        deployment = dataclasses.replace(DEPLOYMENT, name=name, pools=(name,))
+        targets.append(Target(deployment, (pool,), Gate(), Breaker(BreakerPolicy(), clock)))
+    bulk = Lane("bulk")
+    lanes = [INTERACTIVE, bulk]
+    dispatcher = Dispatcher("m", lanes, targets, lambda lane: VirtualTokenCounter(), clock)
+    reserving(dispatcher, 2)
+    held = []
+    for _ in range(8):
+        a = attempt(clock, tenant="batch", lane=bulk)
+        try:
+            held.append(await granted(dispatcher, a))
+        except GatewayError:
+            break
+    assert len(held) == 6
+    for grant in held:
+        await dispatcher.release(grant)

@@ -137,3 +137,9 @@ def test_round_robin_counts_in_flight_for_the_share_alone():
     backlog = {"big": 3}
     assert not policy.within_share("big", lambda flow: backlog.get(flow, 0), 8)
     assert policy.within_share("small", lambda flow: backlog.get(flow, 0), 8)
+
+
+def test_blocking_never_overflows_on_a_large_batch_or_load():
+    assert blocking(5.0, 500) == pytest.approx(0.8)
+    reserve, now = reserve_at(200.0, batch=2048)
+    assert reserve.slots(now, 0.1) == 512
