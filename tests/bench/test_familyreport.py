@@ -58,3 +58,14 @@ def test_the_worst_takes_the_longest_wait_most_refusals_and_lowest_windowed_jain
     assert "within share at send: wait p95 ms / refused %" in text
     assert "120 / 2.0" in text
     assert "Jain above (windowed)" in text
+
+
+def test_a_run_of_the_policy_alone_reports_without_a_pass_through() -> None:
+    """`--policies on` (with `--reuse`): no pass-through run, no worst row for it."""
+    alone = result("v0", figures(50.0, 0.0, 0.99))
+    del alone["policy_off"]
+    doc = familyreport.document({}, [alone])
+    assert set(doc["worst"]) == {"on"}
+    lines = familyreport.text(doc).splitlines()
+    assert not any(line.split()[:2] in (["v0", "off"], ["WORST", "off"]) for line in lines)
+    assert any(line.split()[:2] == ["v0", "on"] for line in lines)

@@ -118,7 +118,11 @@ def document(setup: Mapping[str, Any], results: Sequence[Mapping[str, Any]]) -> 
         DEFINITIONS,
         [],
         variants=list(results),
-        worst={policy: worst(results, policy) for policy in ("on", "off")},
+        worst={
+            policy: worst(results, policy)
+            for policy in ("on", "off")
+            if any(f"policy_{policy}" in result for result in results)
+        },
     )
 
 
@@ -192,6 +196,8 @@ def text(doc: Mapping[str, Any]) -> str:
             rows.append([result["variant"], "-", result["error"], *["-"] * (len(headers) - 3)])
             continue
         for policy in ("on", "off"):
+            if f"policy_{policy}" not in result:
+                continue
             f = result[f"policy_{policy}"]
             below = f["at_or_below_share"]
             rec = f["recovery"]

@@ -57,6 +57,8 @@ def _variant(result: Mapping[str, Any], folder: Path, duration_s: float) -> dict
     basis = familyreport.basis(result, lanes, duration_s)
     rescored = dict(result)
     for policy in ("on", "off"):
+        if f"policy_{policy}" not in result:
+            continue
         run = folder / f"policy-{policy}"
         records = runreport.read_records(run / runreport.FILES["requests"])
         page = run / familyreport.GATEWAY_METRICS

@@ -89,6 +89,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "instead of searching it again: for comparing gateway settings on the same traffic",
     )
     add(
+        "--policies",
+        choices=("on,off", "on", "off"),
+        default="on,off",
+        help="which runs to make per variant (default %(default)s): `on` alone with "
+        "--reuse compares gateway settings without repeating the pass-through",
+    )
+    add(
         "--set",
         action="append",
         default=[],
@@ -122,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         "quick": args.quick,
         "reused_capacity": None if args.reuse is None else str(args.reuse),
         "gateway_changes": list(args.set),
+        "policies": args.policies,
     }
     try:
         changes = [setting(item) for item in args.set]
@@ -129,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"bench family: {exc}", file=sys.stderr)
         return 2
-    sized = Sizes(duration_s, probe_s, steps, probe_requests, known, tuple(changes))
+    policies = tuple(args.policies.split(","))
+    sized = Sizes(duration_s, probe_s, steps, probe_requests, known, tuple(changes), policies)
     results: list[dict[str, Any]] = []
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
@@ -155,6 +164,7 @@ class Sizes:
     """Capacities found by an earlier run, by variant name (`--reuse`)."""
     changes: tuple[tuple[tuple[str, ...], Any], ...]
     """Gateway settings changed for every variant (`--set`)."""
+    policies: tuple[str, ...] = ("on", "off")
 
     def probe_length_s(self, rate: float) -> float:
         wanted = self.probe_requests / rate
@@ -194,7 +204,7 @@ async def _variant(variant: Variant, sizes: Sizes, out: Path) -> dict[str, Any]:
     scenario = scenario.model_copy(update={"capacity_rps": effective["rps"], "gateway": gateway})
     _write_scenario(out / "scenario.yaml", scenario)
     basis = familyreport.basis(result, scenario.lanes, duration_s)
-    for policy in ("on", "off"):
+    for policy in sizes.policies:
         run_scenario = scenario.model_copy(update={"policy": policy})
         records, exposition = await _through_gateway(run_scenario, out / f"policy-{policy}")
         result[f"policy_{policy}"] = familymetrics.figures(
