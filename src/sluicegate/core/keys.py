@@ -60,9 +60,11 @@ RELEASED = f"{FLEET}released"
 """The channel on which freed slots are announced."""
 
 
-def fair_shares(lane: str) -> tuple[str, str]:
-    """A lane's fleet-wide virtual counters, and the flows waiting anywhere."""
-    return f"{FLEET}fair:{lane}:counters", f"{FLEET}fair:{lane}:waiting"
+def fair_shares(lane: str) -> tuple[str, str, str, str]:
+    """A lane's fleet-wide virtual counters, the flows waiting anywhere, and each flow's
+    requests in flight on each replica (who, and how many)."""
+    root = f"{FLEET}fair:{lane}"
+    return f"{root}:counters", f"{root}:waiting", f"{root}:flying", f"{root}:flying_counts"
 
 
 def circuit(deployment: str) -> str:

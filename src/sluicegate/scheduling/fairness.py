@@ -76,7 +76,7 @@ def max_min_level(
     return math.inf
 
 
-def _within_share(
+def comes_within_share(
     flow: str,
     in_flight: Mapping[str, int],
     weights: Mapping[str, float],
@@ -84,6 +84,8 @@ def _within_share(
     queued: Callable[[str], int],
     capacity: float,
 ) -> bool:
+    """`FairnessPolicy.within_share` over the given counts: what every policy asks, and
+    the fleet's asks over the whole fleet's requests in flight."""
     before = in_flight.get(flow, 0) + queued(flow)
     if before == 0:
         return True
@@ -136,7 +138,7 @@ class RoundRobin:
         _count(self._in_flight, flow, change)
 
     def within_share(self, flow: str, queued: Callable[[str], int], capacity: float) -> bool:
-        return _within_share(flow, self._in_flight, {}, self._order, queued, capacity)
+        return comes_within_share(flow, self._in_flight, {}, self._order, queued, capacity)
 
 
 class VirtualTokenCounter:
@@ -197,7 +199,7 @@ class VirtualTokenCounter:
 
     def within_share(self, flow: str, queued: Callable[[str], int], capacity: float) -> bool:
         in_flight, weights = self._in_flight, self._weights
-        return _within_share(flow, in_flight, weights, self._backlog, queued, capacity)
+        return comes_within_share(flow, in_flight, weights, self._backlog, queued, capacity)
 
     def charge(self, flow: str, prompt_tokens: float, output_tokens: float) -> None:
         cost = prompt_tokens * self._input_weight + output_tokens * self._output_weight

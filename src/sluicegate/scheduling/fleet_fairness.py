@@ -22,7 +22,7 @@ from typing import Protocol
 
 from sluicegate.core.clock import Clock, repeat
 from sluicegate.core.limits import StoreUnavailable
-from sluicegate.scheduling.fairness import VirtualTokenCounter
+from sluicegate.scheduling.fairness import VirtualTokenCounter, comes_within_share
 
 
 class FairnessStore(Protocol):
@@ -34,9 +34,12 @@ class FairnessStore(Protocol):
         waiting: Sequence[str],
         idle: Sequence[str],
         ttl_s: float,
-    ) -> dict[str, float]:
+        in_flight: Mapping[str, int],
+    ) -> tuple[dict[str, float], dict[str, int]]:
         """Add `charged` to the fleet's counters of `name`, mark `waiting` as waiting on
-        this replica (for `ttl_s`) and `idle` as no longer; every waiting flow's counter."""
+        this replica (for `ttl_s`) and `idle` as no longer, and say what each flow has in
+        flight here (for `ttl_s`); every waiting flow's counter, and each flow's
+        requests in flight on the other replicas."""
         ...
 
 
@@ -56,6 +59,8 @@ class FleetVirtualTokenCounter(VirtualTokenCounter):
         self._idle: set[str] = set()
         self._elsewhere: dict[str, float] = {}
         """Flows waiting on other replicas only, with their counters as last synced."""
+        self._flying_elsewhere: dict[str, int] = {}
+        """Each flow's requests in flight on the other replicas, as last synced."""
         self._fresh_until = float("-inf")
         self._cost = 0.0
         """Mean service of one dispatch (smoothed): the unit of the slack."""
@@ -88,6 +93,19 @@ class FleetVirtualTokenCounter(VirtualTokenCounter):
             return None
         return flow
 
+    def within_share(self, flow: str, queued: Callable[[str], int], capacity: float) -> bool:
+        """As a local VTC judges it, over the fleet's requests in flight: this replica's
+        own counts and the other replicas' as last synced (while fresh), so a tenant
+        alone on its replica is not taken for the only one."""
+        elsewhere = self._flying_elsewhere
+        if not elsewhere or self._clock.now() >= self._fresh_until:
+            return super().within_share(flow, queued, capacity)
+        in_flight = dict(elsewhere)
+        for other, count in self._in_flight.items():
+            in_flight[other] = in_flight.get(other, 0) + count
+        weights = self._weights
+        return comes_within_share(flow, in_flight, weights, self._backlog, queued, capacity)
+
     def charge(self, flow: str, prompt_tokens: float, output_tokens: float) -> None:
         before = self.counters.get(flow, 0.0)
         super().charge(flow, prompt_tokens, output_tokens)
@@ -100,8 +118,14 @@ class FleetVirtualTokenCounter(VirtualTokenCounter):
         charged, self._charged = self._charged, {}
         idle, self._idle = list(self._idle), set()
         try:
-            fleet = await store.sync_fairness(
-                self.name, replica, charged, list(self._backlog), idle, 3 * every_s
+            fleet, self._flying_elsewhere = await store.sync_fairness(
+                self.name,
+                replica,
+                charged,
+                list(self._backlog),
+                idle,
+                3 * every_s,
+                dict(self._in_flight),
             )
         except StoreUnavailable:
             for flow, amount in charged.items():

@@ -307,15 +307,21 @@ class RedisLimitStore:
         waiting: Sequence[str],
         idle: Sequence[str],
         ttl_s: float,
-    ) -> dict[str, float]:
+        in_flight: Mapping[str, int],
+    ) -> tuple[dict[str, float], dict[str, int]]:
         """`scheduling.fleet_fairness.FairnessStore.sync_fairness`."""
-        counters, backlog = keys.fair_shares(name)
         args: list[Any] = [replica, ttl_s, len(charged)]
         for flow, amount in charged.items():
             args += [flow, amount]
-        args += [len(waiting), *waiting, len(idle), *idle]
-        reply = await self._run("fair", [self._key(counters), self._key(backlog)], args)
-        return {reply[i].decode(): float(reply[i + 1]) for i in range(0, len(reply), 2)}
+        args += [len(waiting), *waiting, len(idle), *idle, len(in_flight)]
+        for flow, count in in_flight.items():
+            args += [flow, count]
+        names = [self._key(key) for key in keys.fair_shares(name)]
+        counters, elsewhere = await self._run("fair", names, args)
+        return (
+            {counters[i].decode(): float(counters[i + 1]) for i in range(0, len(counters), 2)},
+            {elsewhere[i].decode(): int(elsewhere[i + 1]) for i in range(0, len(elsewhere), 2)},
+        )
 
     async def close(self) -> None:
         await self._connection.close()

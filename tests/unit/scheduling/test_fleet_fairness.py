@@ -18,16 +18,21 @@ class ScriptedShares:
     def __init__(self) -> None:
         self.fleet: dict[str, float] = {}
         self.counters: dict[str, float] = {}
+        self.flying: dict[str, int] = {}
+        """What the other replicas have in flight (set by the test)."""
         self.down = False
         self.sent: list[tuple[dict[str, float], list[str], list[str]]] = []
+        self.in_flight: dict[str, int] = {}
 
-    async def sync_fairness(self, name, replica, charged, waiting, idle, ttl_s):
+    async def sync_fairness(self, name, replica, charged, waiting, idle, ttl_s, in_flight):
         if self.down:
             raise StoreUnavailable("down")
         self.sent.append((dict(charged), list(waiting), list(idle)))
+        self.in_flight = dict(in_flight)
         for flow, amount in charged.items():
             self.counters[flow] = self.counters.get(flow, 0.0) + amount
-        return {**self.fleet, **{flow: self.counters.get(flow, 0.0) for flow in waiting}}
+        counters = {**self.fleet, **{flow: self.counters.get(flow, 0.0) for flow in waiting}}
+        return counters, dict(self.flying)
 
 
 def make() -> tuple[FleetVirtualTokenCounter, FairnessSync, ScriptedShares, FakeClock]:
@@ -93,3 +98,21 @@ async def test_a_flow_that_starts_waiting_is_lifted_to_the_least_counter_elsewhe
     await sync.sync_once()
     policy.backlogged("a")
     assert policy.counters["a"] == 500.0
+
+
+async def test_within_share_counts_what_the_other_replicas_have_in_flight():
+    """`a` holds 3 here and `b` 5 on another replica, a batch of 8: judged here alone, a's
+    next request would be within its share (it looks like the only tenant); over the
+    fleet a's share is 4 with a's 3 queued behind it, so it is not. A stale view falls
+    back to this replica's own counts."""
+    policy, sync, store, clock = make()
+    policy.in_flight("a", 3)
+    policy.backlogged("a")
+    queued = {"a": 1}.get
+    assert policy.within_share("a", lambda flow: queued(flow) or 0, 8)
+    store.flying = {"b": 5}
+    await sync.sync_once()
+    assert store.in_flight == {"a": 3}
+    assert not policy.within_share("a", lambda flow: queued(flow) or 0, 8)
+    clock.advance(3 * SYNC_S)
+    assert policy.within_share("a", lambda flow: queued(flow) or 0, 8)

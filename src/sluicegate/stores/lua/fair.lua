@@ -1,14 +1,19 @@
 -- One lane's fair shares, held for the fleet: a replica hands over the service it
--- charged since its last call and which flows wait on it, and learns every waiting
--- flow's counter (scheduling.fleet_fairness).
+-- charged since its last call, which flows wait on it and how many requests each flow
+-- has in flight there, and learns every waiting flow's counter and every flow's
+-- requests in flight on the other replicas (scheduling.fleet_fairness).
 -- KEYS: the counters' hash, the backlog's sorted set (members "flow|replica", scored by
---       expiry).
--- ARGV: now, replica, ttl_s, #charges, (flow, amount)..., #waiting, flow..., #idle, flow...
--- Returns {flow, counter, ...} for every flow waiting anywhere. A flow that starts waiting
--- when no replica had it waiting is lifted to the least counter of those waiting, so
--- time spent idle is not banked (the VTC lift rule, over the whole fleet).
+--       expiry), the in-flight sorted set (the same members and scores) and the
+--       in-flight counts' hash (fields "flow|replica").
+-- ARGV: now, replica, ttl_s, #charges, (flow, amount)..., #waiting, flow..., #idle, flow...,
+--       #in flight, (flow, count)...
+-- Returns {{flow, counter, ...} for every flow waiting anywhere, {flow, count, ...} of
+-- the other replicas' requests in flight}. A flow that starts waiting when no replica
+-- had it waiting is lifted to the least counter of those waiting, so time spent idle is
+-- not banked (the VTC lift rule, over the whole fleet).
 local now = now_s()
 local counters, backlog = KEYS[1], KEYS[2]
+local flying, flying_counts = KEYS[3], KEYS[4]
 local replica, ttl = ARGV[2], tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', backlog, '-inf', now)
 
@@ -51,6 +56,42 @@ at = at + count + 1
 for i = 1, tonumber(ARGV[at]) do
   redis.call('ZREM', backlog, ARGV[at + i] .. '|' .. replica)
 end
+at = at + tonumber(ARGV[at]) + 1
+
+local suffix = '|' .. replica
+local function forget(member)
+  redis.call('ZREM', flying, member)
+  redis.call('HDEL', flying_counts, member)
+end
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', flying, '-inf', now)) do
+  forget(member)
+end
+for _, member in ipairs(redis.call('ZRANGE', flying, 0, -1)) do
+  if string.sub(member, -#suffix) == suffix then
+    forget(member)
+  end
+end
+for i = 1, tonumber(ARGV[at]) do
+  local member = ARGV[at + 2 * i - 1] .. suffix
+  redis.call('ZADD', flying, now + ttl, member)
+  redis.call('HSET', flying_counts, member, ARGV[at + 2 * i])
+end
+local elsewhere, flows = {}, {}
+for _, member in ipairs(redis.call('ZRANGE', flying, 0, -1)) do
+  if string.sub(member, -#suffix) ~= suffix then
+    local flow = string.match(member, '^(.*)|[^|]*$')
+    if elsewhere[flow] == nil then
+      flows[#flows + 1] = flow
+      elsewhere[flow] = 0
+    end
+    elsewhere[flow] = elsewhere[flow] + tonumber(redis.call('HGET', flying_counts, member) or '0')
+  end
+end
+local in_flight = {}
+for _, flow in ipairs(flows) do
+  in_flight[#in_flight + 1] = flow
+  in_flight[#in_flight + 1] = tostring(elsewhere[flow])
+end
 
 local answer = {}
 for _, member in ipairs(redis.call('ZRANGE', backlog, 0, -1)) do
@@ -63,4 +104,6 @@ for _, member in ipairs(redis.call('ZRANGE', backlog, 0, -1)) do
 end
 keep_for(counters, 3600)
 keep_for(backlog, ttl)
-return answer
+keep_for(flying, ttl)
+keep_for(flying_counts, ttl)
+return {answer, in_flight}
