@@ -77,11 +77,23 @@ def test_a_correction_follows_the_backend_back_when_it_speeds_up():
 def test_the_time_after_dispatch_shortens_the_queue_budget():
     predictor = WaitPredictor()
     predictor.first_token("l", 0.5)
-    predictor.first_token("l", 0.5)
     assert predictor.ttft_s("l", 1.0) == pytest.approx(1.5)
     assert predictor.budget_s("l", 2.0) == pytest.approx(1.5)
     predictor.first_token("other", 5.0)
     assert predictor.budget_s("other", 2.0) == pytest.approx(0.2), "never below a tenth"
+
+
+def test_the_budget_leaves_room_for_the_95th_percentile_after_dispatch_not_the_mean():
+    """Nine first tokens in ten come 0.5 s after dispatch and one 1.5 s after: the mean
+    (about 0.6 s) would leave 1.4 s of a 2 s promise to the queue and one request in
+    ten late; the 95th percentile (1.5 s) leaves 0.5 s."""
+    predictor = WaitPredictor()
+    for _ in range(300):
+        for after in (0.5,) * 9 + (1.5,):
+            predictor.first_token("l", after)
+    assert predictor.lane("l").after_dispatch_s == pytest.approx(0.6, abs=0.15)
+    assert predictor.budget_s("l", 2.0) == pytest.approx(0.5, abs=0.1)
+    assert predictor.ttft_s("l", 0.2) == pytest.approx(1.7, abs=0.1)
 
 
 def test_codel_sheds_only_after_an_interval_above_target_and_then_faster():
