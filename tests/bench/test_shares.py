@@ -77,3 +77,16 @@ def test_the_last_window_ends_with_the_run() -> None:
     records = [sent("a", 6.5, 6.6), sent("a", 6.6, 6.7), sent("a", 6.7, 6.8)]
     found = shares.by_window(records, {"a": 1.0}, unit_cost, 2.0, 2.0, 7.0)
     assert found.shares == {"a": 2.0}, "the last window is 1 s long: 2 units, not 4"
+
+
+def test_a_long_answer_is_served_across_the_windows_it_lasts() -> None:
+    """Sent at 1 s and ending at 7 s, a request's work is done over windows 0-3 (a sixth,
+    two sixths, two sixths, a sixth), not all in the window it was sent."""
+    records = [sent("a", 1.0, 7.0)] + [sent("b", 0.0, 0.5) for _ in range(8)]
+    found = shares.by_window(records, {"a": 1.0, "b": 1.0}, unit_cost, 1.0, 2.0, 8.0)
+    assert found.served["b"] == pytest.approx(8.0)
+    assert "a" not in found.served, "a asked for less than its share in window 0"
+    records = [sent("a", 1.0, 7.0), sent("a", 1.0, 1.5), sent("a", 1.0, 1.5)]
+    records += [sent("b", 0.0, 0.5)]
+    found = shares.by_window(records, {"a": 1.0, "b": 1.0}, unit_cost, 1.0, 2.0, 8.0)
+    assert found.served["a"] == pytest.approx(2.0 + 1 / 6)

@@ -162,7 +162,8 @@ DEFINITIONS = {
     "Jain (windowed)": "Jain's index, among tenants above their share in at least one window "
     "of the promise's length (2 s, by first send), of the work served over the work of "
     "their shares, both summed over those windows; demand and max-min shares per window, "
-    "so a burst is judged against the capacity of its window",
+    "so a burst is judged against the capacity of its window; served work counted where "
+    "it was done (spread over each answer's span)",
     "at or below share (windowed)": "queue wait p95 and refused fraction of the requests "
     "sent in windows where their tenant asked at most its share (JSON only)",
     "recovery": "from the slowdown to the end of the last 1 s window (by attempt start) whose "

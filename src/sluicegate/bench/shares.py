@@ -90,14 +90,19 @@ def by_window(
     duration_s: float,
 ) -> Windowed:
     """Demand (the work of a tenant's requests first sent in a window) against max-min
-    shares of the capacity's work in that window; the last window ends with the run."""
+    shares of the capacity's work in that window; the last window ends with the run.
+    Served work is counted where it was done: a request's work spread evenly over its
+    answering attempt, from its send to its end (a long answer's work, counted whole
+    in the window it was sent, would be served many times that window's share)."""
     count = max(1, math.ceil(duration_s / window_s))
     at = [min(count - 1, max(0, int(first_send_s(r) // window_s))) for r in records]
     demand = [dict.fromkeys(weights, 0.0) for _ in range(count)]
     served = [dict.fromkeys(weights, 0.0) for _ in range(count)]
     for window, record in zip(at, records, strict=True):
         demand[window][record.tenant] += cost(record)
-        served[window][record.tenant] += cost(record) if record.ok else 0.0
+        if record.ok:
+            for done_in, part in _spread(record.last.start_s, record.end_s, window_s, count):
+                served[done_in][record.tenant] += cost(record) * part
     above: list[list[str]] = []
     served_above: dict[str, float] = {}
     share_above: dict[str, float] = {}
@@ -110,3 +115,18 @@ def by_window(
             share_above[tenant] = share_above.get(tenant, 0.0) + shares[tenant]
     flags = [r.tenant in above[window] for window, r in zip(at, records, strict=True)]
     return Windowed(flags, served_above, share_above)
+
+
+def _spread(start_s: float, end_s: float, window_s: float, count: int) -> list[tuple[int, float]]:
+    """The windows [start, end) overlaps, each with its part of the span; a part past the
+    last window is left out (done after the run), an instant span is one window's."""
+    first = min(count - 1, max(0, int(start_s // window_s)))
+    if end_s <= start_s:
+        return [(first, 1.0)]
+    span, parts = end_s - start_s, []
+    for window in range(first, count):
+        low, high = max(start_s, window * window_s), min(end_s, (window + 1) * window_s)
+        if high <= low:
+            break
+        parts.append((window, (high - low) / span))
+    return parts
