@@ -66,9 +66,15 @@ end
 for _, member in ipairs(redis.call('ZRANGEBYSCORE', flying, '-inf', now)) do
   forget(member)
 end
+-- One pass over the live entries: this replica's are replaced below, the others' summed.
+local elsewhere = {}
 for _, member in ipairs(redis.call('ZRANGE', flying, 0, -1)) do
   if string.sub(member, -#suffix) == suffix then
     forget(member)
+  else
+    local flow = string.match(member, '^(.*)|[^|]*$')
+    local count = tonumber(redis.call('HGET', flying_counts, member) or '0')
+    elsewhere[flow] = (elsewhere[flow] or 0) + count
   end
 end
 for i = 1, tonumber(ARGV[at]) do
@@ -76,21 +82,10 @@ for i = 1, tonumber(ARGV[at]) do
   redis.call('ZADD', flying, now + ttl, member)
   redis.call('HSET', flying_counts, member, ARGV[at + 2 * i])
 end
-local elsewhere, flows = {}, {}
-for _, member in ipairs(redis.call('ZRANGE', flying, 0, -1)) do
-  if string.sub(member, -#suffix) ~= suffix then
-    local flow = string.match(member, '^(.*)|[^|]*$')
-    if elsewhere[flow] == nil then
-      flows[#flows + 1] = flow
-      elsewhere[flow] = 0
-    end
-    elsewhere[flow] = elsewhere[flow] + tonumber(redis.call('HGET', flying_counts, member) or '0')
-  end
-end
 local in_flight = {}
-for _, flow in ipairs(flows) do
+for flow, count in pairs(elsewhere) do
   in_flight[#in_flight + 1] = flow
-  in_flight[#in_flight + 1] = tostring(elsewhere[flow])
+  in_flight[#in_flight + 1] = tostring(count)
 end
 
 local answer = {}
