@@ -35,6 +35,8 @@ def snapshot(
                 "circuit": target.breaker.state.value,
                 "in_flight": target.breaker.in_flight,
                 "gate": target.gate.value,
+                "prefill_pending_tokens": target.prefill_pending_tokens,
+                "prefill_tokens_per_s": target.prefill_tokens_per_s,
             }
             for target in view.targets
         }
@@ -60,6 +62,7 @@ TAKES_MAX = frozenset(
         "wait_correction",
         "after_dispatch_s",
         "reserved_slots",
+        "prefill_tokens_per_s",
     }
 )
 """Status fields merged across workers by their largest value (ages, the worst pressure,
@@ -86,7 +89,11 @@ def whole_server(own: int, count: int, documents: Mapping[int, dict[str, Any]]) 
 
 def _merge(values: list[Any], key: str = "") -> Any:
     """Dicts key by key; numbers summed (or the largest, for `TAKES_MAX`); flags true
-    when any is; words kept when all agree, else the sorted distinct ones."""
+    when any is; words kept when all agree, else the sorted distinct ones. A value a
+    worker does not know yet (None: nothing measured there) is left out."""
+    values = [value for value in values if value is not None]
+    if not values:
+        return None
     first = values[0]
     if isinstance(first, dict):
         keys = dict.fromkeys(k for value in values for k in value)

@@ -33,6 +33,7 @@ from sluicegate.core.types import Lane
 from sluicegate.scheduling.attempt import Attempt, Target
 from sluicegate.scheduling.checks import DispatchCheck, NotNow, default_checks
 from sluicegate.scheduling.fairness import FairnessPolicy
+from sluicegate.scheduling.prefill import PrefillBudget
 from sluicegate.scheduling.promise import Shedder, WaitPredictor
 from sluicegate.scheduling.queues import LaneQueue, Place, Waiter
 from sluicegate.scheduling.reserve import GONE_AFTER_S, MOST_OF_BATCH, Reserve
@@ -42,6 +43,10 @@ CODEL_TARGET = 0.5
 """CoDel's target as a fraction of the queue budget. A request that waits the whole
 budget expires (`_age_limit_s`); a queue whose requests keep waiting past half of it
 for an interval is running late and sheds before they do."""
+PREFILL_PART = 0.5
+"""The part of the top lane's promise the prompts waiting at a deployment for their
+first token may take to prefill together (`PrefillBudget`): the rest is for the wait in
+the queue and the engine step the first token comes in."""
 
 
 @dataclass(slots=True)
@@ -78,6 +83,11 @@ class TargetView:
     deployment: str
     breaker: BreakerView
     gate: GateState
+    prefill_pending_tokens: int | None
+    """Streamed prompt tokens sent and not yet at their first token; None without a
+    prefill budget (no promise on the top lane)."""
+    prefill_tokens_per_s: float | None
+    """The prefill throughput learnt from first tokens; None before any."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,9 +149,17 @@ class Dispatcher:
         """Requests the deployments take at once: before any service gap is measured, a
         promised lane queues at most one such batch."""
         self.reserve = Reserve(self._batch, reserve)
+        promise = self.protected.ttft_slo_s
+        started = clock.now()
+        self._prefill = {
+            target.deployment.name: PrefillBudget(PREFILL_PART * promise, started)
+            for target in self.targets
+            if promise is not None
+        }
+        """Each deployment's prompt tokens still waiting for their first token, held to
+        what it prefills within part of the promise; none without a promise."""
         self._spares = _SpareSplit(self.targets)
         """Each deployment's part of the reserve, in proportion to its capacity."""
-        started = clock.now()
         self._arrived_s = {lane.name: started for lane in self.lanes}
         """Each lane's latest arrival: a lane's share caps it only while one above is busy.
         A lane counts as busy at the start: a batch submitted before anyone else arrives
@@ -187,9 +205,7 @@ class Dispatcher:
                     forecast.after_dispatch_s,
                 )
             )
-        targets = tuple(
-            TargetView(t.deployment.name, t.breaker.view(), t.gate.state()) for t in self.targets
-        )
+        targets = tuple(self._target_view(target) for target in self.targets)
         yielding = self.yielding
         return DispatcherView(
             self.model,
@@ -204,11 +220,25 @@ class Dispatcher:
             self.reserve.arrivals,
         )
 
+    def _target_view(self, target: Target) -> TargetView:
+        name = target.deployment.name
+        budget = self._prefill.get(name)
+        return TargetView(
+            name,
+            target.breaker.view(),
+            target.gate.state(),
+            None if budget is None else budget.pending,
+            None if budget is None else budget.tokens_per_s,
+        )
+
     def first_token(self, attempt: Attempt, ttft_s: float) -> None:
         """A streamed request got its first token `ttft_s` after arrival."""
         if attempt.dispatched_s is not None and attempt.first_byte_s is not None:
             after = attempt.first_byte_s - attempt.dispatched_s
             self.predictor.first_token(attempt.lane.name, after)
+        budget = self._prefill_at(attempt)
+        if budget is not None and budget.first_token(id(attempt), self.clock.now()):
+            self.kick()
         if self.yielding is not None and attempt.lane is self.protected:
             self.yielding.observe(ttft_s)
             self._prefilled(attempt)
@@ -284,6 +314,9 @@ class Dispatcher:
         for check in self._plan(target, lane):
             check.released(target, lane, attempt)
         self._prefilled(attempt)
+        budget = self._prefill_at(attempt)
+        if budget is not None and budget.dropped(id(attempt)):
+            self.kick()
         self.stats[lane.name].in_flight -= 1
         produced = attempt.completion_tokens
         if produced is None and attempt.used_tokens is not None:
@@ -541,6 +574,10 @@ class Dispatcher:
         # dispatcher itself looks again at the earliest one.
         wakes: list[float] = []
         for target in self._candidates(attempt):
+            prefilling = self._prefill_refusal(attempt, target)
+            if prefilling is not None:
+                refusals.append(prefilling)
+                continue
             checks = self._plan(target, lane)
             verdict = _first_refusal(checks, target, lane)
             if verdict is not None:
@@ -565,6 +602,22 @@ class Dispatcher:
         if wakes:
             self._retry_after(min(wakes))
         return _most_telling(refusals)
+
+    def _prefill_refusal(self, attempt: Attempt, target: Target) -> GatewayError | None:
+        """Why a streamed `attempt` may not go to `target` now: the prompts sent there
+        would take longer than the budget allows to prefill with its own."""
+        call = attempt.call
+        budget = self._prefill.get(target.deployment.name)
+        if budget is None or not call.stream or budget.admits(call.prompt_tokens):
+            return None
+        return Refusal.BACKEND_BUSY.error(
+            f"deployment {target.deployment.name} is prefilling {budget.pending} prompt tokens"
+        )
+
+    def _prefill_at(self, attempt: Attempt) -> PrefillBudget | None:
+        """The budget counting `attempt`'s prompt, if any."""
+        target = attempt.target
+        return None if target is None else self._prefill.get(target.deployment.name)
 
     def _reserve(self, attempt: Attempt, target: Target, checks: tuple[DispatchCheck, ...]) -> None:
         """Record the attempt against what the checks count, and its tenant as holding one
@@ -630,6 +683,9 @@ class Dispatcher:
         if self._on_wait is not None:
             self._on_wait(self.model, lane.name, wait_s, predicted_s)
         now = attempt.dispatched_s = self.clock.now()
+        budget = self._prefill_at(attempt)
+        if budget is not None and call.stream:
+            budget.sent(id(attempt), call.prompt_tokens, now)
         yielding = self._yielding_for(lane)
         if yielding is not None:
             yielding.dispatched()

@@ -82,3 +82,17 @@ def test_the_status_document_names_the_worker_and_merges_the_server():
     assert server["overload"]["state"] == "normal"
     assert server["answered"] == 50
     assert status["per_worker"]["1"]["answered"] == 30
+
+
+def test_a_figure_one_worker_has_not_measured_yet_is_left_out_of_the_merge():
+    def doc(pending: int, rate: float | None, gap_s: float | None) -> dict:
+        deployment = {"prefill_pending_tokens": pending, "prefill_tokens_per_s": rate}
+        return {"models": {"m": {"deployments": {"d": deployment}, "service_gap_s": gap_s}}}
+
+    documents = {0: doc(100, None, None), 1: doc(50, 2000.0, None), 2: doc(0, 3000.0, None)}
+    model = whole_server(0, 3, documents)["server"]["models"]["m"]
+    assert model["deployments"]["d"] == {
+        "prefill_pending_tokens": 150,
+        "prefill_tokens_per_s": 3000.0,
+    }
+    assert model["service_gap_s"] is None

@@ -809,3 +809,56 @@ async def test_the_reserve_is_split_between_deployments_by_their_capacity(clock)
     assert len(held) == 6
     for grant in held:
         await dispatcher.release(grant)
+
+
+def streamed(clock: FakeClock, lane: Lane, prompt_tokens: int, stream: bool = True) -> Attempt:
+    request = call(clock, lane=lane)
+    return Attempt(
+        request._replace(stream=stream, prompt_tokens=prompt_tokens, reserved_tokens=prompt_tokens)
+    )
+
+
+async def test_long_prompts_go_one_at_a_time_until_a_first_token_measures_the_prefill(clock):
+    """A promise of 1 s leaves half of it to the prompts waiting for their first token.
+    Before any first token one goes at a time; the first, 2,000 tokens in 0.125 s,
+    teaches 16,000 tokens/s, so 8,000 tokens may then wait together. A non-streamed request
+    (whose first token is never seen) is not held."""
+    lane = Lane("promised", queue_size=20, max_queue_age_s=5, ttft_slo_s=1.0)
+    dispatcher = dispatcher_for([lane], Pool(PoolSpec("p", 20), leases(clock)), clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        first = await granted(dispatcher, streamed(clock, lane, 2_000))
+        held = [asyncio.create_task(granted(dispatcher, streamed(clock, lane, 2_000)))]
+        plain = await granted(dispatcher, streamed(clock, lane, 2_000, stream=False))
+        await settle()
+        assert not held[0].done()
+        clock.advance(0.125)
+        first.first_byte_s = clock.now()
+        dispatcher.first_token(first, 0.125)
+        held += [
+            asyncio.create_task(granted(dispatcher, streamed(clock, lane, 2_000))) for _ in range(4)
+        ]
+        await settle()
+        assert [task.done() for task in held] == [True] * 4 + [False]
+        (deployment,) = dispatcher.view().targets
+        assert deployment.prefill_pending_tokens == 8_000
+        assert deployment.prefill_tokens_per_s == pytest.approx(16_000)
+        ended = held[0].result()
+        ended.end(None)
+        await dispatcher.release(ended)
+        await settle()
+        assert held[4].done()
+        for grant in [first, plain, *(task.result() for task in held[1:])]:
+            await dispatcher.release(grant)
+    finally:
+        runner.cancel()
+
+
+async def test_without_a_promise_there_is_no_prefill_budget(clock):
+    lane = Lane("plain", queue_size=20, max_queue_age_s=5)
+    dispatcher = dispatcher_for([lane], Pool(PoolSpec("p", 20), leases(clock)), clock)
+    grants = [await granted(dispatcher, streamed(clock, lane, 50_000)) for _ in range(3)]
+    (deployment,) = dispatcher.view().targets
+    assert deployment.prefill_pending_tokens is None
+    for grant in grants:
+        await dispatcher.release(grant)

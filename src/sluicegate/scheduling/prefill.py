@@ -1,0 +1,86 @@
+"""How many prompt tokens one deployment may be prefilling at once.
+
+A continuous-batching engine prefills every prompt it is sent in the next engine steps,
+together: twenty long prompts sent into an idle batch all get their first token when the
+last of them is prefilled, seconds later, however empty the queue looked. The budget
+holds the prompt tokens sent to a deployment and still waiting for their first token to
+what it prefills within a part of the promise, its rate learnt from first tokens as
+they come: tokens that reached their first token over the time any were waiting (a
+busy period's throughput, so prompts sent together are measured together). Before
+anything is measured it lets one request go at a time; one request alone always goes,
+however long its prompt.
+
+Only streamed requests are counted and held: a non-streamed answer's first token is not
+seen, so its prefill cannot be timed.
+"""
+
+from __future__ import annotations
+
+SMOOTHING = 0.9
+"""Weight the learnt throughput keeps at each moment first tokens come: first tokens of
+the same engine step, reported at one instant, are one measure of it."""
+
+
+class PrefillBudget:
+    def __init__(self, within_s: float, now_s: float) -> None:
+        self.within_s = within_s
+        """How long the prompts waiting for their first token may take to prefill."""
+        self._sent: dict[int, int] = {}
+        """Prompt tokens of each request waiting for its first token."""
+        self.pending = 0
+        """Prompt tokens sent and not yet at their first token."""
+        self._tokens = 0.0
+        self._busy_s = 0.0
+        """Decayed sums of prefilled tokens and the time any were waiting: their ratio is
+        the learnt throughput."""
+        self._since_s = now_s
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """The learnt prefill throughput; None before the first measure."""
+        if self._tokens <= 0 or self._busy_s <= 0:
+            return None
+        return self._tokens / self._busy_s
+
+    @property
+    def limit(self) -> float | None:
+        """The prompt tokens that may wait for their first token together; None while
+        nothing is measured (one request at a time)."""
+        rate = self.tokens_per_s
+        return None if rate is None else rate * self.within_s
+
+    def admits(self, tokens: int) -> bool:
+        if not self._sent:
+            return True
+        limit = self.limit
+        return limit is not None and self.pending + tokens <= limit
+
+    def sent(self, key: int, tokens: int, now_s: float) -> None:
+        if not self._sent:
+            self._since_s = now_s
+        self._sent[key] = tokens
+        self.pending += tokens
+
+    def first_token(self, key: int, now_s: float) -> bool:
+        """`key`'s prompt is prefilled: learn from it; whether it was counted."""
+        tokens = self._sent.pop(key, None)
+        if tokens is None:
+            return False
+        busy_s = now_s - self._since_s
+        if busy_s > 0:
+            self._tokens *= SMOOTHING
+            self._busy_s = SMOOTHING * self._busy_s + busy_s
+            self._since_s = now_s
+        self._tokens += tokens
+        self.pending -= tokens
+        return True
+
+    def dropped(self, key: int) -> bool:
+        """`key` ended without a first token (failed, abandoned): no longer counted and
+        nothing learnt from it; while others wait, the time it did stays in the busy
+        period the next first token is measured over (the engine may have spent it)."""
+        tokens = self._sent.pop(key, None)
+        if tokens is None:
+            return False
+        self.pending -= tokens
+        return True

@@ -1,0 +1,74 @@
+"""The prefill budget on explicit times: what it admits before and after a measure, and
+what it learns from first tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from sluicegate.scheduling.prefill import PrefillBudget
+
+
+def test_before_any_measure_one_request_goes_at_a_time_however_short():
+    budget = PrefillBudget(within_s=1.0, now_s=0.0)
+    assert budget.admits(100_000)
+    budget.sent(1, 100_000, 0.0)
+    assert not budget.admits(1)
+    assert budget.limit is None
+
+
+def test_the_first_token_teaches_the_rate_and_the_limit_follows_the_promise_part():
+    budget = PrefillBudget(within_s=1.0, now_s=0.0)
+    budget.sent(1, 3_000, 0.0)
+    assert budget.first_token(1, 0.15)
+    assert budget.tokens_per_s == pytest.approx(20_000)
+    for key in range(2, 8):
+        assert budget.admits(3_000)
+        budget.sent(key, 3_000, 0.2)
+    assert budget.pending == 18_000
+    assert not budget.admits(3_000)
+    assert budget.admits(2_000)
+
+
+def test_prompts_prefilled_together_are_measured_together():
+    """Six prompts sent at once reach their first token in one engine step: the busy
+    period is one measure of 18,000 tokens in 0.9 s, not six of 3,000 in 0.9 s."""
+    budget = PrefillBudget(within_s=1.0, now_s=0.0)
+    for key in range(6):
+        budget.sent(key, 3_000, 0.0)
+    for key in range(6):
+        budget.first_token(key, 0.9)
+    assert budget.tokens_per_s == pytest.approx(20_000)
+    assert budget.pending == 0
+
+
+def test_idle_time_between_busy_periods_is_not_counted():
+    budget = PrefillBudget(within_s=1.0, now_s=0.0)
+    budget.sent(1, 2_000, 0.0)
+    budget.first_token(1, 0.1)
+    budget.sent(2, 2_000, 50.0)
+    budget.first_token(2, 50.1)
+    assert budget.tokens_per_s == pytest.approx(20_000)
+
+
+def test_a_request_that_ends_without_a_first_token_frees_its_tokens_and_teaches_nothing():
+    budget = PrefillBudget(within_s=1.0, now_s=0.0)
+    budget.sent(1, 3_000, 0.0)
+    assert budget.dropped(1)
+    assert budget.pending == 0
+    assert budget.tokens_per_s is None
+    assert budget.admits(3_000)
+    assert not budget.dropped(1)
+    assert not budget.first_token(1, 1.0)
+
+
+def test_a_slower_backend_lowers_the_limit():
+    budget = PrefillBudget(within_s=1.0, now_s=0.0)
+    budget.sent(0, 4_000, 0.0)
+    budget.first_token(0, 0.2)
+    fast = budget.limit
+    for key in range(1, 40):
+        start = key * 10.0
+        budget.sent(key, 4_000, start)
+        budget.first_token(key, start + 0.6)
+    assert fast == pytest.approx(20_000)
+    assert budget.limit == pytest.approx(4_000 / 0.6, rel=0.05)
