@@ -605,10 +605,15 @@ class Dispatcher:
 
     def _prefill_refusal(self, attempt: Attempt, target: Target) -> GatewayError | None:
         """Why a streamed `attempt` may not go to `target` now: the prompts sent there
-        would take longer than the budget allows to prefill with its own."""
+        would take longer than the budget allows to prefill with its own, or than its
+        own promise has left since it arrived."""
         call = attempt.call
         budget = self._prefill.get(target.deployment.name)
-        if budget is None or not call.stream or budget.admits(call.prompt_tokens):
+        if budget is None or not call.stream:
+            return None
+        promise = attempt.lane.ttft_slo_s
+        left_s = math.inf if promise is None else promise - (self.clock.now() - call.arrived_s)
+        if budget.admits(call.prompt_tokens, left_s):
             return None
         return Refusal.BACKEND_BUSY.error(
             f"deployment {target.deployment.name} is prefilling {budget.pending} prompt tokens"

@@ -821,8 +821,9 @@ def streamed(clock: FakeClock, lane: Lane, prompt_tokens: int, stream: bool = Tr
 async def test_long_prompts_go_one_at_a_time_until_a_first_token_measures_the_prefill(clock):
     """A promise of 1 s leaves half of it to the prompts waiting for their first token.
     Before any first token one goes at a time; the first, 2,000 tokens in 0.125 s,
-    teaches 16,000 tokens/s, so 8,000 tokens may then wait together. A non-streamed request
-    (whose first token is never seen) is not held."""
+    teaches 16,000 tokens/s (8,000 tokens in 0.5 s), but only 2,000 were seen prefilled
+    together, so 4,000 may wait together next. A non-streamed request (whose first token
+    is never seen) is not held; one that ends without a first token frees its part."""
     lane = Lane("promised", queue_size=20, max_queue_age_s=5, ttft_slo_s=1.0)
     dispatcher = dispatcher_for([lane], Pool(PoolSpec("p", 20), leases(clock)), clock)
     runner = asyncio.create_task(dispatcher.run())
@@ -836,19 +837,46 @@ async def test_long_prompts_go_one_at_a_time_until_a_first_token_measures_the_pr
         first.first_byte_s = clock.now()
         dispatcher.first_token(first, 0.125)
         held += [
-            asyncio.create_task(granted(dispatcher, streamed(clock, lane, 2_000))) for _ in range(4)
+            asyncio.create_task(granted(dispatcher, streamed(clock, lane, 2_000))) for _ in range(3)
         ]
         await settle()
-        assert [task.done() for task in held] == [True] * 4 + [False]
+        assert [task.done() for task in held] == [True, True, False, False]
         (deployment,) = dispatcher.view().targets
-        assert deployment.prefill_pending_tokens == 8_000
+        assert deployment.prefill_pending_tokens == 4_000
         assert deployment.prefill_tokens_per_s == pytest.approx(16_000)
         ended = held[0].result()
         ended.end(None)
         await dispatcher.release(ended)
         await settle()
-        assert held[4].done()
-        for grant in [first, plain, *(task.result() for task in held[1:])]:
+        assert [task.done() for task in held] == [True, True, True, False]
+        held[3].cancel()
+        for grant in [first, plain, *(task.result() for task in held[1:3])]:
+            await dispatcher.release(grant)
+    finally:
+        runner.cancel()
+
+
+async def test_a_prompt_that_waited_is_held_to_what_its_promise_has_left(clock):
+    """Measured: 16,000 tokens/s, up to 4,000 tokens together. With 1,000 waiting, a
+    fresh 1,000-token prompt goes; then, with 2,000 waiting, one that arrived 0.9 s ago,
+    0.1 s of its 1 s promise left (1,600 tokens' prefill), is held."""
+    lane = Lane("promised", queue_size=20, max_queue_age_s=5, ttft_slo_s=1.0)
+    dispatcher = dispatcher_for([lane], Pool(PoolSpec("p", 20), leases(clock)), clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        first = await granted(dispatcher, streamed(clock, lane, 2_000))
+        clock.advance(0.125)
+        first.first_byte_s = clock.now()
+        dispatcher.first_token(first, 0.125)
+        waiting = await granted(dispatcher, streamed(clock, lane, 1_000))
+        fresh = await granted(dispatcher, streamed(clock, lane, 1_000))
+        late = streamed(clock, lane, 1_000)
+        late.call = late.call._replace(arrived_s=clock.now() - 0.9)
+        held = asyncio.create_task(granted(dispatcher, late))
+        await settle()
+        assert not held.done()
+        held.cancel()
+        for grant in (first, waiting, fresh):
             await dispatcher.release(grant)
     finally:
         runner.cancel()
