@@ -315,8 +315,8 @@ class Dispatcher:
             check.released(target, lane, attempt)
         self._prefilled(attempt)
         budget = self._prefill_at(attempt)
-        if budget is not None and budget.dropped(id(attempt)):
-            self.kick()
+        if budget is not None:
+            budget.dropped(id(attempt))
         self.stats[lane.name].in_flight -= 1
         produced = attempt.completion_tokens
         if produced is None and attempt.used_tokens is not None:
@@ -688,8 +688,8 @@ class Dispatcher:
         if self._on_wait is not None:
             self._on_wait(self.model, lane.name, wait_s, predicted_s)
         now = attempt.dispatched_s = self.clock.now()
-        budget = self._prefill_at(attempt)
-        if budget is not None and call.stream:
+        budget = self._prefill_at(attempt) if call.stream else None
+        if budget is not None:
             budget.sent(id(attempt), call.prompt_tokens, now)
         yielding = self._yielding_for(lane)
         if yielding is not None:
