@@ -266,8 +266,9 @@ class CapacityCollector(Collector):
         )
         correction = GaugeMetricFamily(
             "sluicegate_queue_wait_correction",
-            "Learnt ratio of real to predicted queue waits (1: the predictor is right).",
-            labels=labels,
+            "Learnt ratio of real to predicted queue waits (1: the predictor is right), of "
+            "requests within their tenant's share and beyond it.",
+            labels=[*labels, "share"],
         )
         service = GaugeMetricFamily(
             "sluicegate_tenant_service",
@@ -309,7 +310,8 @@ class CapacityCollector(Collector):
                 dispatched.add_metric(key, lane.dispatched)
                 expired.add_metric(key, lane.expired)
                 shed.add_metric(key, lane.shed)
-                correction.add_metric(key, lane.wait_correction)
+                correction.add_metric([*key, "beyond"], lane.wait_correction)
+                correction.add_metric([*key, "within"], lane.wait_correction_within_share)
                 for tenant, counter in lane.service.items():
                     service.add_metric([*key, tenant], counter)
         yield from (depth, oldest, dispatched, expired, shed, correction)

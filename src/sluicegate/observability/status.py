@@ -26,6 +26,7 @@ def snapshot(
                 "expired": lane.expired,
                 "shed": lane.shed,
                 "wait_correction": round(lane.wait_correction, 3),
+                "wait_correction_within_share": round(lane.wait_correction_within_share, 3),
                 "after_dispatch_s": round(lane.after_dispatch_s, 3),
             }
             for lane in view.lanes
@@ -60,6 +61,7 @@ TAKES_MAX = frozenset(
         "pressure",
         "service_gap_s",
         "wait_correction",
+        "wait_correction_within_share",
         "after_dispatch_s",
         "reserved_slots",
         "prefill_tokens_per_s",

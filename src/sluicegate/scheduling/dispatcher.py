@@ -73,7 +73,10 @@ class LaneView:
     """Each tenant's service counter in the lane's fair order."""
     shed: int
     wait_correction: float
-    """Real over predicted queue waits, as learnt: 1 when the predictor is right."""
+    """Real over predicted queue waits of requests beyond their tenant's share, as learnt:
+    1 when the predictor is right."""
+    wait_correction_within_share: float
+    """The same for requests within their tenant's share (they may take the reserve)."""
     after_dispatch_s: float
     """Smoothed time from dispatch to the first token of the lane's streamed requests."""
 
@@ -201,7 +204,8 @@ class Dispatcher:
                     stats.expired,
                     queue.fairness.service(),
                     stats.shed,
-                    forecast.correction,
+                    forecast.correction(within_share=False),
+                    forecast.correction(within_share=True),
                     forecast.after_dispatch_s,
                 )
             )
@@ -281,7 +285,7 @@ class Dispatcher:
             )
         if lane.queue_size == 0 or self._outlasts(refusal, call, self.clock.now()):
             raise refusal
-        predicted_s = self._promise(call)
+        predicted_s = self._promise(call, protected)
         queue = self.queues[lane.name]
         if queue.full:
             raise Refusal.QUEUE_FULL.error(f"the {lane.name} queue of {self.model} is full")
@@ -353,7 +357,7 @@ class Dispatcher:
         )
         return known > leaves_s - self.clock.now()
 
-    def _promise(self, call: Call) -> float | None:
+    def _promise(self, call: Call, protected: bool) -> float | None:
         """The wait predicted for `call` if it queues, or the refusal now when its
         predicted time to first token breaks its lane's promise or its wait outlasts the
         lane's age limit (it would only expire): an honest 'not now' beats a late answer.
@@ -362,7 +366,13 @@ class Dispatcher:
         predictor = self.predictor
         place = self._place(call)
         wait = predictor.wait_s(
-            lane.name, call.tenant.name, place.ahead, place.mine, self.clock.now(), place.since_s
+            lane.name,
+            call.tenant.name,
+            place.ahead,
+            place.mine,
+            self.clock.now(),
+            place.since_s,
+            protected,
         )
         promise = lane.ttft_slo_s
         if wait is None:
@@ -406,6 +416,7 @@ class Dispatcher:
             if not shedder.should_shed(now, now - waiter.enqueued_s, target):
                 continue
             if queue.remove(waiter) and not waiter.future.done():
+                self._unserved(waiter, now)
                 self.stats[lane.name].shed += 1
                 waiter.future.set_result(
                     Refusal.SHED.error(
@@ -453,6 +464,7 @@ class Dispatcher:
         if not queue.remove(waiter) or waiter.future.done():
             return
         lane = waiter.lane
+        self._unserved(waiter, self.clock.now())
         self.stats[lane.name].expired += 1
         if waited_s is None:
             error = Refusal.DEADLINE.error(
@@ -469,6 +481,13 @@ class Dispatcher:
                 "its lane's limit"
             )
         waiter.future.set_result(error)
+
+    def _unserved(self, waiter: Waiter, now: float) -> None:
+        """`waiter` leaves its queue unserved: its wait so far is evidence too."""
+        if waiter.predicted_s is not None:
+            self.predictor.unserved(
+                waiter.lane.name, waiter.protected, waiter.predicted_s, now - waiter.enqueued_s
+            )
 
     async def _pump(self) -> None:
         """Dispatch queued requests until nothing more can go."""
@@ -495,7 +514,9 @@ class Dispatcher:
                 else:
                     wait_s = self.clock.now() - waiter.enqueued_s
                     if waiter.predicted_s is not None:
-                        self.predictor.waited(lane.name, waiter.predicted_s, wait_s)
+                        self.predictor.waited(
+                            lane.name, waiter.protected, waiter.predicted_s, wait_s
+                        )
                     self._dispatched(attempt, wait_s, waiter.predicted_s, since_s)
                     waiter.future.set_result(None)
                 break

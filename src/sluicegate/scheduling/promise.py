@@ -9,7 +9,13 @@ dispatches within that backlog: above its share it is passed by every newcomer b
 theirs, which its place in the order cannot foresee and its pace shows. Each
 request dispatched from a queue compares its real wait with the prediction it was
 admitted on; the ratio, smoothed in log space and bounded, corrects later predictions,
-so an estimate that is wrong in one direction cannot stay wrong. The time from dispatch
+so an estimate that is wrong in one direction cannot stay wrong. A request that leaves
+the queue unserved (expired, shed) after waiting longer than predicted counts too, its
+wait so far as the real one: learning from the served alone, a predictor whose
+requests all expire would never see it was wrong. Requests within their tenant's share
+and beyond it are corrected apart: the first may take the slots kept free for them
+(`reserve`), the others wait for what those leave, and one ratio for both would fit
+neither. The time from dispatch
 to the first token (the backend's own queue and prefill) is measured per lane too, its
 mean and its 95th percentile, and a request is queued only when the wait and that
 percentile together fit its lane's `ttft_slo_s`.
@@ -61,14 +67,14 @@ class LaneForecast:
     """One lane's learnt state: how wrong the predictions were, and how long the
     backend takes from dispatch to the first token."""
 
-    log_correction: float = 0.0
+    log_corrections: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    """Learnt log ratios of real over predicted waits, beyond (0) and within (1) share."""
     after_dispatch_s: float = 0.0
     after_dispatch_p95_s: float = 0.0
     flows: dict[str, FlowPace] = field(default_factory=dict)
 
-    @property
-    def correction(self) -> float:
-        return math.exp(self.log_correction)
+    def correction(self, within_share: bool) -> float:
+        return math.exp(self.log_corrections[within_share])
 
 
 class WaitPredictor:
@@ -120,11 +126,12 @@ class WaitPredictor:
         mine: int,
         now: float,
         backlogged_since_s: float | None = None,
+        within_share: bool = False,
     ) -> float | None:
         """The predicted wait of a newcomer of `flow` with `ahead` requests served before
         it, `mine` of them its own flow's, which has been backlogged since
-        `backlogged_since_s` (None: it is not); None before any gap was measured
-        (nothing to go on: the lane's limits decide)."""
+        `backlogged_since_s` (None: it is not), coming within its share or not; None
+        before any gap was measured (nothing to go on: the lane's limits decide)."""
         gap = self.gap_s
         if gap is None:
             return None
@@ -141,19 +148,26 @@ class WaitPredictor:
             and pace.last_dispatch_s >= backlogged_since_s
         ):
             wait = max(wait, (mine + 1) * max(pace.gap_s, now - pace.last_dispatch_s))
-        return wait * forecast.correction
+        return wait * forecast.correction(within_share)
 
     def ttft_s(self, lane: str, wait_s: float) -> float:
         """The time to first token of a request that waits `wait_s`, as the promise reads
         it: with the 95th percentile of the time after dispatch."""
         return wait_s + self.lane(lane).after_dispatch_p95_s
 
-    def waited(self, lane: str, predicted_s: float, real_s: float) -> None:
+    def waited(self, lane: str, within_share: bool, predicted_s: float, real_s: float) -> None:
         """A queued request was dispatched: learn how far off its prediction was."""
-        forecast = self.lane(lane)
+        corrections = self.lane(lane).log_corrections
         step = math.log(max(real_s, SOONEST_S) / max(predicted_s, SOONEST_S))
-        learnt = forecast.log_correction + CORRECTION_SMOOTHING * _bounded(step)
-        forecast.log_correction = _bounded(learnt)
+        learnt = corrections[within_share] + CORRECTION_SMOOTHING * _bounded(step)
+        corrections[within_share] = _bounded(learnt)
+
+    def unserved(self, lane: str, within_share: bool, predicted_s: float, waited_s: float) -> None:
+        """A queued request left unserved after `waited_s`: its real wait was longer, so
+        a prediction it outlasted was too short by at least that much; one it did not
+        outlast says nothing."""
+        if waited_s > predicted_s:
+            self.waited(lane, within_share, predicted_s, waited_s)
 
     def first_token(self, lane: str, after_dispatch_s: float) -> None:
         """A streamed request's first token came `after_dispatch_s` after its dispatch."""

@@ -13,7 +13,12 @@ from sluicegate.core.types import Lane, PoolSpec
 from sluicegate.scheduling.attempt import Attempt
 from sluicegate.scheduling.dispatcher import Dispatcher
 from sluicegate.scheduling.fairness import RoundRobin, VirtualTokenCounter
-from sluicegate.scheduling.promise import MAX_CORRECTION, Shedder, WaitPredictor
+from sluicegate.scheduling.promise import (
+    CORRECTION_SMOOTHING,
+    MAX_CORRECTION,
+    Shedder,
+    WaitPredictor,
+)
 from sluicegate.scheduling.queues import LaneQueue, Place, Waiter
 from tests.support.clock import FakeClock
 from tests.unit.scheduling.test_dispatcher import (
@@ -53,11 +58,11 @@ def test_predictions_that_were_too_short_are_corrected_and_the_correction_is_bou
     for now in (0.0, 1.0):
         predictor.dispatched(now, from_queue=True, still_queued=True)
     for _ in range(200):
-        predictor.waited("l", predictor.wait_s("l", "t", 0, 0, 1.0), real_s=2.0)
-    assert predictor.lane("l").correction == pytest.approx(2.0, rel=0.01)
+        predictor.waited("l", False, predictor.wait_s("l", "t", 0, 0, 1.0), real_s=2.0)
+    assert predictor.lane("l").correction(within_share=False) == pytest.approx(2.0, rel=0.01)
     for _ in range(200):
-        predictor.waited("l", predictor.wait_s("l", "t", 0, 0, 1.0), real_s=1000.0)
-    assert predictor.lane("l").correction == pytest.approx(MAX_CORRECTION)
+        predictor.waited("l", False, predictor.wait_s("l", "t", 0, 0, 1.0), real_s=1000.0)
+    assert predictor.lane("l").correction(within_share=False) == pytest.approx(MAX_CORRECTION)
 
 
 def test_a_correction_follows_the_backend_back_when_it_speeds_up():
@@ -67,11 +72,41 @@ def test_a_correction_follows_the_backend_back_when_it_speeds_up():
     for now in (0.0, 1.0):
         predictor.dispatched(now, from_queue=True, still_queued=True)
     for _ in range(100):
-        predictor.waited("l", predictor.wait_s("l", "t", 0, 0, 1.0), 3.0)
+        predictor.waited("l", False, predictor.wait_s("l", "t", 0, 0, 1.0), 3.0)
     assert predictor.wait_s("l", "t", 0, 0, 1.0) == pytest.approx(3.0, rel=0.05)
     for _ in range(100):
-        predictor.waited("l", predictor.wait_s("l", "t", 0, 0, 1.0), 1.0)
+        predictor.waited("l", False, predictor.wait_s("l", "t", 0, 0, 1.0), 1.0)
     assert predictor.wait_s("l", "t", 0, 0, 1.0) == pytest.approx(1.0, rel=0.05)
+
+
+def test_requests_that_leave_unserved_after_outlasting_their_prediction_correct_it():
+    """Every request expires after 1.5 s on a 0.5 s prediction: none is ever dispatched,
+    yet the predictor learns it was short. One that left before its predicted wait
+    (a caller that gave up) says nothing."""
+    predictor = WaitPredictor()
+    for now in (0.0, 0.5):
+        predictor.dispatched(now, from_queue=True, still_queued=True)
+    for _ in range(5):
+        predictor.unserved("l", False, predictor.wait_s("l", "t", 0, 0, 0.5), waited_s=0.4)
+    assert predictor.lane("l").correction(within_share=False) == 1.0
+    for _ in range(200):
+        predictor.unserved("l", False, predictor.wait_s("l", "t", 0, 0, 0.5), waited_s=1.5)
+    assert predictor.wait_s("l", "t", 0, 0, 0.5) == pytest.approx(1.5, rel=0.05)
+
+
+def test_waits_within_and_beyond_share_are_corrected_apart():
+    """On a 0.5 s gap, requests within their share take the reserve in 0.25 s while those
+    beyond it wait 2 s: one ratio for both would fit neither."""
+    predictor = WaitPredictor()
+    for now in (0.0, 0.5):
+        predictor.dispatched(now, from_queue=True, still_queued=True)
+    for _ in range(200):
+        beyond = predictor.wait_s("l", "t", 0, 0, 0.5, within_share=False)
+        predictor.waited("l", False, beyond, 2.0)
+        within = predictor.wait_s("l", "t", 0, 0, 0.5, within_share=True)
+        predictor.waited("l", True, within, 0.25)
+    assert predictor.wait_s("l", "t", 0, 0, 0.5, within_share=False) == pytest.approx(2.0, rel=0.05)
+    assert predictor.wait_s("l", "t", 0, 0, 0.5, within_share=True) == pytest.approx(0.25, rel=0.05)
 
 
 def test_the_time_after_dispatch_shortens_the_queue_budget():
@@ -262,6 +297,27 @@ async def test_a_backend_that_stops_makes_its_queue_shed_from_the_head(clock):
             await dispatcher.release(grant)
     finally:
         runner.cancel()
+
+
+async def test_a_request_that_expires_unserved_corrects_its_class_of_predictions(clock):
+    """A request beyond its share queued on a 0.1 s prediction and expired at its 2 s
+    budget: nobody was dispatched to compare with, but the predictor learns from the
+    wait it outlasted, and only for requests beyond their share."""
+    pool = Pool(PoolSpec("p", 1), leases(clock))
+    dispatcher = dispatcher_for([PROMISED], pool, clock)
+    holder = await granted(dispatcher, attempt(clock, tenant="heavy", lane=PROMISED))
+    dispatcher.predictor.gap_s = 0.1
+    waiter = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="heavy", lane=PROMISED)))
+    await settle()
+    clock.advance(2.0)
+    await settle()
+    error = waiter.exception()
+    assert isinstance(error, GatewayError)
+    assert error.code == "expired"
+    lane = dispatcher.view().lanes[0]
+    assert lane.wait_correction == pytest.approx(MAX_CORRECTION**CORRECTION_SMOOTHING)
+    assert lane.wait_correction_within_share == 1.0
+    await dispatcher.release(holder)
 
 
 async def heavy_holds_both(dispatcher: Dispatcher, clock: FakeClock) -> list[Attempt]:
