@@ -320,6 +320,33 @@ async def test_a_request_that_expires_unserved_corrects_its_class_of_predictions
     await dispatcher.release(holder)
 
 
+async def test_a_request_shed_unserved_corrects_predictions_too(clock):
+    """As above, but the backend stalls and CoDel sheds the head at 1.6 s: the 1.6 s it
+    outlasted its 0.1 s prediction is learnt as if it had been served then."""
+    pool = Pool(PoolSpec("p", 1), leases(clock))
+    dispatcher = dispatcher_for([PROMISED], pool, clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        holder = await granted(dispatcher, attempt(clock, tenant="heavy", lane=PROMISED))
+        dispatcher.predictor.gap_s = 0.1
+        waiter = asyncio.create_task(
+            granted(dispatcher, attempt(clock, tenant="heavy", lane=PROMISED))
+        )
+        await settle()
+        for step_s in (1.1, 0.5):
+            clock.advance(step_s)
+            dispatcher.kick()
+            await settle()
+        error = waiter.exception()
+        assert isinstance(error, GatewayError)
+        assert error.code == "shed"
+        lane = dispatcher.view().lanes[0]
+        assert lane.wait_correction == pytest.approx(MAX_CORRECTION**CORRECTION_SMOOTHING)
+        await dispatcher.release(holder)
+    finally:
+        runner.cancel()
+
+
 async def heavy_holds_both(dispatcher: Dispatcher, clock: FakeClock) -> list[Attempt]:
     return [
         await granted(dispatcher, attempt(clock, tenant="heavy", lane=PROMISED)) for _ in range(2)
