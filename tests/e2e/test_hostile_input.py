@@ -400,4 +400,8 @@ def test_hostile_input_never_forces_a_5xx_or_leaks_capacity(running, path):
         threading.Event().wait(0.1)
     assert not any(found.values()), found
     assert not logged.records, [record.getMessage() for record in logged.records[:5]]
-    assert tally["reached the pipeline"] >= tally["cases"] // 3
+    # Most draws must get past the edge's checks, or the suite tests only those. The
+    # share that does varies with hypothesis's draws: 99-153 of 300 in four runs of
+    # /v1/completions (2026-12-03), so a third failed one run in four; below a fifth
+    # would be a change in the gateway or the strategies, not the draw.
+    assert tally["reached the pipeline"] >= tally["cases"] // 5

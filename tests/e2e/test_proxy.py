@@ -175,6 +175,7 @@ async def test_health_ready_and_metrics(gateway, http, alice):
         "pool",
         "stage",
         "lane",
+        "share",
         "tenant",
         "state",
         "deployment",
