@@ -336,12 +336,18 @@ class Dispatcher:
             self.queues[other.name].size for other in self.lanes if other.priority >= lane.priority
         )
 
-    def _place(self, call: Call) -> Place:
+    def _place(self, call: Call, protected: bool) -> Place:
         """Where `call` would wait: behind all of the lanes above, and in its own lane
-        behind those the fair order serves first (`LaneQueue.place`)."""
+        behind those the fair order serves first (`LaneQueue.place`), or, within its
+        tenant's share, behind the others within theirs (`LaneQueue.protected_place`)."""
         lane = call.lane
         own = self.queues[lane.name]
-        place = own.place(call.tenant.name, bool(call.client_retries))
+        tenant = call.tenant.name
+        place = (
+            own.protected_place(tenant)
+            if protected
+            else own.place(tenant, bool(call.client_retries))
+        )
         above = self._queued_ahead(lane) - own.size
         return Place(above + place.ahead, place.mine, place.since_s)
 
@@ -364,7 +370,7 @@ class Dispatcher:
         No Retry-After: when capacity comes back is not known."""
         lane = call.lane
         predictor = self.predictor
-        place = self._place(call)
+        place = self._place(call, protected)
         wait = predictor.wait_s(
             lane.name,
             call.tenant.name,

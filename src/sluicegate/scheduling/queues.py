@@ -1,7 +1,10 @@
 """A lane's queue: one queue per tenant, served in the order a fairness policy chooses.
 
-Within a tenant, first attempts go before the retries its clients announce (the
-`openai` SDKs send `x-stainless-retry-count`), each in arrival order: under overload a
+Within a tenant, requests that came within its fair share go first, then its other
+first attempts, then the retries its clients announce (the `openai` SDKs send
+`x-stainless-retry-count`), each in arrival order. A request within the share was
+promised the next slot: behind its tenant's older requests from beyond the share,
+which must leave the reserve free, it would wait as long as they do. Under overload a
 retry has already spent part of its caller's patience, so of two requests the fresh
 one is likelier to be answered in time. Bounded by size here and by age through each
 waiter's own timeout; a waiter that leaves (deadline, age, caller gone) is removed at
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sluicegate.core.errors import GatewayError
@@ -66,27 +70,35 @@ class Place:
 
 
 class _Flow:
-    """One tenant's waiters: first attempts, then retries, each FIFO."""
+    """One tenant's waiters: those within its share, its other first attempts, then its
+    retries, each FIFO."""
 
-    __slots__ = ("fresh", "retried", "since_s")
+    __slots__ = ("fresh", "protected", "retried", "since_s")
 
     def __init__(self) -> None:
+        self.protected: deque[Waiter] = deque()
         self.fresh: deque[Waiter] = deque()
         self.retried: deque[Waiter] = deque()
         self.since_s = 0.0
         """When its current backlog began."""
 
     def __bool__(self) -> bool:
-        return bool(self.fresh or self.retried)
+        return bool(self.protected or self.fresh or self.retried)
+
+    def __len__(self) -> int:
+        return len(self.protected) + len(self.fresh) + len(self.retried)
 
     def part(self, waiter: Waiter) -> deque[Waiter]:
+        if waiter.protected:
+            return self.protected
         return self.retried if waiter.call.client_retries else self.fresh
 
     def head(self) -> Waiter:
-        return self.fresh[0] if self.fresh else self.retried[0]
+        return next(part[0] for part in (self.protected, self.fresh, self.retried) if part)
 
     def oldest_enqueued_s(self) -> float:
-        return min(part[0].enqueued_s for part in (self.fresh, self.retried) if part)
+        parts = (self.protected, self.fresh, self.retried)
+        return min(part[0].enqueued_s for part in parts if part)
 
 
 class LaneQueue:
@@ -149,16 +161,28 @@ class LaneQueue:
         as the fairness policy's order serves first."""
         own = self._flows.get(flow)
         if not own:
-            mine, since_s = 0, None
-        else:
-            mine = len(own.fresh) + (len(own.retried) if retried else 0)
-            since_s = own.since_s
+            return Place(self._served_before(flow, 0, len), 0, None)
+        mine = len(own.protected) + len(own.fresh) + (len(own.retried) if retried else 0)
+        return Place(self._served_before(flow, mine, len), mine, own.since_s)
+
+    def protected_place(self, flow: str) -> Place:
+        """Where a newcomer within its tenant's share would stand: before every request
+        beyond a share, so among the requests within theirs alone, in the fair order
+        (`protected_head`). Its tenant's pace is not its own: that is set by the
+        requests beyond the share, which it passes."""
+        own = self._flows.get(flow)
+        mine = 0 if own is None else len(own.protected)
+        return Place(self._served_before(flow, mine, _protected), mine, None)
+
+    def _served_before(self, flow: str, mine: int, count: Callable[[_Flow], int]) -> int:
+        """`mine` and, of each other flow's `count` waiters, as many as the fair order
+        serves before a newcomer of `flow` with `mine` of its own ahead of it."""
         turns_before = self.fairness.turns_before
         ahead = mine
         for name, other in self._flows.items():
-            if name != flow and other:
-                ahead += turns_before(flow, mine, name, len(other.fresh) + len(other.retried))
-        return Place(ahead, mine, since_s)
+            if name != flow and (queued := count(other)):
+                ahead += turns_before(flow, mine, name, queued)
+        return ahead
 
     def backlogged_since(self, flow: str) -> float | None:
         """When `flow`'s current backlog began; None when it has nothing queued."""
@@ -168,7 +192,7 @@ class LaneQueue:
     def queued(self, flow: str) -> int:
         """`flow`'s waiters."""
         own = self._flows.get(flow)
-        return 0 if own is None else len(own.fresh) + len(own.retried)
+        return 0 if own is None else len(own)
 
     def protected_head(self) -> Waiter | None:
         """Of the heads that came within their tenant's share, the one the fair order
@@ -188,3 +212,7 @@ class LaneQueue:
     def oldest_enqueued_s(self) -> float | None:
         heads = [flow.oldest_enqueued_s() for flow in self._flows.values() if flow]
         return min(heads, default=None)
+
+
+def _protected(flow: _Flow) -> int:
+    return len(flow.protected)

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from sluicegate.capacity.pools import Pool
+from sluicegate.capacity.pools import Pool, PoolPermit
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.types import Lane, PoolSpec
 from sluicegate.scheduling.attempt import Attempt
@@ -26,6 +26,7 @@ from tests.unit.scheduling.test_dispatcher import (
     dispatcher_for,
     granted,
     leases,
+    reserving,
     settle,
 )
 
@@ -173,6 +174,23 @@ async def test_a_tenant_with_fewer_in_flight_for_its_weight_is_placed_before_the
             queue.push(Waiter(attempt(clock, tenant=tenant, lane=PROMISED), clock.now(), None))
     assert queue.place("small", retried=False).ahead == 1, "only its own: big holds six"
     assert queue.place("big", retried=False).ahead == 2 + 1
+
+
+async def test_a_newcomer_within_its_share_is_placed_among_the_requests_within_theirs(clock):
+    """`heavy` came alone, so two of its four queued requests came within its share.
+    A newcomer of `light` within its own counts only those two, and of them only the
+    ones the fair order serves first: none while heavy holds three in flight, one (a
+    tie) once it holds none; heavy's next counts its own two."""
+    fairness = VirtualTokenCounter()
+    queue = queue_of(fairness)
+    for protected in (False, False, True, True):
+        waiter = Waiter(attempt(clock, tenant="heavy", lane=PROMISED), clock.now(), None, protected)
+        queue.push(waiter)
+    fairness.in_flight("heavy", 3)
+    assert queue.protected_place("light") == Place(0, 0, None)
+    fairness.in_flight("heavy", -3)
+    assert queue.protected_place("light") == Place(1, 0, None)
+    assert queue.protected_place("heavy") == Place(2, 2, None)
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -413,5 +431,87 @@ async def test_a_tenant_within_its_share_is_not_shed_but_waits_for_the_next_slot
         assert light.done()
         assert light.exception() is None
         await dispatcher.release(grants.pop())
+    finally:
+        runner.cancel()
+
+
+async def light_behind_its_own_backlog(
+    dispatcher: Dispatcher, pool: Pool, clock: FakeClock
+) -> tuple[list[Attempt], list[PoolPermit], asyncio.Task[Attempt]]:
+    """On a pool of 4 shared by `heavy` and `light` (2 each), light's third request came
+    beyond its share and queued; then light's two in flight ended and others outside
+    the fair order took their slots. Light, with one request queued and none in flight,
+    is now within its share again."""
+    dispatcher.predictor.first_token("promised", 0.6)
+    held = [
+        await granted(dispatcher, attempt(clock, tenant=tenant, lane=PROMISED))
+        for tenant in ("heavy", "heavy", "light", "light")
+    ]
+    beyond = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="light", lane=PROMISED)))
+    await settle()
+    assert not beyond.done()
+    for grant in held[2:]:
+        await dispatcher.release(grant)
+    assert not beyond.done()
+    others = [await dispatcher.targets[0].group.acquire(10) for _ in range(2)]
+    permits = [permit for permit in others if isinstance(permit, PoolPermit)]
+    assert len(permits) == pool.counters.active - 2 == 2
+    return held[:2], permits, beyond
+
+
+async def test_a_request_within_its_share_is_promised_its_place_among_those_within_theirs(clock):
+    """Light's queued request, beyond its share, has been dispatched once in 0.9 s: at
+    that pace a newcomer behind it would wait 1.8 s, with 0.6 s after dispatch beyond
+    the 2 s promise. But the newcomer is within light's share: it goes before that
+    request, first among the requests within their share (none queued), so its wait is
+    one service gap, 0.1 s, and it queues instead of being refused."""
+    pool = Pool(PoolSpec("p", 4), leases(clock))
+    dispatcher = dispatcher_for([PROMISED], pool, clock)
+    held, others, beyond = await light_behind_its_own_backlog(dispatcher, pool, clock)
+    since_s = dispatcher.queues["promised"].backlogged_since("light")
+    assert since_s is not None
+    dispatcher.predictor.flow_dispatched("promised", "light", since_s, since_s)
+    clock.advance(0.9)
+    dispatcher.predictor.flow_dispatched("promised", "light", clock.now(), since_s)
+    dispatcher.predictor.gap_s = 0.1
+    within = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="light", lane=PROMISED)))
+    await settle()
+    assert not within.done(), within.exception() if within.done() else None
+    assert dispatcher.queues["promised"].protected == 1
+    for task in (beyond, within):
+        task.cancel()
+    await settle()
+    for grant in held:
+        await dispatcher.release(grant)
+    for permit in others:
+        await permit.release(None)
+
+
+async def test_a_request_within_its_share_goes_before_its_tenants_backlog_beyond_it(clock):
+    """A slot frees while light has its request beyond its share queued, and one within
+    it behind: the one within goes. The older one may not take the slot the reserve
+    keeps, and standing first it would keep the other waiting with it."""
+    pool = Pool(PoolSpec("p", 4), leases(clock))
+    dispatcher = dispatcher_for([PROMISED], pool, clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        reserving(dispatcher, 1)
+        held, others, beyond = await light_behind_its_own_backlog(dispatcher, pool, clock)
+        within = asyncio.create_task(
+            granted(dispatcher, attempt(clock, tenant="light", lane=PROMISED))
+        )
+        await settle()
+        assert not within.done()
+        await others.pop().release(None)
+        await settle()
+        assert within.done()
+        assert within.exception() is None
+        assert not beyond.done()
+        beyond.cancel()
+        await settle()
+        for grant in [*held, within.result()]:
+            await dispatcher.release(grant)
+        for permit in others:
+            await permit.release(None)
     finally:
         runner.cancel()
