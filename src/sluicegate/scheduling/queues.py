@@ -94,7 +94,7 @@ class _Flow:
         return self.retried if waiter.call.client_retries else self.fresh
 
     def head(self) -> Waiter:
-        return next(part[0] for part in (self.protected, self.fresh, self.retried) if part)
+        return (self.protected or self.fresh or self.retried)[0]
 
     def oldest_enqueued_s(self) -> float:
         parts = (self.protected, self.fresh, self.retried)
@@ -195,13 +195,14 @@ class LaneQueue:
         return 0 if own is None else len(own)
 
     def protected_head(self) -> Waiter | None:
-        """Of the heads that came within their tenant's share, the one the fair order
-        serves first (a single request of a tenant with nothing in flight before the
-        tail of another's burst), if any: the fair order's head beyond its share must
-        leave them the reserve, and would keep them waiting behind itself."""
+        """Of the tenants with requests queued within their share (standing first in
+        their tenant's queue), the head of the one the fair order serves first (a single
+        request of a tenant with nothing in flight before the tail of another's burst),
+        if any: the fair order's head beyond its share must leave them the reserve, and
+        would keep them waiting behind itself."""
         if not self.protected:
             return None
-        flows = [name for name, flow in self._flows.items() if flow and flow.head().protected]
+        flows = [name for name, flow in self._flows.items() if flow.protected]
         chosen = self.fairness.pick_from(flows)
         return None if chosen is None else self._flows[chosen].head()
 
