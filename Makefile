@@ -22,9 +22,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests
 	$(BIN)/lint-imports
 
-# The unit suite runs a second time as on a machine booted a minute ago (tests/conftest.py).
+# Two workers: the suite mostly waits on the processes it starts (README, "Development"). The unit
+# suite runs a second time as on a machine booted a minute ago (tests/conftest.py).
 test: lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2
 	SLUICEGATE_TEST_MONOTONIC_AT=60 $(BIN)/pytest -q tests/unit
 
 bench-overhead: $(STAMP)
