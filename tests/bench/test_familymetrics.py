@@ -236,6 +236,20 @@ def test_within_share_at_send_judges_a_burst_by_the_batch_free_when_it_came() ->
     assert beyond["refused_fraction"] == 0.5
 
 
+def test_refused_at_once_a_tenant_looks_within_its_share_at_send_but_not_by_demand() -> None:
+    """Each refusal ends its request before the next comes, so at its send every request
+    of a tenant asking ten times the capacity finds nothing of its own outstanding."""
+    flood = [refused(0.1 * k, "a") for k in range(40)]
+    found = familymetrics.figures(flood, basis({"a": 1.0}, {"rps": 1.0, "work": 1.0}, 4.0))
+    within = found["within_share"]
+    assert within["requests"] == 40
+    assert within["asked_of_capacity"] == pytest.approx(10.0)
+    windowed = found["at_or_below_share"]["windowed"]
+    assert windowed["requests"] == 0
+    assert windowed["asked_of_capacity"] == 0.0
+    assert found["beyond_share"]["asked_of_capacity"] == 0.0
+
+
 def test_the_gateways_part_of_a_wait_is_its_refusals_the_backoff_and_its_queue() -> None:
     """Refused at 0, sent again at 0.5 and held 0.1 s before dispatch: the gateway held it
     0.6 s of its 0.65 s wait; the rest (the engine step it came during) is the backend's."""

@@ -21,12 +21,20 @@ BASIS = familymetrics.Basis(
 )
 
 
-def figures(wait_ms: float, refused: float, jain: float) -> dict[str, Any]:
+def figures(wait_ms: float, refused: float, jain: float, asked: float = 0.5) -> dict[str, Any]:
     attempt = Attempt(0.0, 1.0, 200, first_token_s=0.5, backend_prefill_s=0.1)
     found: dict[str, Any] = familymetrics.figures(
         [Record("a", "interactive", 0, True, 0.0, (attempt,))], BASIS
     )
-    found["within_share"] |= {"queue_wait_p95_ms": wait_ms, "refused_fraction": refused}
+    found["within_share"] |= {
+        "queue_wait_p95_ms": wait_ms,
+        "refused_fraction": refused,
+        "asked_of_capacity": asked,
+    }
+    found["at_or_below_share"]["windowed"] |= {
+        "queue_wait_p95_ms": wait_ms / 2,
+        "refused_fraction": refused / 2,
+    }
     found["above_share"]["jain_windowed"] = jain
     return found
 
@@ -43,7 +51,7 @@ def result(name: str, on: dict[str, Any]) -> dict[str, Any]:
 
 def test_the_worst_takes_the_longest_wait_most_refusals_and_lowest_windowed_jain() -> None:
     results = [
-        result("v0", figures(120.0, 0.02, 0.97)),
+        result("v0", figures(120.0, 0.02, 0.97, asked=1.3)),
         result("v1", figures(80.0, math.nan, 0.91)),
         result("v2", figures(math.nan, 0.05, math.nan)),
     ]
@@ -54,9 +62,18 @@ def test_the_worst_takes_the_longest_wait_most_refusals_and_lowest_windowed_jain
     assert worst["within_share_queue_wait_p95_ms"] == 120.0
     assert worst["within_share_refused_fraction"] == 0.05
     assert worst["above_share_jain_windowed"] == 0.91
-    text = familyreport.text(familyreport.document({}, results))
+    assert worst["below_share_windowed_queue_wait_p95_ms"] == 60.0
+    assert worst["below_share_windowed_refused_fraction"] == 0.025
+    assert worst["within_share_asked_of_capacity"] == 1.3
+    doc = familyreport.document({}, results)
+    assert doc["all_targets_met"] is None, "the family judges no target in its document"
+    text = familyreport.text(doc)
     assert "within share at send: wait p95 ms / refused %" in text
     assert "120 / 2.0" in text
+    assert "at or below share (windowed): wait p95 ms / refused %" in text
+    assert "60 / 1.0" in text
+    assert "within share at send: asked x capacity" in text
+    assert "1.30" in text
     assert "Jain above (windowed)" in text
 
 

@@ -229,25 +229,26 @@ def figures(
 def share_figures(records: Sequence[Record], basis: Basis) -> dict[str, object]:
     """Tenants against their fair share three ways: by demand over the whole run (the
     first definition, kept), each request at its send, and per window of the promise."""
-    weights = basis.weights
-    per_tenant = tenants(records, weights, basis.cost, basis.capacity["work"], basis.duration_s)
+    weights, duration_s = basis.weights, basis.duration_s
+    per_tenant = tenants(records, weights, basis.cost, basis.capacity["work"], duration_s)
     below = [f for f in per_tenant.values() if not f["above_share"] and f["requests"]]
     above = [f["served_of_share"] for f in per_tenant.values() if f["above_share"]]
     at_send = shares.within_share_at_send(records, weights, basis.batch)
     within = [r for r, inside in zip(records, at_send, strict=True) if inside]
     windowed = shares.by_window(
-        records, weights, basis.cost, basis.capacity["work"], basis.promise_s, basis.duration_s
+        records, weights, basis.cost, basis.capacity["work"], basis.promise_s, duration_s
     )
     ratios = [windowed.served[t] / windowed.shares[t] for t in windowed.shares]
+
+    below_windowed = [r for r, up in zip(records, windowed.above, strict=True) if not up]
+    beyond = [r for r, inside in zip(records, at_send, strict=True) if not inside]
     return {
         "tenants": per_tenant,
         "at_or_below_share": {
             "tenants": len(below),
             "queue_wait_p95_ms_max": _max(f["queue_wait_p95_ms"] for f in below),
             "refused_fraction_max": _max(f["refused_fraction"] for f in below),
-            "windowed": _group(
-                [r for r, up in zip(records, windowed.above, strict=True) if not up]
-            ),
+            "windowed": {**_group(below_windowed), **_asked(below_windowed, basis)},
         },
         "above_share": {
             "tenants": len(above),
@@ -257,11 +258,10 @@ def share_figures(records: Sequence[Record], basis: Basis) -> dict[str, object]:
         },
         "within_share": {
             **_group(within),
+            **_asked(within, basis),
             "per_tenant": {t: _group([r for r in within if r.tenant == t]) for t in weights},
         },
-        "beyond_share": _group(
-            [r for r, inside in zip(records, at_send, strict=True) if not inside]
-        ),
+        "beyond_share": {**_group(beyond), **_asked(beyond, basis)},
     }
 
 
@@ -275,6 +275,13 @@ def _group(records: Sequence[Record]) -> dict[str, object]:
         "gateway_wait_p95_ms": 1000 * percentile(held, 95),
         "refused_fraction": _fraction(sum(map(refused, records)), len(records)),
     }
+
+
+def _asked(records: Sequence[Record], basis: Basis) -> dict[str, float]:
+    """The work the records asked per second over the capacity's: a class of requests that
+    asks more than the capacity cannot all be served at once under any scheduler."""
+    work = sum(map(basis.cost, records)) / basis.duration_s
+    return {"asked_of_capacity": _ratio(work, basis.capacity["work"])}
 
 
 def _ratio(part: float, whole: float) -> float:

@@ -90,6 +90,12 @@ def worst(results: Sequence[Mapping[str, Any]], policy: str) -> dict[str, float]
         "below_share_refused_fraction": pick(
             [r["at_or_below_share"]["refused_fraction_max"] for r in runs], max
         ),
+        "below_share_windowed_queue_wait_p95_ms": pick(
+            [r["at_or_below_share"]["windowed"]["queue_wait_p95_ms"] for r in runs], max
+        ),
+        "below_share_windowed_refused_fraction": pick(
+            [r["at_or_below_share"]["windowed"]["refused_fraction"] for r in runs], max
+        ),
         "above_share_jain": pick([r["above_share"]["jain_served_of_share"] for r in runs], min),
         "within_share_queue_wait_p95_ms": pick(
             [r["within_share"]["queue_wait_p95_ms"] for r in runs], max
@@ -99,6 +105,9 @@ def worst(results: Sequence[Mapping[str, Any]], policy: str) -> dict[str, float]
         ),
         "within_share_gateway_wait_p95_ms": pick(
             [r["within_share"]["gateway_wait_p95_ms"] for r in runs], max
+        ),
+        "within_share_asked_of_capacity": pick(
+            [r["within_share"]["asked_of_capacity"] for r in runs], max
         ),
         "above_share_jain_windowed": pick([r["above_share"]["jain_windowed"] for r in runs], min),
         "recovery_s": pick(recoveries, max),
@@ -165,7 +174,14 @@ DEFINITIONS = {
     "so a burst is judged against the capacity of its window; served work counted where "
     "it was done (spread over each answer's span)",
     "at or below share (windowed)": "queue wait p95 and refused fraction of the requests "
-    "sent in windows where their tenant asked at most its share (JSON only)",
+    "sent in windows of the promise's length where their tenant asked at most its max-min "
+    "share of the capacity's work: a reading of the issue's 'tenants at or below their "
+    "fair share' by demand, refused requests included, so what it judges within share "
+    "never asks more than the capacity",
+    "asked x capacity": "the work a class of requests asked per second over the capacity's "
+    "work per second; the requests within share at send can ask more than 1 (a refused "
+    "request stops being outstanding at once, so a tenant refused quickly looks within "
+    "its share again), and such a class cannot all be served at once by any scheduler",
     "recovery": "from the slowdown to the end of the last 1 s window (by attempt start) whose "
     "admitted TTFT p95 broke the promise; 0 when none did",
     "predictor error": familymetrics.PREDICTOR_SOURCE,
@@ -185,8 +201,10 @@ def text(doc: Mapping[str, Any]) -> str:
         "fair wait p95 ms",
         "fair refused %",
         "Jain above",
+        "at or below share (windowed): wait p95 ms / refused %",
         "within share at send: wait p95 ms / refused %",
         "within share: gateway wait p95 ms",
+        "within share at send: asked x capacity",
         "Jain above (windowed)",
         "recovery s",
         "pred. err p50/p95 s",
@@ -215,10 +233,15 @@ def text(doc: Mapping[str, Any]) -> str:
                     _num(100 * below["refused_fraction_max"], 1),
                     _num(f["above_share"]["jain_served_of_share"], 3),
                     _wait_refused(
+                        below["windowed"]["queue_wait_p95_ms"],
+                        below["windowed"]["refused_fraction"],
+                    ),
+                    _wait_refused(
                         f["within_share"]["queue_wait_p95_ms"],
                         f["within_share"]["refused_fraction"],
                     ),
                     _num(f["within_share"]["gateway_wait_p95_ms"], 0),
+                    _num(f["within_share"]["asked_of_capacity"], 2),
                     _num(f["above_share"]["jain_windowed"], 3),
                     "-" if rec is None else _recovery(rec),
                     _predictor(f["predictor"]),
@@ -238,9 +261,14 @@ def text(doc: Mapping[str, Any]) -> str:
                 _num(100 * w["below_share_refused_fraction"], 1),
                 _num(w["above_share_jain"], 3),
                 _wait_refused(
+                    w["below_share_windowed_queue_wait_p95_ms"],
+                    w["below_share_windowed_refused_fraction"],
+                ),
+                _wait_refused(
                     w["within_share_queue_wait_p95_ms"], w["within_share_refused_fraction"]
                 ),
                 _num(w["within_share_gateway_wait_p95_ms"], 0),
+                _num(w["within_share_asked_of_capacity"], 2),
                 _num(w["above_share_jain_windowed"], 3),
                 _num(w["recovery_s"], 0),
                 "" if policy == "off" else f"-/{_num(w['predictor_error_p95_s'], 2)}",

@@ -140,7 +140,9 @@ def envelope(
     found: Sequence[Figure],
     **results: object,
 ) -> dict[str, object]:
-    """The JSON document every benchmark writes: what ran, where, and its figures."""
+    """The JSON document every benchmark writes: what ran, where, and its figures. A
+    benchmark that judged no figure (the family reports its own) met no target: null,
+    not true."""
     return {
         "benchmark": benchmark,
         "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -153,7 +155,7 @@ def envelope(
         "definitions": dict(definitions),
         **results,
         "figures": [figure_json(f) for f in found],
-        "all_targets_met": all(f.passed for f in found),
+        "all_targets_met": all(f.passed for f in found) if found else None,
     }
 
 
