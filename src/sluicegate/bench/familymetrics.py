@@ -235,13 +235,12 @@ def share_figures(records: Sequence[Record], basis: Basis) -> dict[str, object]:
     above = [f["served_of_share"] for f in per_tenant.values() if f["above_share"]]
     at_send = shares.within_share_at_send(records, weights, basis.batch)
     within = [r for r, inside in zip(records, at_send, strict=True) if inside]
+    beyond = [r for r, inside in zip(records, at_send, strict=True) if not inside]
     windowed = shares.by_window(
         records, weights, basis.cost, basis.capacity["work"], basis.promise_s, duration_s
     )
-    ratios = [windowed.served[t] / windowed.shares[t] for t in windowed.shares]
-
     below_windowed = [r for r, up in zip(records, windowed.above, strict=True) if not up]
-    beyond = [r for r, inside in zip(records, at_send, strict=True) if not inside]
+    ratios = [windowed.served[t] / windowed.shares[t] for t in windowed.shares]
     return {
         "tenants": per_tenant,
         "at_or_below_share": {
