@@ -250,6 +250,24 @@ def test_refused_at_once_a_tenant_looks_within_its_share_at_send_but_not_by_dema
     assert found["beyond_share"]["asked_of_capacity"] == 0.0
 
 
+def test_the_windowed_class_says_which_of_its_requests_were_beyond_share_at_send() -> None:
+    """`small` (weight 1 beside `big`'s 15, batch 8) asks for 2 of a window's 20: below
+    its share there. But its second request overlaps its first while big holds 7, so at
+    its send it is beyond its part of the batch (1); it was refused, and that refusal
+    is where the class's comes from."""
+    big = [served(0.0, 0.3, "big") for _ in range(7)]
+    small = [served(0.05, 0.3, "small"), refused(0.1, "small")]
+    weights = {"small": 1.0, "big": 15.0}
+    found = familymetrics.figures(big + small, basis(weights, {"rps": 10, "work": 10.0}, 4.0))
+    windowed = found["at_or_below_share"]["windowed"]
+    assert windowed["requests"] == 9
+    assert windowed["refusals_by_code"] == {"overloaded": 1}
+    beyond = windowed["beyond_share_at_send"]
+    assert beyond["requests"] == 1
+    assert beyond["refused_fraction"] == 1.0
+    assert found["within_share"]["refusals_by_code"] == {}
+
+
 def test_the_gateways_part_of_a_wait_is_its_refusals_the_backoff_and_its_queue() -> None:
     """Refused at 0, sent again at 0.5 and held 0.1 s before dispatch: the gateway held it
     0.6 s of its 0.65 s wait; the rest (the engine step it came during) is the backend's."""

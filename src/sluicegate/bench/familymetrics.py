@@ -240,6 +240,11 @@ def share_figures(records: Sequence[Record], basis: Basis) -> dict[str, object]:
         records, weights, basis.cost, basis.capacity["work"], basis.promise_s, duration_s
     )
     below_windowed = [r for r, up in zip(records, windowed.above, strict=True) if not up]
+    below_beyond = [
+        r
+        for r, up, inside in zip(records, windowed.above, at_send, strict=True)
+        if not up and not inside
+    ]
     ratios = [windowed.served[t] / windowed.shares[t] for t in windowed.shares]
     return {
         "tenants": per_tenant,
@@ -247,7 +252,11 @@ def share_figures(records: Sequence[Record], basis: Basis) -> dict[str, object]:
             "tenants": len(below),
             "queue_wait_p95_ms_max": _max(f["queue_wait_p95_ms"] for f in below),
             "refused_fraction_max": _max(f["refused_fraction"] for f in below),
-            "windowed": {**_group(below_windowed), **_asked(below_windowed, basis)},
+            "windowed": {
+                **_group(below_windowed),
+                **_asked(below_windowed, basis),
+                "beyond_share_at_send": _group(below_beyond),
+            },
         },
         "above_share": {
             "tenants": len(above),
@@ -273,7 +282,19 @@ def _group(records: Sequence[Record]) -> dict[str, object]:
         "queue_wait_samples": len(waits),
         "gateway_wait_p95_ms": 1000 * percentile(held, 95),
         "refused_fraction": _fraction(sum(map(refused, records)), len(records)),
+        "refusals_by_code": _refusal_codes(records),
     }
+
+
+def _refusal_codes(records: Sequence[Record]) -> dict[str, int]:
+    """How many of the records the gateway turned away first with each code: where a
+    class's refusals come from (the predictor, the shedding, a queue's age limit)."""
+    codes: dict[str, int] = defaultdict(int)
+    for record in records:
+        first = next((a.error for a in record.attempts if a.error in REFUSALS), None)
+        if first is not None:
+            codes[first] += 1
+    return dict(sorted(codes.items()))
 
 
 def _asked(records: Sequence[Record], basis: Basis) -> dict[str, float]:

@@ -182,6 +182,10 @@ DEFINITIONS = {
     "work per second; the requests within share at send can ask more than 1 (a refused "
     "request stops being outstanding at once, so a tenant refused quickly looks within "
     "its share again), and such a class cannot all be served at once by any scheduler",
+    "refusals by code": "in the JSON, per class: how many of its requests the gateway first "
+    "turned away with each code (overloaded: the predictor, shed: CoDel, expired: the "
+    "queue's age limit); the windowed class also gives its requests beyond share at send "
+    "apart (beyond_share_at_send), where the two readings disagree",
     "recovery": "from the slowdown to the end of the last 1 s window (by attempt start) whose "
     "admitted TTFT p95 broke the promise; 0 when none did",
     "predictor error": familymetrics.PREDICTOR_SOURCE,
