@@ -110,9 +110,9 @@ def admitted_ttft_s(record: Record) -> float | None:
     return last.first_token_s - last.start_s
 
 
-def refused(record: Record) -> bool:
-    """The gateway turned away at least one of the request's attempts."""
-    return any(attempt.error in REFUSALS for attempt in record.attempts)
+def first_refusal(record: Record) -> str | None:
+    """The code the gateway first turned the request away with; None if it never did."""
+    return next((a.error for a in record.attempts if a.error in REFUSALS), None)
 
 
 def recovery(
@@ -276,22 +276,24 @@ def share_figures(records: Sequence[Record], basis: Basis) -> dict[str, object]:
 def _group(records: Sequence[Record]) -> dict[str, object]:
     waits = [w for r in records if (w := r.queue_wait_s) is not None]
     held = [w for r in records if (w := r.gateway_wait_s) is not None]
+    codes = _refusal_codes(records)
     return {
         "requests": len(records),
         "queue_wait_p95_ms": 1000 * percentile(waits, 95),
         "queue_wait_samples": len(waits),
         "gateway_wait_p95_ms": 1000 * percentile(held, 95),
-        "refused_fraction": _fraction(sum(map(refused, records)), len(records)),
-        "refusals_by_code": _refusal_codes(records),
+        "refused_fraction": _fraction(sum(codes.values()), len(records)),
+        "refusals_by_code": codes,
     }
 
 
 def _refusal_codes(records: Sequence[Record]) -> dict[str, int]:
     """How many of the records the gateway turned away first with each code: where a
-    class's refusals come from (the predictor, the shedding, a queue's age limit)."""
+    class's refusals come from (the predictor, the shedding, a queue's age limit); they
+    sum to the refused records."""
     codes: dict[str, int] = defaultdict(int)
     for record in records:
-        first = next((a.error for a in record.attempts if a.error in REFUSALS), None)
+        first = first_refusal(record)
         if first is not None:
             codes[first] += 1
     return dict(sorted(codes.items()))
