@@ -25,6 +25,7 @@ import yaml
 from sluicegate.bench import (
     capacity,
     family,
+    familycompare,
     familymetrics,
     familyreport,
     familyrescore,
@@ -82,6 +83,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="recompute the figures of a finished run in DIR from its files, running nothing",
     )
     add(
+        "--compare",
+        action="append",
+        default=[],
+        metavar="ARM=DIR[,DIR...]",
+        help="print each figure as mean [min-max] over each arm's finished runs in the "
+        "DIRs, per variant, running nothing (repeat per arm; several runs per arm, since "
+        "one run cannot tell two arms apart)",
+    )
+    add(
         "--reuse",
         type=Path,
         metavar="DIR",
@@ -109,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
     """0 once every variant ran; 1 when a process failed."""
     if args.rescore is not None:
         return familyrescore.rescore(args.rescore)
+    if args.compare:
+        return familycompare.compare(args.compare)
     sizes = QUICK if args.quick else FULL
     duration_s = args.duration or sizes["duration"]
     probe_s = args.probe or sizes["probe"]
