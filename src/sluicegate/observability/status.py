@@ -46,6 +46,7 @@ def snapshot(
             "deployments": deployments,
             "service_gap_s": view.service_gap_s,
             "reserved_slots": view.reserved_slots,
+            "decode_s_per_token": view.decode_s_per_token,
             "checks": view.checks,
         }
     return {
@@ -65,6 +66,7 @@ TAKES_MAX = frozenset(
         "after_dispatch_s",
         "reserved_slots",
         "prefill_tokens_per_s",
+        "decode_s_per_token",
     }
 )
 """Status fields merged across workers by their largest value (ages, the worst pressure,

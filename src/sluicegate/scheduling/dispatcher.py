@@ -32,6 +32,7 @@ from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Lane
 from sluicegate.scheduling.attempt import Attempt, Target
 from sluicegate.scheduling.checks import DispatchCheck, NotNow, default_checks
+from sluicegate.scheduling.demand import EngineUnit, RecentWork
 from sluicegate.scheduling.fairness import FairnessPolicy
 from sluicegate.scheduling.prefill import PrefillBudget
 from sluicegate.scheduling.promise import Shedder, WaitPredictor
@@ -43,6 +44,9 @@ CODEL_TARGET = 0.5
 """CoDel's target as a fraction of the queue budget. A request that waits the whole
 budget expires (`_age_limit_s`); a queue whose requests keep waiting past half of it
 for an interval is running late and sheds before they do."""
+DEMAND_HORIZON_S = 2.0
+"""Over how long a tenant's asked work is counted when the top lane makes no promise;
+with one, the promise: a tenant is judged over the time its request may be kept."""
 PREFILL_PART = 0.5
 """The part of the top lane's promise the prompts waiting at a deployment for their
 first token may take to prefill together (`PrefillBudget`): the rest is for the wait in
@@ -113,6 +117,9 @@ class DispatcherView:
     requests within their tenant's share."""
     protected_arrivals: int
     """Top-lane requests that arrived within their tenant's share."""
+    decode_s_per_token: float | None
+    """The engine time an output token costs, as learnt (`demand.EngineUnit`); None
+    before a stream ended."""
 
 
 class Dispatcher:
@@ -153,6 +160,10 @@ class Dispatcher:
         promised lane queues at most one such batch."""
         self.reserve = Reserve(self._batch, reserve)
         promise = self.protected.ttft_slo_s
+        self.unit = EngineUnit()
+        self._recent = RecentWork(DEMAND_HORIZON_S if promise is None else promise)
+        """Work each tenant asked lately in the top lane: the order among the requests
+        within their share."""
         started = clock.now()
         self._prefill = {
             target.deployment.name: PrefillBudget(PREFILL_PART * promise, started)
@@ -222,6 +233,7 @@ class Dispatcher:
             {check.name: check.view() for check in self.checks},
             self.reserve.slots(now, self.predictor.gap_s),
             self.reserve.arrivals,
+            self.unit.decode_s_per_token,
         )
 
     def _target_view(self, target: Target) -> TargetView:
@@ -321,6 +333,12 @@ class Dispatcher:
         budget = self._prefill_at(attempt)
         if budget is not None:
             budget.dropped(id(attempt))
+        if attempt.call.stream and attempt.first_byte_s is not None and attempt.completion_tokens:
+            sequences = sum(stats.in_flight for stats in self.stats.values())
+            span_s = self.clock.now() - attempt.first_byte_s
+            self.unit.decoded(
+                attempt.completion_tokens, span_s, math.ceil(sequences / len(self.targets))
+            )
         self.stats[lane.name].in_flight -= 1
         produced = attempt.completion_tokens
         if produced is None and attempt.used_tokens is not None:
@@ -344,7 +362,7 @@ class Dispatcher:
         own = self.queues[lane.name]
         tenant = call.tenant.name
         place = (
-            own.protected_place(tenant)
+            own.protected_place(tenant, self._asked_lately)
             if protected
             else own.place(tenant, bool(call.client_retries))
         )
@@ -503,7 +521,7 @@ class Dispatcher:
                     continue
                 queue = self.queues[lane.name]
                 self._shed_late(queue)
-                waiter = queue.protected_head() or queue.head()
+                waiter = queue.protected_head(self._asked_lately) or queue.head()
                 if waiter is None:
                     continue
                 attempt = waiter.attempt
@@ -567,8 +585,23 @@ class Dispatcher:
         lane, call = attempt.lane, attempt.call
         if lane is not self.protected or call.client_retries or attempt.number > 1:
             return False
+        self._note_asked(call)
         queue = self.queues[lane.name]
         return queue.fairness.within_share(call.tenant.name, queue.queued, self._batch)
+
+    def _note_asked(self, call: Call) -> None:
+        """Count a top-lane arrival's work, in the engine's unit once it is learnt, as its
+        tenant's, within its share or not: the order among the protected requests."""
+        rates = [rate for budget in self._prefill.values() if (rate := budget.tokens_per_s)]
+        prefill_rate = sum(rates) / len(rates) if rates else None
+        output_tokens = call.reserved_tokens - call.prompt_tokens
+        work_s = self.unit.work_s(call.prompt_tokens, output_tokens, prefill_rate)
+        if work_s is not None:
+            self._recent.asked(call.tenant.name, work_s, call.tenant.weight, self.clock.now())
+
+    def _asked_lately(self, tenant: str) -> float:
+        """The engine seconds `tenant` asked lately per its weight (`RecentWork`)."""
+        return self._recent.level(tenant, self.clock.now())
 
     def _busy_above(self, lane: Lane) -> bool:
         """Whether a lane above `lane` had an arrival within `GONE_AFTER_S`, the time

@@ -161,26 +161,39 @@ class LaneQueue:
         as the fairness policy's order serves first."""
         own = self._flows.get(flow)
         if not own:
-            return Place(self._served_before(flow, 0, len), 0, None)
+            return Place(self._served_before(flow, 0), 0, None)
         mine = len(own.protected) + len(own.fresh) + (len(own.retried) if retried else 0)
-        return Place(self._served_before(flow, mine, len), mine, own.since_s)
+        return Place(self._served_before(flow, mine), mine, own.since_s)
 
-    def protected_place(self, flow: str) -> Place:
+    def protected_place(self, flow: str, asked: Callable[[str], float]) -> Place:
         """Where a newcomer within its tenant's share would stand: before every request
-        beyond a share, so among the requests within theirs alone, in the fair order
-        (`protected_head`). Its tenant's pace is not its own: that is set by the
-        requests beyond the share, which it passes."""
+        beyond a share, so among the requests within theirs alone, in the order
+        `protected_head` serves them: behind those of tenants that asked less lately
+        (`asked`), and of those that asked as much, as many as the fair order serves
+        first. Its tenant's pace is not its own: that is set by the requests beyond
+        the share, which it passes."""
         own = self._flows.get(flow)
         mine = 0 if own is None else len(own.protected)
-        return Place(self._served_before(flow, mine, _protected), mine, None)
-
-    def _served_before(self, flow: str, mine: int, count: Callable[[_Flow], int]) -> int:
-        """`mine` and, of each other flow's `count` waiters, as many as the fair order
-        serves before a newcomer of `flow` with `mine` of its own ahead of it."""
+        level = asked(flow)
         turns_before = self.fairness.turns_before
         ahead = mine
         for name, other in self._flows.items():
-            if name != flow and (queued := count(other)):
+            if name == flow or not (queued := len(other.protected)):
+                continue
+            theirs = asked(name)
+            if theirs < level:
+                ahead += queued
+            elif theirs == level:
+                ahead += turns_before(flow, mine, name, queued)
+        return Place(ahead, mine, None)
+
+    def _served_before(self, flow: str, mine: int) -> int:
+        """`mine` and, of each other flow's waiters, as many as the fair order serves
+        before a newcomer of `flow` with `mine` of its own ahead of it."""
+        turns_before = self.fairness.turns_before
+        ahead = mine
+        for name, other in self._flows.items():
+            if name != flow and (queued := len(other)):
                 ahead += turns_before(flow, mine, name, queued)
         return ahead
 
@@ -194,16 +207,18 @@ class LaneQueue:
         own = self._flows.get(flow)
         return 0 if own is None else len(own)
 
-    def protected_head(self) -> Waiter | None:
+    def protected_head(self, asked: Callable[[str], float]) -> Waiter | None:
         """Of the tenants with requests queued within their share (standing first in
-        their tenant's queue), the head of the one the fair order serves first (a single
-        request of a tenant with nothing in flight before the tail of another's burst),
-        if any: the fair order's head beyond its share must leave them the reserve, and
-        would keep them waiting behind itself."""
+        their tenant's queue), the head of the one that asked least lately (`asked`: a
+        steady light tenant before the first requests of a heavy one's burst), and of
+        those that asked as little, the one the fair order serves first; None if there
+        are none. The fair order's head beyond its share must leave them the reserve,
+        and would keep them waiting behind itself."""
         if not self.protected:
             return None
-        flows = [name for name, flow in self._flows.items() if flow.protected]
-        chosen = self.fairness.pick_from(flows)
+        levels = {name: asked(name) for name, flow in self._flows.items() if flow.protected}
+        least = min(levels.values())
+        chosen = self.fairness.pick_from(name for name, level in levels.items() if level == least)
         return None if chosen is None else self._flows[chosen].head()
 
     def heads(self) -> list[Waiter]:
@@ -213,7 +228,3 @@ class LaneQueue:
     def oldest_enqueued_s(self) -> float | None:
         heads = [flow.oldest_enqueued_s() for flow in self._flows.values() if flow]
         return min(heads, default=None)
-
-
-def _protected(flow: _Flow) -> int:
-    return len(flow.protected)

@@ -712,6 +712,54 @@ async def test_a_request_within_its_share_passes_a_backlog_beyond_theirs(clock):
         runner.cancel()
 
 
+PROMISED = Lane("promised", priority=100, queue_size=100, max_queue_age_s=10, ttft_slo_s=2.0)
+
+
+async def test_a_light_tenant_within_its_share_goes_before_a_burst_within_its_own(clock):
+    """The engine's unit is learnt from one stream (10 prompt tokens prefilled in 0.1 s,
+    ten more tokens in 1 s alone: a request of 10 + 10 asks 1.1 s). On a full pool of 4,
+    `burst` (nothing in flight) queues two requests within its share and one beyond;
+    `light` (one in flight) then queues one within its own. When a slot frees, light's
+    goes: it asked 2.3 s of the engine lately against burst's 3.3. By requests in flight
+    (the fair order alone) burst's would go first."""
+    pool = Pool(PoolSpec("p", 4), leases(clock))
+    dispatcher = dispatcher_for([PROMISED], pool, clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        learning = Attempt(call(clock, tenant="light", lane=PROMISED)._replace(stream=True))
+        await granted(dispatcher, learning)
+        clock.advance(0.1)
+        learning.first_byte_s = clock.now()
+        dispatcher.first_token(learning, 0.1)
+        clock.advance(1.0)
+        learning.completion_tokens = 11
+        await dispatcher.release(learning)
+        assert dispatcher.view().decode_s_per_token == pytest.approx(0.1)
+        clock.advance(5.0)
+        held = [await granted(dispatcher, attempt(clock, tenant="light", lane=PROMISED))]
+        held += [await granted(dispatcher, attempt(clock, tenant="filler", lane=PROMISED))]
+        held += [await granted(dispatcher, attempt(clock, tenant="filler", lane=PROMISED))]
+        held += [await granted(dispatcher, attempt(clock, tenant="filler", lane=PROMISED))]
+        burst = [
+            asyncio.create_task(granted(dispatcher, attempt(clock, tenant="burst", lane=PROMISED)))
+            for _ in range(3)
+        ]
+        await settle()
+        light = asyncio.create_task(
+            granted(dispatcher, attempt(clock, tenant="light", lane=PROMISED))
+        )
+        await settle()
+        assert dispatcher.queues["promised"].protected == 3
+        await dispatcher.release(held.pop())
+        await settle()
+        assert light.done()
+        assert not any(task.done() for task in burst)
+        for task in (*burst, light):
+            task.cancel()
+    finally:
+        runner.cancel()
+
+
 async def test_a_retry_its_caller_announces_never_takes_the_reserve(clock):
     """`small` is within its share, but this request is its caller's second attempt:
     its demand was judged when it first came, so it waits behind the reserve."""

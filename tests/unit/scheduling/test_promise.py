@@ -187,10 +187,34 @@ async def test_a_newcomer_within_its_share_is_placed_among_the_requests_within_t
         waiter = Waiter(attempt(clock, tenant="heavy", lane=PROMISED), clock.now(), None, protected)
         queue.push(waiter)
     fairness.in_flight("heavy", 3)
-    assert queue.protected_place("light") == Place(0, 0, None)
+    assert queue.protected_place("light", nothing_asked) == Place(0, 0, None)
     fairness.in_flight("heavy", -3)
-    assert queue.protected_place("light") == Place(1, 0, None)
-    assert queue.protected_place("heavy") == Place(2, 2, None)
+    assert queue.protected_place("light", nothing_asked) == Place(1, 0, None)
+    assert queue.protected_place("heavy", nothing_asked) == Place(2, 2, None)
+
+
+def nothing_asked(flow: str) -> float:
+    """No tenant asked any work lately (the engine's unit not learnt yet): the fair order
+    alone places the requests within their share."""
+    return 0.0
+
+
+async def test_among_the_requests_within_their_share_the_lighter_tenant_stands_first(clock):
+    """Whatever the fair order: `light` (asked 1 s of the engine lately) stands before
+    heavy's two protected requests though heavy holds nothing in flight (a tie by the
+    fair order), and a third tenant that asked more than heavy stands behind them; the
+    head served is light's."""
+    fairness = VirtualTokenCounter()
+    queue = queue_of(fairness)
+    asked = {"light": 1.0, "heavy": 3.0, "heavier": 5.0}.__getitem__
+    for tenant, protected in (("heavy", True), ("heavy", True), ("light", True)):
+        waiter = Waiter(attempt(clock, tenant=tenant, lane=PROMISED), clock.now(), None, protected)
+        queue.push(waiter)
+    fairness.in_flight("light", 2)
+    assert queue.protected_place("light", asked) == Place(1, 1, None)
+    assert queue.protected_place("heavier", asked) == Place(3, 0, None)
+    heads = [queue.protected_head(order) for order in (asked, nothing_asked)]
+    assert [None if head is None else head.flow for head in heads] == ["light", "heavy"]
 
 
 @pytest.mark.parametrize("seed", range(40))
