@@ -32,7 +32,11 @@ FIGURES: tuple[tuple[str, int, Callable[[Run], float | None]], ...] = (
     ("TTFT p95 s", 2, lambda r: r["admitted_ttft_p95_s"]),
     ("gw refusal p99 ms", 2, lambda r: r["gateway_refusal_p99_ms"]),
     ("at/below share (run): worst wait p95 ms", 0, lambda r: _below(r)["queue_wait_p95_ms_max"]),
-    ("at/below share (run): worst refused %", 1, lambda r: _percent(_below_refused(r))),
+    (
+        "at/below share (run): worst refused %",
+        1,
+        lambda r: _percent(_below(r)["refused_fraction_max"]),
+    ),
     ("per window: wait p95 ms", 0, lambda r: _windowed(r)["queue_wait_p95_ms"]),
     ("per window: refused %", 1, lambda r: _percent(_windowed(r)["refused_fraction"])),
     ("at send: wait p95 ms", 0, lambda r: r["within_share"]["queue_wait_p95_ms"]),
@@ -47,12 +51,8 @@ def _below(run: Run) -> Mapping[str, Any]:
     return run["at_or_below_share"]
 
 
-def _below_refused(run: Run) -> float | None:
-    return _below(run)["refused_fraction_max"]
-
-
 def _windowed(run: Run) -> Mapping[str, Any]:
-    return run["at_or_below_share"]["windowed"]
+    return _below(run)["windowed"]
 
 
 def parse(specs: Sequence[str]) -> dict[str, list[Path]]:

@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import math
 
+HORIZON_S = 2.0
+"""Over how long a tenant's asked work is counted when the top lane makes no promise;
+with one, the promise: a tenant is judged over the time its request may be kept."""
 SMOOTHING = 0.1
 """Weight of the newest decode measure in the learnt cost of an output token."""
 FORGOTTEN = 1e-6

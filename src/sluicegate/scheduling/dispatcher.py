@@ -32,7 +32,7 @@ from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Lane
 from sluicegate.scheduling.attempt import Attempt, Target
 from sluicegate.scheduling.checks import DispatchCheck, NotNow, default_checks
-from sluicegate.scheduling.demand import EngineUnit, RecentWork
+from sluicegate.scheduling.demand import HORIZON_S, EngineUnit, RecentWork
 from sluicegate.scheduling.fairness import FairnessPolicy
 from sluicegate.scheduling.prefill import PrefillBudget
 from sluicegate.scheduling.promise import Shedder, WaitPredictor
@@ -44,9 +44,6 @@ CODEL_TARGET = 0.5
 """CoDel's target as a fraction of the queue budget. A request that waits the whole
 budget expires (`_age_limit_s`); a queue whose requests keep waiting past half of it
 for an interval is running late and sheds before they do."""
-DEMAND_HORIZON_S = 2.0
-"""Over how long a tenant's asked work is counted when the top lane makes no promise;
-with one, the promise: a tenant is judged over the time its request may be kept."""
 PREFILL_PART = 0.5
 """The part of the top lane's promise the prompts waiting at a deployment for their
 first token may take to prefill together (`PrefillBudget`): the rest is for the wait in
@@ -161,7 +158,7 @@ class Dispatcher:
         self.reserve = Reserve(self._batch, reserve)
         promise = self.protected.ttft_slo_s
         self.unit = EngineUnit()
-        self._recent = RecentWork(DEMAND_HORIZON_S if promise is None else promise)
+        self._recent = RecentWork(HORIZON_S if promise is None else promise)
         """Work each tenant asked lately in the top lane: the order among the requests
         within their share."""
         started = clock.now()
