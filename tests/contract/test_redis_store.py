@@ -23,7 +23,7 @@ from sluicegate.core.limits import (
     Slot,
     StoreUnavailable,
 )
-from sluicegate.stores.redis import LAYOUT, RedisLimitStore, listener
+from sluicegate.stores.redis import CLAIM_S, LAYOUT, RedisLimitStore, listener
 from sluicegate.stores.resp import RespConnection
 from tests.support.clock import FakeClock
 from tests.support.processes import free_port
@@ -225,3 +225,69 @@ async def test_a_freed_slot_is_announced_to_every_listener_once(redis):
     watching.cancel()
     await asyncio.gather(watching, return_exceptions=True)
     await subscriber.aclose()
+
+
+def replica_lease(replica: str, number: int, key: str) -> Lease:
+    """A lease as `Leases` names them: its replica, then a counter."""
+    return Lease(f"{replica}:{number}", (key,))
+
+
+async def test_a_slot_freed_while_a_replica_waits_goes_to_it_whoever_freed_it(redis):
+    """Without the line the replica freeing a slot takes it again first (its next request
+    is already there) and another replica's waiters starve."""
+    _, prefix = redis
+    clock = FakeClock()
+    store = shared(prefix, clock)
+    store.announce(["{p}s"])
+    ask = Ask(slots=(Slot("{p}s", 2),))
+    first, second = replica_lease("one", 1, "{p}s"), replica_lease("one", 2, "{p}s")
+    assert await store.take(ask, first, TTL_S) is None
+    assert await store.take(ask, second, TTL_S) is None
+    assert await store.take(ask, replica_lease("two", 1, "{p}s"), TTL_S) == Refused(
+        Part.SLOT, 0, None
+    )
+    await store.give_back([GiveBack(first)])
+    refused = await store.take(ask, replica_lease("one", 3, "{p}s"), TTL_S)
+    assert refused == Refused(Part.SLOT, 0, pytest.approx(CLAIM_S))
+    waiter = replica_lease("two", 2, "{p}s")
+    assert await store.take(ask, waiter, TTL_S) is None
+    await store.give_back([GiveBack(waiter)])
+    assert await store.take(ask, replica_lease("two", 3, "{p}s"), TTL_S) is not None
+    assert await store.take(ask, replica_lease("one", 4, "{p}s"), TTL_S) is None
+
+
+async def test_a_slot_set_aside_for_a_replica_that_never_comes_is_free_again_soon(redis):
+    _, prefix = redis
+    clock = FakeClock()
+    store = shared(prefix, clock)
+    store.announce(["{p}s"])
+    ask = Ask(slots=(Slot("{p}s", 1),))
+    held = replica_lease("one", 1, "{p}s")
+    assert await store.take(ask, held, TTL_S) is None
+    assert await store.take(ask, replica_lease("two", 1, "{p}s"), TTL_S) is not None
+    await store.give_back([GiveBack(held)])
+    clock.advance(CLAIM_S / 2)
+    refused = await store.take(ask, replica_lease("one", 2, "{p}s"), TTL_S)
+    assert refused == Refused(Part.SLOT, 0, pytest.approx(CLAIM_S / 2))
+    clock.advance(CLAIM_S / 2)
+    assert await store.take(ask, replica_lease("three", 1, "{p}s"), TTL_S) is None
+
+
+async def test_a_slot_freed_with_nobody_in_line_is_nobody_s_and_lines_keep_no_key(redis):
+    """The line forms only when a replica is refused: uncontended slots pay nothing, and
+    a line and its set-asides, once empty, leave no key behind."""
+    client, prefix = redis
+    clock = FakeClock()
+    store = shared(prefix, clock)
+    store.announce(["{p}s"])
+    ask = Ask(slots=(Slot("{p}s", 1),))
+    held = replica_lease("one", 1, "{p}s")
+    assert await store.take(ask, held, TTL_S) is None
+    await store.give_back([GiveBack(held)])
+    again = replica_lease("one", 2, "{p}s")
+    assert await store.take(ask, again, TTL_S) is None
+    assert await store.take(ask, replica_lease("two", 1, "{p}s"), TTL_S) is not None
+    await store.give_back([GiveBack(again)])
+    assert await store.take(ask, replica_lease("two", 2, "{p}s"), TTL_S) is None
+    keys = sorted([key.decode() async for key in client.scan_iter(match=f"{prefix}*")])
+    assert keys == [f"{prefix}{LAYOUT}:{{p}}s"]

@@ -334,10 +334,10 @@ async def test_replicas_together_keep_the_backend_queue_within_the_lanes_bound(h
 async def test_tenants_split_over_two_replicas_share_one_pool_fairly(fleet, http, scope):
     """A's callers reach replica 1 only, B's and C's replica 2 only, all backlogged on one
     pool: with fleet fairness each gets about a third of the tokens. With local fairness
-    each replica orders only its own tenants, and the split between the replicas follows
-    how their dispatchers race for freed slots (A, alone on its replica, measured from
-    0.28 to 0.53 as the dispatcher changed): nothing holds it near a third, and all that
-    can be asserted is that nobody starves."""
+    each replica orders only its own tenants, and the pool's shared line gives each freed
+    slot to the replica waiting longest, so each replica gets about half: A about 0.5.
+    Before the line, the replica freeing a slot took it again first, and A, alone on its
+    replica, got from 0.07 (starved for 8 s) to 0.6 as the first slots fell."""
     one, two = fleet.start(
         2,
         pool={"max_concurrency": 4},
@@ -362,7 +362,8 @@ async def test_tenants_split_over_two_replicas_share_one_pool_fairly(fleet, http
     if scope == "fleet":
         assert all(0.27 <= share <= 0.40 for share in shares.values()), shares
     else:
-        assert all(share >= 0.15 for share in shares.values()), shares
+        assert 0.38 <= shares["a"] <= 0.62, shares
+        assert min(shares.values()) >= 0.15, shares
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sluicegate.core import keys
+from sluicegate.core.clock import Timer
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.leases import Leases, store_unavailable
 from sluicegate.core.limits import (
@@ -62,6 +63,7 @@ class Pool:
         self._requests_key = keys.pool_requests(name)
         self._tokens_key = keys.pool_tokens(name)
         self._listeners: list[Callable[[], None]] = []
+        self._look_again: Timer | None = None
 
     @property
     def name(self) -> str:
@@ -108,6 +110,18 @@ class Pool:
         whoever waits for it may try again."""
         for listener in self._listeners:
             listener()
+
+    def set_aside_elsewhere(self, lapse_s: float) -> None:
+        """A slot is free but set aside for another replica first in the shared line,
+        until `lapse_s` from now: whoever waits looks again then, in case it never came
+        (it is told if it did)."""
+        if self._look_again is None:
+            clock = self.leases.clock
+            self._look_again = clock.call_at(clock.now() + lapse_s, self._lapsed)
+
+    def _lapsed(self) -> None:
+        self._look_again = None
+        self.freed()
 
     def _taken(self, tokens: int) -> None:
         self.counters.active += 1
@@ -163,6 +177,9 @@ class PoolGroup:
         except StoreUnavailable:
             return store_unavailable()
         if isinstance(decision, Refused):
+            lapse_s = decision.retry_after_s
+            if decision.part is Part.SLOT and lapse_s is not None:
+                self.pools[decision.index].set_aside_elsewhere(lapse_s)
             return _refusal(decision, self.pools, self._owners)
         for pool in self.pools:
             pool._taken(tokens)

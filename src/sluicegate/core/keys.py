@@ -18,6 +18,12 @@ def pool_slots(pool: str) -> str:
     return f"{POOLS}pool:{pool}:slots"
 
 
+def slot_line(slot: str) -> tuple[str, str]:
+    """A shared slot's waiting line across replicas (who waits, since when) and the slots
+    set aside for its heads (who, until when): the same hash tag as the slot."""
+    return f"{slot}:line", f"{slot}:owed"
+
+
 def pool_requests(pool: str) -> str:
     return f"{POOLS}pool:{pool}:requests"
 

@@ -60,7 +60,7 @@ class Leases:
         self._owner = owner or uuid.uuid4().hex[:12]
         self._ids = itertools.count(1)
         self.ttl_s = ttl_s
-        self._clock = clock
+        self.clock = clock
         self._held: set[Lease] = set()
         self._batch: list[GiveBack] | None = None
         """Give-backs handed over in this loop turn, sent together at the next."""
@@ -138,7 +138,7 @@ class Leases:
     async def run(self) -> None:
         """Renew every held lease each third of the TTL, for the process's lifetime."""
         while True:
-            await sleep_until(self._clock, self._clock.now() + self.ttl_s / 3)
+            await sleep_until(self.clock, self.clock.now() + self.ttl_s / 3)
             try:
                 await self.store.renew(list(self._held), self.ttl_s)
             except StoreUnavailable:

@@ -86,7 +86,9 @@ class Part(enum.StrEnum):
 @dataclass(frozen=True, slots=True)
 class Refused:
     """Which part of an `Ask` refused (`index` into that part's tuple), and when it
-    may pass: a cooldown's end or a rate's next slot; None for a full slot."""
+    may pass: a cooldown's end or a rate's next slot; None for a full slot. A slot free
+    but set aside for another replica first in its line (`RedisLimitStore`) gives when
+    that lapses, which is no promise: the replica may come."""
 
     part: Part
     index: int

@@ -31,6 +31,7 @@ from redis.exceptions import RedisError
 
 from sluicegate.core import keys
 from sluicegate.core.clock import Clock
+from sluicegate.core.keys import slot_line
 from sluicegate.core.limits import (
     Ask,
     GiveBack,
@@ -46,9 +47,13 @@ from sluicegate.stores.resp import RespConnection, RespError
 
 log = logging.getLogger("sluicegate")
 
-LAYOUT = "v1"
+LAYOUT = "v2"
 GIVE_BACKS_AT_ONCE = 128
 """Give-backs per script call at most: a script holds the server for its whole run."""
+CLAIM_S = 0.25
+"""How long a slot freed while replicas wait for it stays set aside for the first in its
+line: its notification and its take are a round trip each, with room for a busy loop; a
+replica that no longer wants it costs that long once."""
 _PARTS = {b"cooldown": Part.COOLDOWN, b"slot": Part.SLOT, b"charge": Part.CHARGE}
 
 
@@ -162,14 +167,19 @@ class RedisLimitStore:
             raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from None
 
     async def take(self, ask: Ask, lease: Lease, ttl_s: float) -> Refused | None:
-        keys = [self._key(k) for k in ask.cooldowns]
-        keys += [self._key(slot.key) for slot in ask.slots]
+        key, announced = self._key, self._announced
+        keys = [key(k) for k in ask.cooldowns]
+        keys += [key(slot.key) for slot in ask.slots]
         args: list[Any] = [lease.id, ttl_s, len(ask.cooldowns), len(ask.slots)]
-        args += [slot.limit for slot in ask.slots]
+        for slot in ask.slots:
+            args += [slot.limit, 1 if slot.key in announced else 0]
         for charge in ask.charges:
             rate = charge.rate
-            keys.append(self._key(charge.key))
+            keys.append(key(charge.key))
             args += [rate.interval_s, rate.tolerance_s, charge.cost, rate.burst]
+        keys += [
+            key(line) for slot in ask.slots if slot.key in announced for line in slot_line(slot.key)
+        ]
         refused = await self._run("take", keys, args)
         if refused is None:
             return None
@@ -225,12 +235,13 @@ class RedisLimitStore:
 
     def _give_back(self, backs: Sequence[GiveBack]) -> tuple[list[str], list[Any]]:
         keys: list[str] = []
-        args: list[Any] = [self._channel]
+        args: list[Any] = [self._channel, CLAIM_S]
         key, announced = self._key, self._announced
         for (lease_id, slots), refunds in backs:
-            heard = [key(k) for k in slots if k in announced]
-            keys += heard
+            heard = [k for k in slots if k in announced]
+            keys += map(key, heard)
             keys += [key(k) for k in slots if k not in announced]
+            keys += [key(line) for k in heard for line in slot_line(k)]
             args += [lease_id, len(slots), len(heard), len(refunds)]
             for (charged, rate, _), amount in refunds:
                 keys.append(key(charged))

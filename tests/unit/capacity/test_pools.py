@@ -5,7 +5,7 @@ import pytest
 from sluicegate.capacity.pools import Pool, PoolGroup, PoolPermit
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.leases import Leases
-from sluicegate.core.limits import Rate, Slot
+from sluicegate.core.limits import Ask, Lease, Part, Rate, Refused, Slot
 from sluicegate.core.types import PoolSpec
 from sluicegate.stores.memory import MemoryLimitStore
 from tests.support.clock import FakeClock
@@ -105,6 +105,37 @@ async def test_release_listeners_are_told():
     permit = await take([p], 0)
     await permit.release(None)
     assert told == [0]
+
+
+class SetAsideElsewhere(MemoryLimitStore):
+    """A shared store whose one slot is free but set aside for another replica's waiter
+    for `lapse_s` (as `RedisLimitStore` answers then)."""
+
+    def __init__(self, clock: FakeClock, lapse_s: float) -> None:
+        super().__init__(clock)
+        self.lapse_s = lapse_s
+
+    async def take(self, ask: Ask, lease: Lease, ttl_s: float) -> Refused | None:
+        return Refused(Part.SLOT, 0, self.lapse_s)
+
+
+async def test_waiters_look_again_when_a_slot_set_aside_elsewhere_lapses():
+    """The other replica may never come for it; nobody else would announce the slot. The
+    lapse is no Retry-After: a concurrency limit guesses none (MISSION 1.3)."""
+    clock = FakeClock()
+    p = Pool(PoolSpec("p", 1), Leases(SetAsideElsewhere(clock, 0.25), clock))
+    told: list[float] = []
+    p.on_release(lambda: told.append(clock.now()))
+    info = await refused([p], 0)
+    assert (info.code, info.retry_after_s) == ("pool_concurrency_limited", None)
+    clock.advance(0.1)
+    await refused([p], 0)
+    clock.advance(0.14)
+    assert told == []
+    clock.advance(0.01)
+    assert told == [pytest.approx(1000.25)]
+    clock.advance(1.0)
+    assert told == [pytest.approx(1000.25)]
 
 
 async def test_a_deployment_behind_two_pools_takes_both_or_neither():

@@ -2,15 +2,18 @@
 -- freed and, when that freed it (it was still held), its refunds applied; a lease that
 -- holds no slot always applies them. An id no longer there, or lapsed, is no error and
 -- refunds nothing, so giving back twice changes nothing.
--- KEYS: per give-back, its slot sets (those to announce first), then its refunds' rates.
--- ARGV: now, the release channel, then per give-back: the lease id, #slots, how many of
---       them to announce, #refunds, then per refund: emission interval, amount
---       (negative: charge more).
--- Each announced slot freed is published, so replicas with work waiting for that slot
--- look again at once instead of at their next timer. Idle time is not banked.
+-- KEYS: per give-back, its slot sets (those to announce first), a line and its
+--       set-asides (keys.slot_line) per slot to announce, then its refunds' rates.
+-- ARGV: now, the release channel, how long a set-aside waits for its replica, then per
+--       give-back: the lease id, #slots, how many of them to announce, #refunds, then
+--       per refund: emission interval, amount (negative: charge more).
+-- Each announced slot freed is set aside for the replica first in its line, if any, and
+-- published, so replicas with work waiting for that slot look again at once instead of
+-- at their next timer: the first in line takes it, whoever freed it. Idle time is not
+-- banked.
 local now = now_s()
-local channel = ARGV[2]
-local k, at = 0, 3
+local channel, claim_s = ARGV[2], tonumber(ARGV[3])
+local k, at = 0, 4
 while at <= #ARGV do
   local id = ARGV[at]
   local slots, announced = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
@@ -25,12 +28,18 @@ while at <= #ARGV do
       if tonumber(expiry) > now then
         freed = true
         if i <= announced then
+          local line, owed = KEYS[k + slots + 2 * i - 1], KEYS[k + slots + 2 * i]
+          local first = redis.call('ZPOPMIN', line)
+          if first[1] then
+            redis.call('HSET', owed, first[1], exact('', now + claim_s))
+            keep_for(owed, claim_s)
+          end
           redis.call('PUBLISH', channel, key)
         end
       end
     end
   end
-  k = k + slots
+  k = k + slots + 2 * announced
   for i = 1, refunds do
     if freed then
       local key = KEYS[k + i]

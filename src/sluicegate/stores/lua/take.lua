@@ -1,14 +1,25 @@
 -- One decision, all or nothing (LimitStore.take).
--- KEYS: the cooldowns, then the slots, then the charges of the ask.
--- ARGV: now, lease id, ttl_s, #cooldowns, #slots, the slots' limits, then per charge:
---       emission interval, tolerance, cost, burst.
+-- KEYS: the cooldowns, then the slots, then the charges of the ask, then a line and its
+--       set-asides (keys.slot_line) per lined slot, in the slots' order.
+-- ARGV: now, lease id, ttl_s, #cooldowns, #slots, then per slot: its limit and 1 when it
+--       is lined (else 0), then per charge: emission interval, tolerance, cost, burst.
 -- Returns nil when granted (the lease id added to every slot's set, scored by its
--- expiry), else {part, index from 0, seconds until it may pass or ''}; a refusal
--- writes nothing.
+-- expiry), else {part, index from 0, seconds until it may pass or ''}.
+-- A lined slot is one replicas queue for. Its slots set aside for other replicas (by
+-- give_back, for the head of the line) count as held; a replica refused one joins the
+-- line (keeping its place if in it) and, when only set-asides refused it, is told when
+-- the first lapses. A grant takes the replica out of the line and uses its set-aside.
+-- Nothing else a refusal writes.
 local now = now_s()
 local id, ttl = ARGV[2], tonumber(ARGV[3])
 local ncool, nslot = tonumber(ARGV[4]), tonumber(ARGV[5])
 local first_charge = ncool + nslot
+local nlined = 0
+for i = 1, nslot do
+  nlined = nlined + tonumber(ARGV[5 + 2 * i])
+end
+local first_line = #KEYS - 2 * nlined
+local who = string.match(id, '^(.*):') or id
 
 for i = 1, ncool do
   local cool_until = tonumber(redis.call('GET', KEYS[i]) or '0')
@@ -17,16 +28,43 @@ for i = 1, ncool do
   end
 end
 
+local lines = {}
 for i = 1, nslot do
-  local limit = tonumber(ARGV[5 + i])
-  if redis.call('ZCOUNT', KEYS[ncool + i], exact('(', now), '+inf') >= limit then
+  local key = KEYS[ncool + i]
+  local limit = tonumber(ARGV[4 + 2 * i])
+  local held = redis.call('ZCOUNT', key, exact('(', now), '+inf')
+  if ARGV[5 + 2 * i] == '1' then
+    local line = KEYS[first_line + 2 * #lines + 1]
+    local owed = KEYS[first_line + 2 * #lines + 2]
+    local aside, lapse = 0, nil
+    local entries = redis.call('HGETALL', owed)
+    for j = 1, #entries, 2 do
+      local until_s = tonumber(entries[j + 1])
+      if until_s <= now then
+        redis.call('HDEL', owed, entries[j])
+      elseif entries[j] ~= who then
+        aside = aside + 1
+        lapse = math.min(lapse or until_s, until_s)
+      end
+    end
+    if held + aside >= limit then
+      redis.call('ZADD', line, 'NX', exact('', now), who)
+      keep_for(line, ttl)
+      local wait = ''
+      if held < limit and lapse then
+        wait = tostring(lapse - now)
+      end
+      return {'slot', i - 1, wait}
+    end
+    lines[#lines + 1] = {line, owed}
+  elseif held >= limit then
     return {'slot', i - 1, ''}
   end
 end
 
 local tats, order = {}, {}
-local at = 5 + nslot
-for i = 1, #KEYS - first_charge do
+local at = 5 + 2 * nslot
+for i = 1, first_line - first_charge do
   local key = KEYS[first_charge + i]
   local interval, tolerance = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
   local cost, burst = tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4])
@@ -56,5 +94,9 @@ for i = 1, nslot do
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
   redis.call('ZADD', key, now + ttl, id)
   keep_for(key, ttl)
+end
+for _, pair in ipairs(lines) do
+  redis.call('ZREM', pair[1], who)
+  redis.call('HDEL', pair[2], who)
 end
 return nil
