@@ -239,7 +239,7 @@ async def test_a_slot_freed_while_a_replica_waits_goes_to_it_whoever_freed_it(re
     clock = FakeClock()
     store = shared(prefix, clock)
     store.announce(["{p}s"])
-    ask = Ask(slots=(Slot("{p}s", 2),))
+    ask = Ask(slots=(Slot("{p}s", 2),), queued=True)
     first, second = replica_lease("one", 1, "{p}s"), replica_lease("one", 2, "{p}s")
     assert await store.take(ask, first, TTL_S) is None
     assert await store.take(ask, second, TTL_S) is None
@@ -261,7 +261,7 @@ async def test_a_slot_set_aside_for_a_replica_that_never_comes_is_free_again_soo
     clock = FakeClock()
     store = shared(prefix, clock)
     store.announce(["{p}s"])
-    ask = Ask(slots=(Slot("{p}s", 1),))
+    ask = Ask(slots=(Slot("{p}s", 1),), queued=True)
     held = replica_lease("one", 1, "{p}s")
     assert await store.take(ask, held, TTL_S) is None
     assert await store.take(ask, replica_lease("two", 1, "{p}s"), TTL_S) is not None
@@ -280,7 +280,7 @@ async def test_a_slot_freed_with_nobody_in_line_is_nobody_s_and_lines_keep_no_ke
     clock = FakeClock()
     store = shared(prefix, clock)
     store.announce(["{p}s"])
-    ask = Ask(slots=(Slot("{p}s", 1),))
+    ask = Ask(slots=(Slot("{p}s", 1),), queued=True)
     held = replica_lease("one", 1, "{p}s")
     assert await store.take(ask, held, TTL_S) is None
     await store.give_back([GiveBack(held)])
@@ -291,3 +291,19 @@ async def test_a_slot_freed_with_nobody_in_line_is_nobody_s_and_lines_keep_no_ke
     assert await store.take(ask, replica_lease("two", 2, "{p}s"), TTL_S) is None
     keys = sorted([key.decode() async for key in client.scan_iter(match=f"{prefix}*")])
     assert keys == [f"{prefix}{LAYOUT}:{{p}}s"]
+
+
+async def test_a_replica_not_queued_for_a_slot_is_refused_without_a_place_in_line(redis):
+    """It is about to try another deployment: a slot set aside for it would idle."""
+    _, prefix = redis
+    clock = FakeClock()
+    store = shared(prefix, clock)
+    store.announce(["{p}s"])
+    slots = (Slot("{p}s", 1),)
+    held = replica_lease("one", 1, "{p}s")
+    assert await store.take(Ask(slots=slots), held, TTL_S) is None
+    assert await store.take(Ask(slots=slots), replica_lease("two", 1, "{p}s"), TTL_S) == (
+        Refused(Part.SLOT, 0, None)
+    )
+    await store.give_back([GiveBack(held)])
+    assert await store.take(Ask(slots=slots), replica_lease("three", 1, "{p}s"), TTL_S) is None

@@ -154,14 +154,17 @@ class PoolGroup:
         self._charges = tuple(charge for _, charge in self._owners)
 
     async def acquire(
-        self, tokens: int, backend: Slot | None = None, spare: int = 0
+        self, tokens: int, backend: Slot | None = None, spare: int = 0, queued: bool = False
     ) -> PoolPermit | GatewayError:
         """A permit from every pool reserving `tokens`, or at once the refusal to answer
         with (returned, never raised: the dispatcher weighs it against others, and a
         raised one would carry frames it keeps alive). `backend`: the fleet's bound on
         what may be in flight to the deployment's backend, decided with the pools.
         `spare`: slots of each pool this attempt must leave free (the dispatcher's
-        reserve for requests within their share).
+        reserve for requests within their share). `queued`: the attempt waits in a queue
+        for these pools, so a refusal puts its replica in the pools' line (`Ask`); one
+        about to try another deployment does not, or it would be set aside slots it no
+        longer wants.
 
         Waiting is the scheduler's job (its lane queues), never the pools'.
         """
@@ -173,7 +176,7 @@ class PoolGroup:
         if backend is not None:
             slots = (*slots, backend)
         try:
-            decision = await self.leases.take(Ask(self._cooldowns, slots, charges))
+            decision = await self.leases.take(Ask(self._cooldowns, slots, charges, queued))
         except StoreUnavailable:
             return store_unavailable()
         if isinstance(decision, Refused):

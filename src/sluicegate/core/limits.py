@@ -70,11 +70,14 @@ def priced(charges: tuple[Charge, ...], which: tuple[int, ...], cost: float) -> 
 
 class Ask(NamedTuple):
     """One decision, all or nothing: none of `cooldowns` running, a slot under every
-    limit, every charge within its rate. A refusal writes nothing."""
+    limit, every charge within its rate. A refusal writes nothing, except that an asker
+    `queued` for these slots (it waits for them, having nowhere else to go) takes its
+    place in their line where the store keeps one across replicas (`RedisLimitStore`)."""
 
     cooldowns: tuple[str, ...] = ()
     slots: tuple[Slot, ...] = ()
     charges: tuple[Charge, ...] = ()
+    queued: bool = False
 
 
 class Part(enum.StrEnum):

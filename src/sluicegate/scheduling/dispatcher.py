@@ -284,7 +284,7 @@ class Dispatcher:
         if protected:
             ahead = self.queues[lane.name].protected
         if not ahead and not self._paused(lane):
-            refusal = await self._try(attempt, self._spare(protected))
+            refusal = await self._try(attempt, self._spare(protected), queued=False)
             if refusal is None:
                 self._dispatched(attempt, 0.0, None, None)
                 return
@@ -522,7 +522,7 @@ class Dispatcher:
                 if waiter is None:
                     continue
                 attempt = waiter.attempt
-                refusal = await self._try(attempt, self._spare(waiter.protected))
+                refusal = await self._try(attempt, self._spare(waiter.protected), queued=True)
                 if refusal is not None:
                     if not self._outlasts(refusal, waiter.call, waiter.enqueued_s):
                         continue
@@ -615,10 +615,12 @@ class Dispatcher:
             return 0
         return self.reserve.slots(self.clock.now(), self.predictor.gap_s)
 
-    async def _try(self, attempt: Attempt, spare: int) -> GatewayError | None:
+    async def _try(self, attempt: Attempt, spare: int, queued: bool) -> GatewayError | None:
         """Reserve the first candidate deployment that admits the lane and take every
         permit there, leaving `spare` slots of each pool free; None once `attempt` holds
-        them, else the refusal to answer."""
+        them, else the refusal to answer. A `queued` attempt stands in the line of the
+        last candidate's pools when they refuse it (`PoolGroup.acquire`): it waits for
+        them, while a refusal by an earlier one sends it on to the next."""
         lane = attempt.lane
         if self._prefilling and self._yielding_for(lane) is not None:
             return Refusal.LANE_YIELDING.error(f"lane {lane.name} yields to first tokens due")
@@ -630,7 +632,8 @@ class Dispatcher:
         # When a refusal may end: callers are told a later, spread time, but the
         # dispatcher itself looks again at the earliest one.
         wakes: list[float] = []
-        for target in self._candidates(attempt):
+        candidates = self._candidates(attempt)
+        for target in candidates:
             prefilling = self._prefill_refusal(attempt, target)
             if prefilling is not None:
                 refusals.append(prefilling)
@@ -645,7 +648,8 @@ class Dispatcher:
             try:
                 tokens, backend = attempt.call.reserved_tokens, target.gate.fleet_slot(lane)
                 spare_here = self._spares[spare][target.deployment.name]
-                permit = await target.group.acquire(tokens, backend, spare_here)
+                waits = queued and target is candidates[-1]
+                permit = await target.group.acquire(tokens, backend, spare_here, waits)
             except BaseException:
                 self._unreserve(attempt, checks)
                 raise

@@ -28,7 +28,7 @@ class MemoryLimitStore:
 
     async def take(self, ask: Ask, lease: Lease, ttl_s: float) -> Refused | None:
         now = self._clock.now()
-        cooldowns, slots, charges = ask
+        cooldowns, slots, charges, _ = ask
         if cooldowns and self._cool_until:
             for index, key in enumerate(cooldowns):
                 left = self._cool_until.get(key, now) - now

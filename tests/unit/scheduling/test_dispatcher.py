@@ -13,9 +13,11 @@ import pytest
 from sluicegate.capacity.breaker import Breaker
 from sluicegate.capacity.gates import GateState
 from sluicegate.capacity.pools import Pool
+from sluicegate.core import keys
 from sluicegate.core.call import Call
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.leases import Leases
+from sluicegate.core.limits import Ask, Lease, Refused
 from sluicegate.core.types import (
     BreakerPolicy,
     Deployment,
@@ -857,6 +859,46 @@ async def test_the_reserve_is_split_between_deployments_by_their_capacity(clock)
     assert len(held) == 6
     for grant in held:
         await dispatcher.release(grant)
+
+
+class QueuedAsks(MemoryLimitStore):
+    """Records, per ask, its slots' keys and whether its asker said it waits for them."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.asks: list[tuple[str, bool]] = []
+
+    async def take(self, ask: Ask, lease: Lease, ttl_s: float) -> Refused | None:
+        self.asks += [(slot.key, ask.queued) for slot in ask.slots]
+        return await super().take(ask, lease, ttl_s)
+
+
+async def test_only_a_queued_request_stands_in_line_and_only_for_its_last_candidate(clock):
+    """A refusal sends a request on to the next deployment: a place in the first's line
+    would have that pool set a slot aside for a replica that took another. It waits only
+    once the last refuses it, and only then from the queue, which the line is for."""
+    store = QueuedAsks(clock)
+    targets = []
+    for name in ("a", "b"):
+        pool = Pool(PoolSpec(name, 1), Leases(store, clock))
+        deployment = dataclasses.replace(DEPLOYMENT, name=name, pools=(name,))
+        targets.append(Target(deployment, (pool,), Gate(), Breaker(BreakerPolicy(), clock)))
+    dispatcher = Dispatcher(
+        "m", [INTERACTIVE], targets, lambda lane: VirtualTokenCounter(), clock, chain=True
+    )
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        held = [await granted(dispatcher, attempt(clock)) for _ in range(2)]
+        waiting = asyncio.create_task(granted(dispatcher, attempt(clock)))
+        await settle()
+        a, b = keys.pool_slots("a"), keys.pool_slots("b")
+        assert store.asks[:5] == [(a, False), (a, False), (b, False), (a, False), (b, False)]
+        assert store.asks[5:] == [(a, False), (b, True)]
+        await dispatcher.release(held[1])
+        await settle()
+        assert waiting.done()
+    finally:
+        runner.cancel()
 
 
 def streamed(clock: FakeClock, lane: Lane, prompt_tokens: int, stream: bool = True) -> Attempt:

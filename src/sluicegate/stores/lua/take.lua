@@ -1,22 +1,24 @@
 -- One decision, all or nothing (LimitStore.take).
 -- KEYS: the cooldowns, then the slots, then the charges of the ask, then a line and its
 --       set-asides (keys.slot_line) per lined slot, in the slots' order.
--- ARGV: now, lease id, ttl_s, #cooldowns, #slots, then per slot: its limit and 1 when it
---       is lined (else 0), then per charge: emission interval, tolerance, cost, burst.
+-- ARGV: now, lease id, ttl_s, #cooldowns, #slots, 1 when the asker is queued for these
+--       slots (else 0), then per slot: its limit and 1 when it is lined (else 0), then
+--       per charge: emission interval, tolerance, cost, burst.
 -- Returns nil when granted (the lease id added to every slot's set, scored by its
 -- expiry), else {part, index from 0, seconds until it may pass or ''}.
 -- A lined slot is one replicas queue for. Its slots set aside for other replicas (by
--- give_back, for the head of the line) count as held; a replica refused one joins the
--- line (keeping its place if in it) and, when only set-asides refused it, is told when
--- the first lapses. A grant takes the replica out of the line and uses its set-aside.
+-- give_back, for the head of the line) count as held; a queued replica refused one joins
+-- the line (keeping its place if in it); any refused only by set-asides is told when the
+-- first lapses. A grant takes the replica out of the line and uses its set-aside.
 -- Nothing else a refusal writes.
 local now = now_s()
 local id, ttl = ARGV[2], tonumber(ARGV[3])
 local ncool, nslot = tonumber(ARGV[4]), tonumber(ARGV[5])
+local queued = ARGV[6] == '1'
 local first_charge = ncool + nslot
 local nlined = 0
 for i = 1, nslot do
-  nlined = nlined + tonumber(ARGV[5 + 2 * i])
+  nlined = nlined + tonumber(ARGV[6 + 2 * i])
 end
 local first_line = #KEYS - 2 * nlined
 local who = string.match(id, '^(.*):') or id
@@ -31,9 +33,9 @@ end
 local lines = {}
 for i = 1, nslot do
   local key = KEYS[ncool + i]
-  local limit = tonumber(ARGV[4 + 2 * i])
+  local limit = tonumber(ARGV[5 + 2 * i])
   local held = redis.call('ZCOUNT', key, exact('(', now), '+inf')
-  if ARGV[5 + 2 * i] == '1' then
+  if ARGV[6 + 2 * i] == '1' then
     local line = KEYS[first_line + 2 * #lines + 1]
     local owed = KEYS[first_line + 2 * #lines + 2]
     local aside, lapse = 0, nil
@@ -48,8 +50,10 @@ for i = 1, nslot do
       end
     end
     if held + aside >= limit then
-      redis.call('ZADD', line, 'NX', exact('', now), who)
-      keep_for(line, ttl)
+      if queued then
+        redis.call('ZADD', line, 'NX', exact('', now), who)
+        keep_for(line, ttl)
+      end
       local wait = ''
       if held < limit and lapse then
         wait = tostring(lapse - now)
@@ -63,7 +67,7 @@ for i = 1, nslot do
 end
 
 local tats, order = {}, {}
-local at = 5 + 2 * nslot
+local at = 6 + 2 * nslot
 for i = 1, first_line - first_charge do
   local key = KEYS[first_charge + i]
   local interval, tolerance = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
