@@ -307,3 +307,36 @@ async def test_a_replica_not_queued_for_a_slot_is_refused_without_a_place_in_lin
     )
     await store.give_back([GiveBack(held)])
     assert await store.take(Ask(slots=slots), replica_lease("three", 1, "{p}s"), TTL_S) is None
+
+
+async def test_a_replica_refused_the_slot_set_aside_for_it_gives_it_up_at_once(redis):
+    """Its request must leave more free (work beyond its share leaves the reserve): the
+    slot goes back to everyone, announced again, instead of idling until it lapses."""
+    _, prefix = redis
+    clock = FakeClock()
+    store = shared(prefix, clock)
+    store.announce(["{p}s"])
+    subscriber = listener(REDIS_URL, 5.0)
+    heard: list[str] = []
+    watching = asyncio.ensure_future(store.watch_releases(subscriber, heard.append, 0.1))
+    try:
+        whole, spared = Ask(slots=(Slot("{p}s", 2),)), Ask(slots=(Slot("{p}s", 1),), queued=True)
+        held = [replica_lease("one", n, "{p}s") for n in (1, 2)]
+        for lease_ in held:
+            assert await store.take(whole, lease_, TTL_S) is None
+        assert await store.take(spared, replica_lease("two", 1, "{p}s"), TTL_S) is not None
+        await asyncio.sleep(0.2)
+        await store.give_back([GiveBack(held[0])])
+        assert await store.take(spared, replica_lease("two", 2, "{p}s"), TTL_S) == Refused(
+            Part.SLOT, 0, None
+        )
+        assert await store.take(whole, replica_lease("three", 1, "{p}s"), TTL_S) is None
+        for _ in range(50):
+            if len(heard) == 2:
+                break
+            await asyncio.sleep(0.02)
+        assert heard == ["{p}s", "{p}s"]
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+        await subscriber.aclose()

@@ -171,7 +171,7 @@ class RedisLimitStore:
         keys = [key(k) for k in ask.cooldowns]
         keys += [key(slot.key) for slot in ask.slots]
         args: list[Any] = [lease.id, ttl_s, len(ask.cooldowns), len(ask.slots)]
-        args.append(1 if ask.queued else 0)
+        args += [1 if ask.queued else 0, self._channel]
         for slot in ask.slots:
             args += [slot.limit, 1 if slot.key in announced else 0]
         for charge in ask.charges:
