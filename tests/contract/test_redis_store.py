@@ -309,9 +309,9 @@ async def test_a_replica_not_queued_for_a_slot_is_refused_without_a_place_in_lin
     assert await store.take(Ask(slots=slots), replica_lease("three", 1, "{p}s"), TTL_S) is None
 
 
-async def test_a_replica_refused_the_slot_set_aside_for_it_gives_it_up_at_once(redis):
+async def test_a_replica_refused_the_slot_set_aside_for_it_hands_it_on_at_once(redis):
     """Its request must leave more free (work beyond its share leaves the reserve): the
-    slot goes back to everyone, announced again, instead of idling until it lapses."""
+    slot goes to the next in line, announced again, instead of idling until it lapses."""
     _, prefix = redis
     clock = FakeClock()
     store = shared(prefix, clock)
@@ -320,17 +320,23 @@ async def test_a_replica_refused_the_slot_set_aside_for_it_gives_it_up_at_once(r
     heard: list[str] = []
     watching = asyncio.ensure_future(store.watch_releases(subscriber, heard.append, 0.1))
     try:
-        whole, spared = Ask(slots=(Slot("{p}s", 2),)), Ask(slots=(Slot("{p}s", 1),), queued=True)
+        whole = Ask(slots=(Slot("{p}s", 2),), queued=True)
+        spared = Ask(slots=(Slot("{p}s", 1),), queued=True)
         held = [replica_lease("one", n, "{p}s") for n in (1, 2)]
         for lease_ in held:
             assert await store.take(whole, lease_, TTL_S) is None
         assert await store.take(spared, replica_lease("two", 1, "{p}s"), TTL_S) is not None
+        clock.advance(0.01)
+        assert await store.take(whole, replica_lease("four", 1, "{p}s"), TTL_S) is not None
         await asyncio.sleep(0.2)
         await store.give_back([GiveBack(held[0])])
         assert await store.take(spared, replica_lease("two", 2, "{p}s"), TTL_S) == Refused(
             Part.SLOT, 0, None
         )
-        assert await store.take(whole, replica_lease("three", 1, "{p}s"), TTL_S) is None
+        passing = Ask(slots=(Slot("{p}s", 2),))
+        refused = await store.take(passing, replica_lease("three", 1, "{p}s"), TTL_S)
+        assert refused == Refused(Part.SLOT, 0, pytest.approx(CLAIM_S))
+        assert await store.take(whole, replica_lease("four", 2, "{p}s"), TTL_S) is None
         for _ in range(50):
             if len(heard) == 2:
                 break
@@ -340,3 +346,52 @@ async def test_a_replica_refused_the_slot_set_aside_for_it_gives_it_up_at_once(r
         watching.cancel()
         await asyncio.gather(watching, return_exceptions=True)
         await subscriber.aclose()
+
+
+async def test_a_replica_refused_again_keeps_its_place_in_line(redis):
+    _, prefix = redis
+    clock = FakeClock()
+    store = shared(prefix, clock)
+    store.announce(["{p}s"])
+    ask = Ask(slots=(Slot("{p}s", 1),), queued=True)
+    held = replica_lease("one", 1, "{p}s")
+    assert await store.take(ask, held, TTL_S) is None
+    assert await store.take(ask, replica_lease("two", 1, "{p}s"), TTL_S) is not None
+    clock.advance(1.0)
+    assert await store.take(ask, replica_lease("three", 1, "{p}s"), TTL_S) is not None
+    clock.advance(1.0)
+    assert await store.take(ask, replica_lease("two", 2, "{p}s"), TTL_S) is not None
+    await store.give_back([GiveBack(held)])
+    assert await store.take(ask, replica_lease("three", 2, "{p}s"), TTL_S) is not None
+    assert await store.take(ask, replica_lease("two", 3, "{p}s"), TTL_S) is None
+
+
+async def test_lines_keep_their_keys_apart_from_cooldowns_other_slots_and_rates(redis):
+    """A decision with every part, and two give-backs in one call with refunds: the
+    line's keys sit after all of them, and the charges and refunds still land."""
+    _, prefix = redis
+    clock = FakeClock()
+    store = shared(prefix, clock)
+    store.announce(["{p}s"])
+    rate = Rate(limit=60, period_s=60, burst=10)
+    ask = Ask(
+        ("{p}cool",),
+        (Slot("{p}edge", 5), Slot("{p}s", 2)),
+        (Charge("{p}r", rate, 1),),
+        queued=True,
+    )
+    first = Lease("one:1", ("{p}edge", "{p}s"))
+    second = Lease("one:2", ("{p}edge", "{p}s"))
+    assert await store.take(ask, first, TTL_S) is None
+    assert await store.take(ask, second, TTL_S) is None
+    assert await store.take(ask, Lease("two:1", ("{p}edge", "{p}s")), TTL_S) == Refused(
+        Part.SLOT, 1, None
+    )
+    assert await store.available("{p}r", rate) == pytest.approx(8)
+    refund = (Refund(Charge("{p}r", rate, 1), 1),)
+    await store.give_back([GiveBack(first, refund), GiveBack(second, refund)])
+    assert await store.available("{p}r", rate) == pytest.approx(10)
+    assert await store.take(ask, Lease("three:1", ("{p}edge", "{p}s")), TTL_S) is None
+    refused = await store.take(ask, Lease("three:2", ("{p}edge", "{p}s")), TTL_S)
+    assert refused == Refused(Part.SLOT, 1, pytest.approx(CLAIM_S))
+    assert await store.take(ask, Lease("two:2", ("{p}edge", "{p}s")), TTL_S) is None

@@ -619,8 +619,10 @@ class Dispatcher:
         """Reserve the first candidate deployment that admits the lane and take every
         permit there, leaving `spare` slots of each pool free; None once `attempt` holds
         them, else the refusal to answer. A `queued` attempt stands in the line of the
-        last candidate's pools when they refuse it (`PoolGroup.acquire`): it waits for
-        them, while a refusal by an earlier one sends it on to the next."""
+        last deployment's pools, in the configured order, when they refuse it
+        (`PoolGroup.acquire`): one line per replica and model, the same whatever order
+        the candidates come in, since a line entry whose replica took a slot elsewhere
+        would have a slot set aside for nobody."""
         lane = attempt.lane
         if self._prefilling and self._yielding_for(lane) is not None:
             return Refusal.LANE_YIELDING.error(f"lane {lane.name} yields to first tokens due")
@@ -632,8 +634,7 @@ class Dispatcher:
         # When a refusal may end: callers are told a later, spread time, but the
         # dispatcher itself looks again at the earliest one.
         wakes: list[float] = []
-        candidates = self._candidates(attempt)
-        for target in candidates:
+        for target in self._candidates(attempt):
             prefilling = self._prefill_refusal(attempt, target)
             if prefilling is not None:
                 refusals.append(prefilling)
@@ -648,7 +649,7 @@ class Dispatcher:
             try:
                 tokens, backend = attempt.call.reserved_tokens, target.gate.fleet_slot(lane)
                 spare_here = self._spares[spare][target.deployment.name]
-                waits = queued and target is candidates[-1]
+                waits = queued and target is self.targets[-1]
                 permit = await target.group.acquire(tokens, backend, spare_here, waits)
             except BaseException:
                 self._unreserve(attempt, checks)

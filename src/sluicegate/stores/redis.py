@@ -6,7 +6,10 @@ replicas with skewed clocks agree. Every key lives under `{prefix}{LAYOUT}:`; `L
 names the key layout and changes whenever the scripts read or write keys differently,
 so replicas of two releases running side by side during a rolling deploy never run one
 release's scripts on the other's keys (a script is run by the digest of its own text, so
-old code is never run by mistake either). Every key has a TTL: nothing lingers.
+old code is never run by mistake either). Keys added beside the others, which older
+scripts do not know, need no new layout: the pools' lines are such (a replica of the
+release before them takes and frees as it did, ignoring the line, while the limits stay
+shared; a new layout would have split them for the deploy). Every key has a TTL.
 
 Each call is bounded by `timeout_s`; a timeout, a refused connection or any Redis error
 is `StoreUnavailable`, never a hang. What to do then is the caller's choice
@@ -47,7 +50,7 @@ from sluicegate.stores.resp import RespConnection, RespError
 
 log = logging.getLogger("sluicegate")
 
-LAYOUT = "v2"
+LAYOUT = "v1"
 GIVE_BACKS_AT_ONCE = 128
 """Give-backs per script call at most: a script holds the server for its whole run."""
 CLAIM_S = 0.25
@@ -171,7 +174,7 @@ class RedisLimitStore:
         keys = [key(k) for k in ask.cooldowns]
         keys += [key(slot.key) for slot in ask.slots]
         args: list[Any] = [lease.id, ttl_s, len(ask.cooldowns), len(ask.slots)]
-        args += [1 if ask.queued else 0, self._channel]
+        args += [1 if ask.queued else 0, self._channel, CLAIM_S]
         for slot in ask.slots:
             args += [slot.limit, 1 if slot.key in announced else 0]
         for charge in ask.charges:

@@ -28,12 +28,7 @@ while at <= #ARGV do
       if tonumber(expiry) > now then
         freed = true
         if i <= announced then
-          local line, owed = KEYS[k + slots + 2 * i - 1], KEYS[k + slots + 2 * i]
-          local first = redis.call('ZPOPMIN', line)
-          if first[1] then
-            redis.call('HSET', owed, first[1], exact('', now + claim_s))
-            keep_for(owed, claim_s)
-          end
+          hand_on(KEYS[k + slots + 2 * i - 1], KEYS[k + slots + 2 * i], now, claim_s)
           redis.call('PUBLISH', channel, key)
         end
       end

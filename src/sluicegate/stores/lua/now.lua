@@ -20,3 +20,13 @@ end
 local function exact(prefix, seconds)
   return prefix .. string.format('%.17g', seconds)
 end
+
+-- Set a freed slot aside for the replica first in its line (keys.slot_line), if any,
+-- for `claim_s`, taking it out of the line.
+local function hand_on(line, owed, now, claim_s)
+  local first = redis.call('ZPOPMIN', line)
+  if first[1] then
+    redis.call('HSET', owed, first[1], exact('', now + claim_s))
+    keep_for(owed, claim_s)
+  end
+end

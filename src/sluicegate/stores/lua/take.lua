@@ -2,25 +2,28 @@
 -- KEYS: the cooldowns, then the slots, then the charges of the ask, then a line and its
 --       set-asides (keys.slot_line) per lined slot, in the slots' order.
 -- ARGV: now, lease id, ttl_s, #cooldowns, #slots, 1 when the asker is queued for these
---       slots (else 0), the release channel, then per slot: its limit and 1 when it is
---       lined (else 0), then per charge: emission interval, tolerance, cost, burst.
+--       slots (else 0), the release channel, how long a set-aside waits for its replica,
+--       then per slot: its limit and 1 when it is lined (else 0), then per charge:
+--       emission interval, tolerance, cost, burst.
 -- Returns nil when granted (the lease id added to every slot's set, scored by its
 -- expiry), else {part, index from 0, seconds until it may pass or ''}.
 -- A lined slot is one replicas queue for. Its slots set aside for other replicas (by
 -- give_back, for the head of the line) count as held; a queued replica refused one joins
 -- the line (keeping its place if in it); any refused only by set-asides is told when the
 -- first lapses. A grant takes the replica out of the line and uses its set-aside; a
--- replica refused a slot set aside for it (its ask leaves more free: work beyond its
--- share must leave the reserve) gives it up and announces it again, rather than let
--- it idle until it lapses. Nothing else a refusal writes.
+-- queued replica refused at a slot set aside for it (its ask leaves more free: work
+-- beyond its share must leave the reserve) hands it on to the next in line and
+-- announces it again, rather than let it idle until it lapses; refused by anything else
+-- first (a cooldown, another slot, a rate) it keeps it until then. Apart from that, a
+-- refusal writes only the removal of lapsed set-asides.
 local now = now_s()
 local id, ttl = ARGV[2], tonumber(ARGV[3])
 local ncool, nslot = tonumber(ARGV[4]), tonumber(ARGV[5])
-local queued, channel = ARGV[6] == '1', ARGV[7]
+local queued, channel, claim_s = ARGV[6] == '1', ARGV[7], tonumber(ARGV[8])
 local first_charge = ncool + nslot
 local nlined = 0
 for i = 1, nslot do
-  nlined = nlined + tonumber(ARGV[7 + 2 * i])
+  nlined = nlined + tonumber(ARGV[8 + 2 * i])
 end
 local first_line = #KEYS - 2 * nlined
 local who = string.match(id, '^(.*):') or id
@@ -35,9 +38,9 @@ end
 local lines = {}
 for i = 1, nslot do
   local key = KEYS[ncool + i]
-  local limit = tonumber(ARGV[6 + 2 * i])
+  local limit = tonumber(ARGV[7 + 2 * i])
   local held = redis.call('ZCOUNT', key, exact('(', now), '+inf')
-  if ARGV[7 + 2 * i] == '1' then
+  if ARGV[8 + 2 * i] == '1' then
     local line = KEYS[first_line + 2 * #lines + 1]
     local owed = KEYS[first_line + 2 * #lines + 2]
     local aside, lapse, mine = 0, nil, false
@@ -54,8 +57,9 @@ for i = 1, nslot do
       end
     end
     if held + aside >= limit then
-      if mine then
+      if mine and queued then
         redis.call('HDEL', owed, who)
+        hand_on(line, owed, now, claim_s)
         redis.call('PUBLISH', channel, key)
       end
       if queued then
@@ -75,7 +79,7 @@ for i = 1, nslot do
 end
 
 local tats, order = {}, {}
-local at = 7 + 2 * nslot
+local at = 8 + 2 * nslot
 for i = 1, first_line - first_charge do
   local key = KEYS[first_charge + i]
   local interval, tolerance = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
