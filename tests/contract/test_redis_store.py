@@ -256,15 +256,20 @@ async def test_a_slot_freed_while_a_replica_waits_goes_to_it_whoever_freed_it(re
     assert await store.take(ask, replica_lease("one", 4, "{p}s"), TTL_S) is None
 
 
-async def test_a_slot_set_aside_for_a_replica_that_never_comes_is_free_again_soon(redis):
-    _, prefix = redis
-    clock = FakeClock()
+async def one_holds_two_waits(prefix: str, clock: FakeClock) -> tuple[RedisLimitStore, Ask, Lease]:
+    """A lined slot of 1 held by replica `one`, replica `two` refused from its queue."""
     store = shared(prefix, clock)
     store.announce(["{p}s"])
     ask = Ask(slots=(Slot("{p}s", 1),), queued=True)
     held = replica_lease("one", 1, "{p}s")
     assert await store.take(ask, held, TTL_S) is None
     assert await store.take(ask, replica_lease("two", 1, "{p}s"), TTL_S) is not None
+    return store, ask, held
+
+
+async def test_a_slot_set_aside_for_a_replica_that_never_comes_is_free_again_soon(redis):
+    clock = FakeClock()
+    store, ask, held = await one_holds_two_waits(redis[1], clock)
     await store.give_back([GiveBack(held)])
     clock.advance(CLAIM_S / 2)
     refused = await store.take(ask, replica_lease("one", 2, "{p}s"), TTL_S)
@@ -349,14 +354,8 @@ async def test_a_replica_refused_the_slot_set_aside_for_it_hands_it_on_at_once(r
 
 
 async def test_a_replica_refused_again_keeps_its_place_in_line(redis):
-    _, prefix = redis
     clock = FakeClock()
-    store = shared(prefix, clock)
-    store.announce(["{p}s"])
-    ask = Ask(slots=(Slot("{p}s", 1),), queued=True)
-    held = replica_lease("one", 1, "{p}s")
-    assert await store.take(ask, held, TTL_S) is None
-    assert await store.take(ask, replica_lease("two", 1, "{p}s"), TTL_S) is not None
+    store, ask, held = await one_holds_two_waits(redis[1], clock)
     clock.advance(1.0)
     assert await store.take(ask, replica_lease("three", 1, "{p}s"), TTL_S) is not None
     clock.advance(1.0)

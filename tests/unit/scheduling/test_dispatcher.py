@@ -836,15 +836,20 @@ async def test_a_burst_judged_while_the_store_answers_sees_its_own_earlier_reque
         runner.cancel()
 
 
+def deployments_a_and_b(store: MemoryLimitStore, clock: FakeClock, size: int) -> list[Target]:
+    """Deployments `a` and `b`, each behind its own pool of `size` on `store`."""
+    targets = []
+    for name in ("a", "b"):
+        pool = Pool(PoolSpec(name, size), Leases(store, clock))
+        deployment = dataclasses.replace(DEPLOYMENT, name=name, pools=(name,))
+        targets.append(Target(deployment, (pool,), Gate(), Breaker(BreakerPolicy(), clock)))
+    return targets
+
+
 async def test_the_reserve_is_split_between_deployments_by_their_capacity(clock):
     """Two deployments of 4 and a reserve of 2: each keeps one free, so work beyond its
     share gets 6 of the 8 slots (taking 2 from each pool would leave it 4)."""
-    store = MemoryLimitStore(clock)
-    targets = []
-    for name in ("a", "b"):
-        pool = Pool(PoolSpec(name, 4), Leases(store, clock))
-        deployment = dataclasses.replace(DEPLOYMENT, name=name, pools=(name,))
-        targets.append(Target(deployment, (pool,), Gate(), Breaker(BreakerPolicy(), clock)))
+    targets = deployments_a_and_b(MemoryLimitStore(clock), clock, 4)
     bulk = Lane("bulk")
     lanes = [INTERACTIVE, bulk]
     dispatcher = Dispatcher("m", lanes, targets, lambda lane: VirtualTokenCounter(), clock)
@@ -880,11 +885,7 @@ async def test_only_a_queued_request_stands_in_line_and_only_for_the_last_deploy
     one line, the last deployment's in the configured order however the candidates are
     rotated, and only from the queue, which the line is for."""
     store = QueuedAsks(clock)
-    targets = []
-    for name in ("a", "b"):
-        pool = Pool(PoolSpec(name, 1), Leases(store, clock))
-        deployment = dataclasses.replace(DEPLOYMENT, name=name, pools=(name,))
-        targets.append(Target(deployment, (pool,), Gate(), Breaker(BreakerPolicy(), clock)))
+    targets = deployments_a_and_b(store, clock, 1)
     dispatcher = Dispatcher(
         "m", [INTERACTIVE], targets, lambda lane: VirtualTokenCounter(), clock, chain=chain
     )
