@@ -132,7 +132,8 @@ class RedisLimitStore:
         self._clock = clock
         self._names: dict[str, str] = {}
         self._scripts = _scripts()
-        self._announced: frozenset[str] = frozenset()
+        self._lines: dict[str, tuple[str, str]] = {}
+        """Per announced slot, its line's keys (`keys.slot_line`) as named in Redis."""
 
     def _key(self, key: str) -> str:
         name = self._names.get(key)
@@ -170,20 +171,22 @@ class RedisLimitStore:
             raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from None
 
     async def take(self, ask: Ask, lease: Lease, ttl_s: float) -> Refused | None:
-        key, announced = self._key, self._announced
+        key, lines = self._key, self._lines
         keys = [key(k) for k in ask.cooldowns]
         keys += [key(slot.key) for slot in ask.slots]
         args: list[Any] = [lease.id, ttl_s, len(ask.cooldowns), len(ask.slots)]
         args += [1 if ask.queued else 0, self._channel, CLAIM_S]
+        lined: list[str] = []
         for slot in ask.slots:
-            args += [slot.limit, 1 if slot.key in announced else 0]
+            line = lines.get(slot.key)
+            args += [slot.limit, 0 if line is None else 1]
+            if line is not None:
+                lined += line
         for charge in ask.charges:
             rate = charge.rate
             keys.append(key(charge.key))
             args += [rate.interval_s, rate.tolerance_s, charge.cost, rate.burst]
-        keys += [
-            key(line) for slot in ask.slots if slot.key in announced for line in slot_line(slot.key)
-        ]
+        keys += lined
         refused = await self._run("take", keys, args)
         if refused is None:
             return None
@@ -213,9 +216,13 @@ class RedisLimitStore:
             await self._run("renew", keys, args)
 
     def announce(self, keys: Iterable[str]) -> None:
-        """Announce the release of these slots only: slots nobody queues for (the
-        edge's, the backend's) would cost every replica a message per request."""
-        self._announced = frozenset(keys)
+        """Announce the release of these slots only, and keep a line for them: slots
+        nobody queues for (the edge's, the backend's) would cost every replica a message
+        per request. Their lines' names are made here, once, not per decision."""
+        self._lines = {}
+        for slot in keys:
+            line, owed = slot_line(slot)
+            self._lines[slot] = (self._key(line), self._key(owed))
 
     async def give_back(self, backs: Sequence[GiveBack]) -> None:
         """One script run per hash tag (a decision's keys share one, so each run stays on
@@ -240,12 +247,12 @@ class RedisLimitStore:
     def _give_back(self, backs: Sequence[GiveBack]) -> tuple[list[str], list[Any]]:
         keys: list[str] = []
         args: list[Any] = [self._channel, CLAIM_S]
-        key, announced = self._key, self._announced
+        key, lines = self._key, self._lines
         for (lease_id, slots), refunds in backs:
-            heard = [k for k in slots if k in announced]
+            heard = [k for k in slots if k in lines]
             keys += map(key, heard)
-            keys += [key(k) for k in slots if k not in announced]
-            keys += [key(line) for k in heard for line in slot_line(k)]
+            keys += [key(k) for k in slots if k not in lines]
+            keys += [name for k in heard for name in lines[k]]
             args += [lease_id, len(slots), len(heard), len(refunds)]
             for (charged, rate, _), amount in refunds:
                 keys.append(key(charged))
