@@ -6,12 +6,19 @@ short; the figures are whatever the run measured, checked for presence and range
 
 from __future__ import annotations
 
+import asyncio
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from sluicegate.bench import family
 from sluicegate.bench.scenario import load
 from tests.bench.conftest import is_number, run_bench
+from tests.support.redis import REDIS_URL, redis_or_skip
 
 
 def small_seed() -> int:
@@ -34,12 +41,20 @@ def fraction(value: object) -> bool:
     return is_number(value) and 0.0 <= value <= 1.0  # type: ignore[operator]
 
 
-def test_quick_family_finds_capacity_and_reports_every_figure(tmp_path: Path) -> None:
-    seed = small_seed()
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """One quick run of the small variant, its folder and what it printed."""
+    out = tmp_path_factory.mktemp("family")
     done = run_bench(
-        "family", "--variants", "1", "--seed", str(seed), "--quick", "--out", str(tmp_path)
+        "family", "--variants", "1", "--seed", str(small_seed()), "--quick", "--out", str(out)
     )
-    assert "WORST" in done.stdout
+    return out, done.stdout
+
+
+def test_quick_family_finds_capacity_and_reports_every_figure(quick_run: tuple[Path, str]) -> None:
+    tmp_path, stdout = quick_run
+    seed = small_seed()
+    assert "WORST" in stdout
     doc = json.loads((tmp_path / "family.json").read_text())
     (result,) = doc["variants"]
     variant = family.generate(seed, 0)
@@ -96,6 +111,40 @@ def test_quick_family_finds_capacity_and_reports_every_figure(tmp_path: Path) ->
     assert replay.capacity_rps == found["rps"]
     assert replay.gateway == family.gateway_config(variant)
     assert (tmp_path / variant.name / "policy-on" / "gateway-metrics.txt").exists()
-    run_bench("family", "--rescore", str(tmp_path))
-    (rescored,) = json.loads((tmp_path / "family.json").read_text())["variants"]
+    rescore = tmp_path.parent / f"{tmp_path.name}-rescored"
+    shutil.copytree(tmp_path, rescore)
+    run_bench("family", "--rescore", str(rescore))
+    (rescored,) = json.loads((rescore / "family.json").read_text())["variants"]
     assert rescored == result, "the same figures from the run's files alone"
+
+
+async def test_workers_run_the_policy_on_the_redis_store_as_one_fleet(
+    quick_run: tuple[Path, str], tmp_path: Path
+) -> None:
+    """`--workers 2 --redis`: the same variant and capacity (`--reuse`), the gateway as two
+    workers sharing their limits in Redis under the run's own prefix; the merged page
+    counts both workers."""
+    capacities, _ = quick_run
+    async with redis_or_skip() as (client, prefix):
+        args = ("family", "--variants", "1", "--seed", str(small_seed()), "--quick")
+        args += ("--reuse", str(capacities), "--policies", "on", "--out", str(tmp_path))
+        args += ("--redis", REDIS_URL, "--key-prefix", prefix, "--workers", "2")
+        await asyncio.to_thread(run_bench, *args)
+        keys = [key async for key in client.scan_iter(match=f"{prefix}*", count=1000)]
+    assert keys, "the workers kept their limits in Redis under the run's prefix"
+    doc = json.loads((tmp_path / "family.json").read_text())
+    assert doc["config"]["workers"] == 2
+    (result,) = doc["variants"]
+    assert result["policy_on"]["admitted"] > 0
+    assert "policy_off" not in result
+    page = (tmp_path / result["variant"] / "policy-on" / "gateway-metrics.txt").read_text()
+    assert "sluicegate_workers_reporting 2.0" in page
+
+
+def test_workers_without_redis_are_refused_before_anything_runs(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "sluicegate", "bench", "family", "--workers", "2"]
+    command += ["--out", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert "--workers above 1 needs --redis" in done.stderr
+    assert not any(tmp_path.iterdir())

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import json
 import math
+import secrets
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -113,6 +114,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="change one gateway setting for every variant (a dotted key, a YAML value), "
         "e.g. scheduling.reserve=0: an experiment, no longer the README's settings",
     )
+    add(
+        "--redis",
+        metavar="URL",
+        help="run the policy-on gateway on `store: redis` at URL, so pools, lines and "
+        "fair shares go through Redis",
+    )
+    add(
+        "--key-prefix",
+        default="sluicegate-bench-family:",
+        help="with --redis: each run's keys are under this prefix and a token of the "
+        "run's own (default %(default)s)",
+    )
+    add(
+        "--workers",
+        type=positive(int),
+        default=1,
+        help="run the policy-on gateway as `serve --workers N`: N replicas of one fleet "
+        "behind the kernel's balancing of connections; needs --redis (default %(default)s)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -142,7 +162,16 @@ def run(args: argparse.Namespace) -> int:
         "reused_capacity": None if args.reuse is None else str(args.reuse),
         "gateway_changes": list(args.set),
         "policies": args.policies,
+        "redis": args.redis,
+        "workers": args.workers,
     }
+    if args.workers > 1 and args.redis is None:
+        print(
+            "bench family: --workers above 1 needs --redis URL: the workers are replicas "
+            "of one fleet and share their limits there",
+            file=sys.stderr,
+        )
+        return 2
     try:
         changes = [setting(item) for item in args.set]
         known = {} if args.reuse is None else _capacities(args.reuse)
@@ -150,7 +179,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"bench family: {exc}", file=sys.stderr)
         return 2
     policies = tuple(args.policies.split(","))
-    sized = Sizes(duration_s, probe_s, steps, probe_requests, known, tuple(changes), policies)
+    sized = Sizes(
+        duration_s,
+        probe_s,
+        steps,
+        probe_requests,
+        known,
+        tuple(changes),
+        policies,
+        Fleet(args.redis, args.key_prefix, args.workers) if args.redis else None,
+    )
     results: list[dict[str, Any]] = []
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
@@ -167,6 +205,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class Fleet:
+    redis_url: str
+    key_prefix: str
+    workers: int
+
+    def gateway(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """`config` on Redis under a prefix of its own: keys a run leaves behind (they
+        expire) cannot reach the next run's limits."""
+        prefix = f"{self.key_prefix}{secrets.token_hex(4)}:"
+        return {**config, "store": "redis", "redis": {"url": self.redis_url, "key_prefix": prefix}}
+
+    def serve_args(self) -> tuple[str, ...]:
+        return ("--workers", str(self.workers))
+
+
+@dataclass(frozen=True, slots=True)
 class Sizes:
     duration_s: float
     probe_s: float
@@ -177,6 +231,8 @@ class Sizes:
     changes: tuple[tuple[tuple[str, ...], Any], ...]
     """Gateway settings changed for every variant (`--set`)."""
     policies: tuple[str, ...] = ("on", "off")
+    fleet: Fleet | None = None
+    """Where the policy-on gateway keeps its state, and how many workers it runs."""
 
     def probe_length_s(self, rate: float) -> float:
         wanted = self.probe_requests / rate
@@ -218,7 +274,13 @@ async def _variant(variant: Variant, sizes: Sizes, out: Path) -> dict[str, Any]:
     basis = familyreport.basis(result, scenario.lanes, duration_s)
     for policy in sizes.policies:
         run_scenario = scenario.model_copy(update={"policy": policy})
-        records, exposition = await _through_gateway(run_scenario, out / f"policy-{policy}")
+        serve_args: tuple[str, ...] = ()
+        if policy == "on" and sizes.fleet is not None:
+            run_scenario = run_scenario.model_copy(update={"gateway": sizes.fleet.gateway(gateway)})
+            serve_args = sizes.fleet.serve_args()
+        records, exposition = await _through_gateway(
+            run_scenario, out / f"policy-{policy}", serve_args
+        )
         result[f"policy_{policy}"] = familymetrics.figures(
             records, basis, exposition if policy == "on" else None
         )
@@ -273,9 +335,12 @@ def _sim(flags: Sequence[str], logs: Path) -> Iterator[Child]:
         yield sim
 
 
-async def _through_gateway(scenario: Scenario, out: Path) -> tuple[list[Record], str]:
-    """The run's records, and the gateway's /metrics once they all ended."""
-    with started(scenario, out) as target:
+async def _through_gateway(
+    scenario: Scenario, out: Path, serve_args: Sequence[str]
+) -> tuple[list[Record], str]:
+    """The run's records, and the gateway's /metrics once they all ended (with several
+    workers, the page that merges them)."""
+    with started(scenario, out, serve_args) as target:
         found = await _drive(scenario, target)
         exposition = await _metrics_page(target.metrics["gateway"])
     setup = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -40,16 +40,16 @@ class TargetError(RuntimeError):
 
 
 @contextmanager
-def started(scenario: Scenario, logs: Path) -> Iterator[Target]:
-    """`sluicegate sim` with the scenario's flags and a gateway in front; stopped after,
-    their logs kept in `logs`."""
+def started(scenario: Scenario, logs: Path, serve_args: Sequence[str] = ()) -> Iterator[Target]:
+    """`sluicegate sim` with the scenario's flags and a gateway (`serve SERVE_ARGS`) in
+    front; stopped after, their logs kept in `logs`."""
     if scenario.gateway is None:
         raise TargetError("gateway: required unless --target is given")
     keys = {t.name: f"sk-bench-{t.name}-{secrets.token_urlsafe(12)}" for t in scenario.tenants}
     env = {t.key_env: keys[t.name] for t in scenario.tenants}
     config = scenario.gateway if scenario.policy == "on" else passthrough(scenario.gateway)
     text = yaml.safe_dump(config, sort_keys=False)
-    with stack(sim_flags(scenario.sim), text, env, logs) as (sim, gateway):
+    with stack(sim_flags(scenario.sim), text, env, logs, serve_args) as (sim, gateway):
 
         def check() -> None:
             sim.check_alive()
