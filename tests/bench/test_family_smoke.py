@@ -18,6 +18,7 @@ import pytest
 from sluicegate.bench import family
 from sluicegate.bench.scenario import load
 from tests.bench.conftest import is_number, run_bench
+from tests.support.processes import free_port
 from tests.support.redis import REDIS_URL, redis_or_skip
 
 
@@ -147,4 +148,14 @@ def test_workers_without_redis_are_refused_before_anything_runs(tmp_path: Path) 
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2
     assert "--workers above 1 needs --redis" in done.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_an_unreachable_redis_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    command = [sys.executable, "-m", "sluicegate", "bench", "family", "--redis", url]
+    command += ["--out", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert f"bench family: --redis {url}: no answer" in done.stderr
     assert not any(tmp_path.iterdir())

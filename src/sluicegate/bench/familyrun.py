@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from redis import Redis
+from redis.exceptions import RedisError
 
 from sluicegate.bench import (
     capacity,
@@ -51,6 +53,7 @@ MAX_PROBE_FACTOR = 2.0
 (99 % of too few requests says little), but never more than twice `probe`."""
 PROBE_DRAIN_MARGIN_S = 1.0
 CONNECTIONS = 4096
+REDIS_CHECK_S = 2.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -175,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         changes = [setting(item) for item in args.set]
         known = {} if args.reuse is None else _capacities(args.reuse)
+        if args.redis is not None:
+            _reachable(args.redis)
     except (ValueError, OSError) as exc:
         print(f"bench family: {exc}", file=sys.stderr)
         return 2
@@ -424,6 +429,18 @@ def capacity_from_json(found: Mapping[str, Any]) -> capacity.Capacity:
         for p in found["probes"]
     )
     return capacity.Capacity(found["ceiling_rps"], probes)
+
+
+def _reachable(url: str) -> None:
+    """Raise unless Redis answers at `url`: found only when a gateway starts, after the
+    capacity searches, it would cost minutes, or leave a gateway running degraded."""
+    client = Redis.from_url(url, socket_timeout=REDIS_CHECK_S, socket_connect_timeout=REDIS_CHECK_S)
+    try:
+        client.ping()
+    except RedisError as exc:
+        raise ValueError(f"--redis {url}: no answer ({exc})") from exc
+    finally:
+        client.close()
 
 
 def setting(item: str) -> tuple[tuple[str, ...], Any]:
