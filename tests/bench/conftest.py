@@ -22,6 +22,14 @@ def run_bench(*args: str) -> subprocess.CompletedProcess[str]:
     return done
 
 
+def refused_bench(*args: str) -> subprocess.CompletedProcess[str]:
+    """`sluicegate bench ARGS` that must stop at once with a usage error (exit 2)."""
+    command = [sys.executable, "-m", "sluicegate", "bench", *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    return done
+
+
 def run_quick(scenario: str, folder: Path) -> dict:
     """`sluicegate bench SCENARIO --quick`; asserts it completed and printed its verdicts."""
     out = folder / f"{scenario}.json"

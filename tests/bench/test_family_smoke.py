@@ -9,15 +9,13 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from sluicegate.bench import family
 from sluicegate.bench.scenario import load
-from tests.bench.conftest import is_number, run_bench
+from tests.bench.conftest import is_number, refused_bench, run_bench
 from tests.support.processes import free_port
 from tests.support.redis import REDIS_URL, redis_or_skip
 
@@ -143,19 +141,13 @@ async def test_workers_run_the_policy_on_the_redis_store_as_one_fleet(
 
 
 def test_workers_without_redis_are_refused_before_anything_runs(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "sluicegate", "bench", "family", "--workers", "2"]
-    command += ["--out", str(tmp_path)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 2
+    done = refused_bench("family", "--workers", "2", "--out", str(tmp_path))
     assert "--workers above 1 needs --redis" in done.stderr
     assert not any(tmp_path.iterdir())
 
 
 def test_an_unreachable_redis_is_refused_before_anything_runs(tmp_path: Path) -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
-    command = [sys.executable, "-m", "sluicegate", "bench", "family", "--redis", url]
-    command += ["--out", str(tmp_path)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 2
+    done = refused_bench("family", "--redis", url, "--out", str(tmp_path))
     assert f"bench family: --redis {url}: no answer" in done.stderr
     assert not any(tmp_path.iterdir())

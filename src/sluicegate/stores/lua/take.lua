@@ -57,12 +57,12 @@ for i = 1, nslot do
       end
     end
     if held + aside >= limit then
-      if mine and queued then
-        redis.call('HDEL', owed, who)
-        hand_on(line, owed, now, claim_s)
-        redis.call('PUBLISH', channel, key)
-      end
       if queued then
+        if mine then
+          redis.call('HDEL', owed, who)
+          hand_on(line, owed, now, claim_s)
+          redis.call('PUBLISH', channel, key)
+        end
         redis.call('ZADD', line, 'NX', exact('', now), who)
         keep_for(line, ttl)
       end
