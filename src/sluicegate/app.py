@@ -227,10 +227,13 @@ def build(
             yield FairnessSync(shares, redis, clock, shared.replica, policy.sync_s).run()
         by_slot = {pool.slot.key: pool for pool in pools.values()}
         redis.announce(by_slot)
+        # A prefill budget with room again wakes its deployment's waiters, as a slot of
+        # any of its pools would.
+        by_key = by_slot | {keys.prefill(d.name): pools[d.pools[0]] for d in deployments}
         listeners.append(listener(policy.url, policy.timeout_s))
 
         def freed(key: str) -> None:
-            pool = by_slot.get(key)
+            pool = by_key.get(key)
             if pool is not None:
                 pool.freed()
 

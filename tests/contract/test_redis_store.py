@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from sluicegate.core import keys
 from sluicegate.core.leases import Leases
 from sluicegate.core.limits import (
     Ask,
@@ -17,13 +18,16 @@ from sluicegate.core.limits import (
     GiveBack,
     Lease,
     Part,
+    Prefill,
+    PrefillEnd,
+    PrefillState,
     Rate,
     Refund,
     Refused,
     Slot,
     StoreUnavailable,
 )
-from sluicegate.stores.redis import CLAIM_S, LAYOUT, RedisLimitStore, listener
+from sluicegate.stores.redis import CLAIM_S, LAYOUT, LEARNT_KEPT_S, RedisLimitStore, listener
 from sluicegate.stores.resp import RespConnection
 from tests.support.clock import FakeClock
 from tests.support.processes import free_port
@@ -394,3 +398,48 @@ async def test_lines_keep_their_keys_apart_from_cooldowns_other_slots_and_rates(
     refused = await store.take(ask, Lease("three:2", ("{p}edge", "{p}s")), TTL_S)
     assert refused == Refused(Part.SLOT, 1, pytest.approx(CLAIM_S))
     assert await store.take(ask, Lease("two:2", ("{p}edge", "{p}s")), TTL_S) is None
+
+
+async def test_a_prefill_budget_is_the_fleet_s_and_announced_only_when_it_was_waited_for(redis):
+    """Replica `two` is refused while `one`'s prompt prefills: `one`'s first token
+    teaches the budget `two` is held to and is announced (`two` looks again at once);
+    an end nobody waited for is not announced, so an idle budget costs the replicas no
+    message per request. Each of the budget's keys has a TTL."""
+    client, prefix = redis
+    clock = FakeClock()
+    one, two = shared(prefix, clock), shared(prefix, clock)
+    subscriber = listener(REDIS_URL, 5.0)
+    heard: list[str] = []
+    watching = asyncio.ensure_future(two.watch_releases(subscriber, heard.append, 0.1))
+    budget = keys.prefill("d")
+
+    def ask(tokens: int) -> Ask:
+        return Ask(slots=(Slot("{pools}s", 10),), prefill=Prefill(budget, tokens, 1.0))
+
+    try:
+        await asyncio.sleep(0.2)
+        first = replica_lease("one", 1, "{pools}s")
+        assert await one.take(ask(2_000), first, TTL_S) is None
+        refused = await two.take(ask(2_000), replica_lease("two", 1, "{pools}s"), TTL_S)
+        assert refused == Refused(Part.PREFILL, 0, None)
+        clock.advance(0.125)
+        state = await one.prefilled([PrefillEnd(budget, first.id, True)])
+        assert state == {budget: PrefillState(0, pytest.approx(16_000))}
+        again = replica_lease("two", 2, "{pools}s")
+        assert await two.take(ask(2_000), again, TTL_S) is None
+        clock.advance(0.125)
+        await two.prefilled([PrefillEnd(budget, again.id, True)])
+        for _ in range(50):
+            if heard:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)
+        assert heard == [budget]
+        learnt = f"{prefix}{LAYOUT}:{budget}:learnt".encode()
+        names = [key async for key in client.scan_iter(match=f"{prefix}*prefill*")]
+        assert names == [learnt], "with no prompt counted, only the learnt rate is kept"
+        assert 0 < await client.pttl(learnt) <= (LEARNT_KEPT_S + 2) * 1000
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+        await subscriber.aclose()

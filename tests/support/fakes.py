@@ -15,6 +15,8 @@ from sluicegate.core.limits import (
     GiveBack,
     Lease,
     LimitStore,
+    PrefillEnd,
+    PrefillState,
     Rate,
     Refused,
     Slot,
@@ -128,6 +130,10 @@ class YieldingStore:
         await self._turn("give_back")
         await self.inner.give_back(backs)
 
+    async def prefilled(self, ends: Sequence[PrefillEnd]) -> dict[str, PrefillState]:
+        await self._turn("prefilled")
+        return await self.inner.prefilled(ends)
+
     async def cool(self, key: str, duration_s: float) -> None:
         await self._turn(key)
         await self.inner.cool(key, duration_s)
@@ -155,6 +161,9 @@ class UnreachableStore:
 
     async def give_back(self, backs: Sequence[GiveBack]) -> None:
         await self._fail()
+
+    async def prefilled(self, ends: Sequence[PrefillEnd]) -> dict[str, PrefillState]:
+        return await self._fail()
 
     async def cool(self, key: str, duration_s: float) -> None:
         await self._fail()

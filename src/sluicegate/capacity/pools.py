@@ -22,6 +22,9 @@ from sluicegate.core.limits import (
     Charge,
     Lease,
     Part,
+    Prefill,
+    PrefillEnd,
+    PrefillState,
     Refused,
     Slot,
     StoreUnavailable,
@@ -154,7 +157,12 @@ class PoolGroup:
         self._charges = tuple(charge for _, charge in self._owners)
 
     async def acquire(
-        self, tokens: int, backend: Slot | None = None, spare: int = 0, queued: bool = False
+        self,
+        tokens: int,
+        backend: Slot | None = None,
+        spare: int = 0,
+        queued: bool = False,
+        prefill: Prefill | None = None,
     ) -> PoolPermit | GatewayError:
         """A permit from every pool reserving `tokens`, or at once the refusal to answer
         with (returned, never raised: the dispatcher weighs it against others, and a
@@ -164,7 +172,8 @@ class PoolGroup:
         reserve for requests within their share). `queued`: the attempt waits in a queue
         for these pools, so a refusal puts its replica in the pools' line (`Ask`); one
         about to try another deployment does not, or it would be set aside slots it no
-        longer wants.
+        longer wants. `prefill`: the prompt counted in the deployment's prefill budget
+        from this decision to its first token (`PoolPermit.first_token`) or its release.
 
         Waiting is the scheduler's job (its lane queues), never the pools'.
         """
@@ -176,7 +185,7 @@ class PoolGroup:
         if backend is not None:
             slots = (*slots, backend)
         try:
-            decision = await self.leases.take(Ask(self._cooldowns, slots, charges, queued))
+            decision = await self.leases.take(Ask(self._cooldowns, slots, charges, queued, prefill))
         except StoreUnavailable:
             return store_unavailable()
         if isinstance(decision, Refused):
@@ -186,22 +195,48 @@ class PoolGroup:
             return _refusal(decision, self.pools, self._owners)
         for pool in self.pools:
             pool._taken(tokens)
-        return PoolPermit(self, decision, tokens, charges)
+        return PoolPermit(self, decision, tokens, charges, None if prefill is None else prefill.key)
+
+    def _prefill_ended(self, end: PrefillEnd, answered: Callable[[PrefillState], None]) -> None:
+        """Once the store has ended `end`, whoever waits for the deployment looks again."""
+
+        def ended(state: PrefillState) -> None:
+            for pool in self.pools:
+                pool.freed()
+            answered(state)
+
+        self.leases.prefilled(end, ended)
 
 
 class PoolPermit:
     """Held for the whole attempt; `release` is idempotent so no path can free it twice."""
 
-    __slots__ = ("_charges", "_group", "_lease", "_released", "reserved")
+    __slots__ = ("_charges", "_group", "_lease", "_released", "prefilling", "reserved")
 
     def __init__(
-        self, group: PoolGroup, lease: Lease, reserved: int, charges: tuple[Charge, ...]
+        self,
+        group: PoolGroup,
+        lease: Lease,
+        reserved: int,
+        charges: tuple[Charge, ...],
+        prefilling: str | None,
     ) -> None:
         self._group = group
         self._lease = lease
         self.reserved = reserved
         self._charges = charges
         self._released = False
+        self.prefilling = prefilling
+        """The prefill budget counting this attempt's prompt until its first token."""
+
+    def first_token(self, answered: Callable[[PrefillState], None]) -> None:
+        """The prompt got its first token: it stops counting in its prefill budget, which
+        learns from it; whoever waits for the deployment may try again, and `answered`
+        hears the budget's state, once the store has it (this cannot wait for it)."""
+        budget = self.prefilling
+        if budget is not None:
+            self.prefilling = None
+            self._group._prefill_ended(PrefillEnd(budget, self._lease.id, True), answered)
 
     async def release(self, used_tokens: int | None) -> None:
         """Free the slots and give back what a finished attempt did not use, in one give-back;
@@ -210,6 +245,10 @@ class PoolPermit:
             return
         self._released = True
         group = self._group
+        budget = self.prefilling
+        if budget is not None:
+            self.prefilling = None
+            group._prefill_ended(PrefillEnd(budget, self._lease.id, False), _unheard)
         refunds = unspent(self._charges, group.tokens, self.reserved, used_tokens)
         try:
             await group.leases.give_back(self._lease, refunds)
@@ -218,9 +257,17 @@ class PoolPermit:
                 pool._settled(self.reserved, used_tokens)
 
 
+def _unheard(state: PrefillState) -> None:
+    """A prompt that ended unprefilled taught nothing: its budget's state is not news."""
+
+
 def _refusal(
     refused: Refused, pools: Sequence[Pool], owners: list[tuple[Pool, Charge]]
 ) -> GatewayError:
+    if refused.part is Part.PREFILL:
+        return Refusal.BACKEND_BUSY.error(
+            "the deployment is prefilling as many prompt tokens as the promise allows"
+        )
     if refused.part is Part.COOLDOWN:
         name = pools[refused.index].name
         return Refusal.POOL_COOLING.error(f"pool {name} is cooling down", refused.retry_after_s)

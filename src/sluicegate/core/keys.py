@@ -37,6 +37,19 @@ def backend_in_flight(deployment: str) -> str:
     return f"{POOLS}backend:{deployment}"
 
 
+def prefill(deployment: str) -> str:
+    """A deployment's prefill budget (`core.prefill`): its prompts awaiting their first
+    token, whoever sent them."""
+    return f"{POOLS}prefill:{deployment}"
+
+
+def prefill_parts(budget: str) -> tuple[str, str, str]:
+    """A prefill budget as a shared store keeps it: each prompt's tokens (under the
+    budget's own key, which is what its release announces), when each lapses, and what
+    was learnt; the same hash tag as the budget."""
+    return budget, f"{budget}:lapse", f"{budget}:learnt"
+
+
 def pool_cooldown(pool: str) -> str:
     return f"{POOLS}pool:{pool}:cool"
 

@@ -14,6 +14,8 @@ import itertools
 import logging
 import operator
 import uuid
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from sluicegate.core.clock import Clock, sleep_until
 from sluicegate.core.errors import GatewayError
@@ -23,6 +25,8 @@ from sluicegate.core.limits import (
     GiveBack,
     Lease,
     LimitStore,
+    PrefillEnd,
+    PrefillState,
     Refund,
     Refused,
     StoreUnavailable,
@@ -65,6 +69,8 @@ class Leases:
         self._batch: list[GiveBack] | None = None
         """Give-backs handed over in this loop turn, sent together at the next."""
         self._finishing: set[asyncio.Future[None]] = set()
+        self._ends: list[tuple[PrefillEnd, Callable[[PrefillState], None]]] | None = None
+        """Prompts' prefill ends handed over in this loop turn, sent together at the next."""
 
     async def take(self, ask: Ask) -> Lease | Refused:
         """Decide `ask`. Cancelled while the store decides, the lease it may have granted
@@ -113,9 +119,7 @@ class Leases:
         batch = self._batch
         if batch is None:
             batch = self._batch = []
-            task = asyncio.ensure_future(self._send(batch))
-            self._finishing.add(task)
-            task.add_done_callback(self._finishing.discard)
+            self._own(self._send(batch))
         batch.append(back)
 
     async def _send(self, batch: list[GiveBack]) -> None:
@@ -124,6 +128,36 @@ class Leases:
             await self.store.give_back(batch)
         except StoreUnavailable:
             _lost()
+
+    def prefilled(self, end: PrefillEnd, answered: Callable[[PrefillState], None]) -> None:
+        """End a prompt's part of its prefill budget, from code that cannot wait (a first
+        token seen mid-stream): left to a task owned here with every end of this loop
+        turn, `answered` with the budget's state once the store has it. With the store
+        away the prompt lapses with its lease's TTL."""
+        ends = self._ends
+        if ends is None:
+            ends = self._ends = []
+            self._own(self._send_ends(ends))
+        ends.append((end, answered))
+
+    async def _send_ends(
+        self, ends: list[tuple[PrefillEnd, Callable[[PrefillState], None]]]
+    ) -> None:
+        self._ends = None
+        try:
+            states = await self.store.prefilled([end for end, _ in ends])
+        except StoreUnavailable:
+            log.warning("the limit store is unavailable; a prompt's prefill lapses by its TTL")
+            return
+        for end, answered in ends:
+            state = states.get(end.key)
+            if state is not None:
+                answered(state)
+
+    def _own(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
 
     async def drain(self, timeout_s: float) -> None:
         """Wait, up to `timeout_s`, for the give-backs handed to tasks: at shutdown, so

@@ -68,22 +68,36 @@ def priced(charges: tuple[Charge, ...], which: tuple[int, ...], cost: float) -> 
     return tuple(each)
 
 
+class Prefill(NamedTuple):
+    """A streamed prompt of `tokens` sent to the deployment whose prefill budget is `key`
+    (`core.prefill`), which must be prefilled, with those already waiting, within
+    `within_s`: counted under the decision's lease id until its first token or its end
+    (`PrefillEnd`)."""
+
+    key: str
+    tokens: int
+    within_s: float
+
+
 class Ask(NamedTuple):
     """One decision, all or nothing: none of `cooldowns` running, a slot under every
-    limit, every charge within its rate. A refusal writes nothing, except that an asker
-    `queued` for these slots (it waits for them, having nowhere else to go) takes its
-    place in their line where the store keeps one across replicas (`RedisLimitStore`)."""
+    limit, every charge within its rate, room in the `prefill` budget. A refusal writes
+    nothing, except that an asker `queued` for these slots (it waits for them, having
+    nowhere else to go) takes its place in their line where the store keeps one across
+    replicas (`RedisLimitStore`)."""
 
     cooldowns: tuple[str, ...] = ()
     slots: tuple[Slot, ...] = ()
     charges: tuple[Charge, ...] = ()
     queued: bool = False
+    prefill: Prefill | None = None
 
 
 class Part(enum.StrEnum):
     COOLDOWN = "cooldown"
     SLOT = "slot"
     CHARGE = "charge"
+    PREFILL = "prefill"
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +150,23 @@ def unspent(
     return tuple([Refund(charges[index], reserved - used) for index in which])
 
 
+class PrefillEnd(NamedTuple):
+    """The prompt counted in the prefill budget `key` under lease `id` got its first
+    token (the budget learns from it) or ended without one (it only stops counting)."""
+
+    key: str
+    id: str
+    first_token: bool
+
+
+class PrefillState(NamedTuple):
+    """A prefill budget after some prompts ended: the prompt tokens still awaiting their
+    first token, and the learnt throughput (None before any first token)."""
+
+    pending: int
+    tokens_per_s: float | None
+
+
 class StoreUnavailable(Exception):
     """The limit store could not be reached or did not answer in time."""
 
@@ -163,6 +194,12 @@ class LimitStore(Protocol):
         lease are applied by the give-back that frees it: giving it back twice, or after
         it lapsed, does nothing. A lease holding no slot cannot tell: its refunds are
         applied by every call that carries them."""
+        ...
+
+    async def prefilled(self, ends: Sequence[PrefillEnd]) -> dict[str, PrefillState]:
+        """End each prompt's part of its prefill budget, all in one call; each budget's
+        state after. A prompt no longer counted (ended already, or lapsed with its
+        lease's time-to-live, unrenewed) is no error and teaches nothing."""
         ...
 
     async def cool(self, key: str, duration_s: float) -> None:

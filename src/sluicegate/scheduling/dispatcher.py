@@ -25,16 +25,17 @@ from typing import Any
 
 from sluicegate.capacity.breaker import BreakerView
 from sluicegate.capacity.gates import GateState
+from sluicegate.core import keys
 from sluicegate.core.call import Call
 from sluicegate.core.clock import Clock, Timer
 from sluicegate.core.errors import GatewayError
+from sluicegate.core.limits import Prefill, PrefillState
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Lane
 from sluicegate.scheduling.attempt import Attempt, Target
 from sluicegate.scheduling.checks import DispatchCheck, NotNow, default_checks
 from sluicegate.scheduling.demand import HORIZON_S, EngineUnit, RecentWork
 from sluicegate.scheduling.fairness import FairnessPolicy
-from sluicegate.scheduling.prefill import PrefillBudget
 from sluicegate.scheduling.promise import Shedder, WaitPredictor
 from sluicegate.scheduling.queues import LaneQueue, Place, Waiter
 from sluicegate.scheduling.reserve import GONE_AFTER_S, MOST_OF_BATCH, Reserve
@@ -46,7 +47,7 @@ budget expires (`_age_limit_s`); a queue whose requests keep waiting past half o
 for an interval is running late and sheds before they do."""
 PREFILL_PART = 0.5
 """The part of the top lane's promise the prompts waiting at a deployment for their
-first token may take to prefill together (`PrefillBudget`): the rest is for the wait in
+first token may take to prefill together (`core.prefill`): the rest is for the wait in
 the queue and the engine step the first token comes in."""
 
 
@@ -88,10 +89,27 @@ class TargetView:
     breaker: BreakerView
     gate: GateState
     prefill_pending_tokens: int | None
-    """Streamed prompt tokens sent and not yet at their first token; None without a
-    prefill budget (no promise on the top lane)."""
+    """Streamed prompt tokens this dispatcher sent and not yet at their first token;
+    None without a prefill budget (no promise on the top lane)."""
     prefill_tokens_per_s: float | None
-    """The prefill throughput learnt from first tokens; None before any."""
+    """The prefill throughput the deployment's budget learnt from first tokens, as last
+    heard; None before any."""
+
+
+@dataclass(slots=True)
+class _Prefilling:
+    """A deployment's prefill budget as one dispatcher sees it: the budget itself lives
+    in the limit store, decided with the pools (`Ask.prefill`), one for every
+    dispatcher and replica sending to the deployment."""
+
+    key: str
+    pending: int = 0
+    """This dispatcher's streamed prompt tokens sent and not yet at their first token."""
+    tokens_per_s: float | None = None
+    """The budget's learnt throughput, as last heard."""
+
+    def heard(self, state: PrefillState) -> None:
+        self.tokens_per_s = state.tokens_per_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,13 +180,11 @@ class Dispatcher:
         """Work each tenant asked lately in the top lane: the order among the requests
         within their share."""
         started = clock.now()
-        self._prefill = {
-            target.deployment.name: PrefillBudget(PREFILL_PART * promise, started)
-            for target in self.targets
-            if promise is not None
-        }
-        """Each deployment's prompt tokens still waiting for their first token, held to
-        what it prefills within part of the promise; none without a promise."""
+        self._prefill_within_s = None if promise is None else PREFILL_PART * promise
+        names = [] if promise is None else [target.deployment.name for target in self.targets]
+        self._prefill = {name: _Prefilling(keys.prefill(name)) for name in names}
+        """Each deployment's prefill budget, holding the prompts waiting for their first
+        token to what it prefills within part of the promise; none without a promise."""
         self._spares = _SpareSplit(self.targets)
         """Each deployment's part of the reserve, in proportion to its capacity."""
         self._arrived_s = {lane.name: started for lane in self.lanes}
@@ -235,13 +251,13 @@ class Dispatcher:
 
     def _target_view(self, target: Target) -> TargetView:
         name = target.deployment.name
-        budget = self._prefill.get(name)
+        prefilling = self._prefill.get(name)
         return TargetView(
             name,
             target.breaker.view(),
             target.gate.state(),
-            None if budget is None else budget.pending,
-            None if budget is None else budget.tokens_per_s,
+            None if prefilling is None else prefilling.pending,
+            None if prefilling is None else prefilling.tokens_per_s,
         )
 
     def first_token(self, attempt: Attempt, ttft_s: float) -> None:
@@ -249,9 +265,11 @@ class Dispatcher:
         if attempt.dispatched_s is not None and attempt.first_byte_s is not None:
             after = attempt.first_byte_s - attempt.dispatched_s
             self.predictor.first_token(attempt.lane.name, after)
-        budget = self._prefill_at(attempt)
-        if budget is not None and budget.first_token(id(attempt), self.clock.now()):
-            self.kick()
+        prefilling = self._prefilling_at(attempt)
+        if prefilling is not None:
+            prefilling.pending -= attempt.call.prompt_tokens
+            assert attempt.permit is not None
+            attempt.permit.first_token(prefilling.heard)
         if self.yielding is not None and attempt.lane is self.protected:
             self.yielding.observe(ttft_s)
             self._prefilled(attempt)
@@ -327,9 +345,9 @@ class Dispatcher:
         for check in self._plan(target, lane):
             check.released(target, lane, attempt)
         self._prefilled(attempt)
-        budget = self._prefill_at(attempt)
-        if budget is not None:
-            budget.dropped(id(attempt))
+        prefilling = self._prefilling_at(attempt)
+        if prefilling is not None:
+            prefilling.pending -= attempt.call.prompt_tokens
         if attempt.call.stream and attempt.first_byte_s is not None and attempt.completion_tokens:
             sequences = sum(stats.in_flight for stats in self.stats.values())
             span_s = self.clock.now() - attempt.first_byte_s
@@ -635,10 +653,6 @@ class Dispatcher:
         # dispatcher itself looks again at the earliest one.
         wakes: list[float] = []
         for target in self._candidates(attempt):
-            prefilling = self._prefill_refusal(attempt, target)
-            if prefilling is not None:
-                refusals.append(prefilling)
-                continue
             checks = self._plan(target, lane)
             verdict = _first_refusal(checks, target, lane)
             if verdict is not None:
@@ -650,7 +664,8 @@ class Dispatcher:
                 tokens, backend = attempt.call.reserved_tokens, target.gate.fleet_slot(lane)
                 spare_here = self._spares[spare][target.deployment.name]
                 waits = queued and target is self.targets[-1]
-                permit = await target.group.acquire(tokens, backend, spare_here, waits)
+                prefill = self._prefill_ask(attempt, target)
+                permit = await target.group.acquire(tokens, backend, spare_here, waits, prefill)
             except BaseException:
                 self._unreserve(attempt, checks)
                 raise
@@ -665,26 +680,24 @@ class Dispatcher:
             self._retry_after(min(wakes))
         return _most_telling(refusals)
 
-    def _prefill_refusal(self, attempt: Attempt, target: Target) -> GatewayError | None:
-        """Why a streamed `attempt` may not go to `target` now: the prompts sent there
-        would take longer than the budget allows to prefill with its own, or than its
-        own promise has left since it arrived."""
-        call = attempt.call
-        budget = self._prefill.get(target.deployment.name)
-        if budget is None or not call.stream:
+    def _prefill_ask(self, attempt: Attempt, target: Target) -> Prefill | None:
+        """A streamed `attempt`'s part in `target`'s prefill budget: its prompt, to be
+        prefilled with those waiting within the budget's part of the promise, or within
+        what its own promise has left since it arrived if less."""
+        call, within_s = attempt.call, self._prefill_within_s
+        if within_s is None or not call.stream:
             return None
         promise = attempt.lane.ttft_slo_s
-        left_s = math.inf if promise is None else promise - (self.clock.now() - call.arrived_s)
-        if budget.admits(call.prompt_tokens, left_s):
-            return None
-        return Refusal.BACKEND_BUSY.error(
-            f"deployment {target.deployment.name} is prefilling {budget.pending} prompt tokens"
-        )
+        if promise is not None:
+            within_s = min(within_s, promise - (self.clock.now() - call.arrived_s))
+        return Prefill(self._prefill[target.deployment.name].key, call.prompt_tokens, within_s)
 
-    def _prefill_at(self, attempt: Attempt) -> PrefillBudget | None:
-        """The budget counting `attempt`'s prompt, if any."""
-        target = attempt.target
-        return None if target is None else self._prefill.get(target.deployment.name)
+    def _prefilling_at(self, attempt: Attempt) -> _Prefilling | None:
+        """The budget `attempt`'s prompt still counts in, if any."""
+        target, permit = attempt.target, attempt.permit
+        if target is None or permit is None or permit.prefilling is None:
+            return None
+        return self._prefill[target.deployment.name]
 
     def _reserve(self, attempt: Attempt, target: Target, checks: tuple[DispatchCheck, ...]) -> None:
         """Record the attempt against what the checks count, and its tenant as holding one
@@ -750,9 +763,9 @@ class Dispatcher:
         if self._on_wait is not None:
             self._on_wait(self.model, lane.name, wait_s, predicted_s)
         now = attempt.dispatched_s = self.clock.now()
-        budget = self._prefill_at(attempt) if call.stream else None
-        if budget is not None:
-            budget.sent(id(attempt), call.prompt_tokens, now)
+        prefilling = self._prefilling_at(attempt)
+        if prefilling is not None:
+            prefilling.pending += call.prompt_tokens
         yielding = self._yielding_for(lane)
         if yielding is not None:
             yielding.dispatched()

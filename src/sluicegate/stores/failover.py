@@ -47,6 +47,8 @@ from sluicegate.core.limits import (
     Lease,
     LimitStore,
     Part,
+    PrefillEnd,
+    PrefillState,
     Rate,
     Refund,
     Refused,
@@ -253,6 +255,7 @@ class FailoverStore:
             ask.cooldowns,
             tuple(Slot(ask.slots[i].key, math.ceil(ask.slots[i].limit / live)) for i in slots),
             tuple(_charge_share(ask.charges[i], live) for i in charges),
+            prefill=ask.prefill,
         )
         return local, slots, charges
 
@@ -302,6 +305,19 @@ class FailoverStore:
             here.append(GiveBack(NO_SLOTS, shares))
         if here:
             await self._local.give_back(here)
+
+    async def prefilled(self, ends: Sequence[PrefillEnd]) -> dict[str, PrefillState]:
+        """Each prompt ended where its decision was made: here for one decided here. One
+        the shared store counts while it is away lapses there with its lease's TTL."""
+        here = [end for end in ends if end.id in self._local_leases]
+        states = await self._local.prefilled(here) if here else {}
+        shared = [end for end in ends if end.id not in self._local_leases]
+        if shared and not self.degraded:
+            try:
+                states.update(await self._shared.prefilled(shared))
+            except StoreUnavailable as why:
+                await self._failed(why)
+        return states
 
     async def cool(self, key: str, duration_s: float) -> None:
         """Kept locally as well, so that a cooldown still holds if the store goes away."""

@@ -10,12 +10,15 @@ from sluicegate.core.limits import (
     GiveBack,
     Lease,
     Part,
+    PrefillEnd,
+    PrefillState,
     Rate,
     Refused,
     gcra,
     gcra_available,
     gcra_refund,
 )
+from sluicegate.core.prefill import PrefillBudget
 
 
 class MemoryLimitStore:
@@ -25,10 +28,13 @@ class MemoryLimitStore:
         """Per key: lease id -> when it lapses."""
         self._tats: dict[str, float] = {}
         self._cool_until: dict[str, float] = {}
+        self._prefills: dict[str, PrefillBudget] = {}
+        """A prompt stays counted until its end is reported: one process always reports
+        it (`PoolPermit`), so it needs no lapse here."""
 
     async def take(self, ask: Ask, lease: Lease, ttl_s: float) -> Refused | None:
         now = self._clock.now()
-        cooldowns, slots, charges, _ = ask
+        cooldowns, slots, charges, _, prefill = ask
         if cooldowns and self._cool_until:
             for index, key in enumerate(cooldowns):
                 left = self._cool_until.get(key, now) - now
@@ -39,6 +45,12 @@ class MemoryLimitStore:
             held = held_by.get(key)
             if limit <= 0 or (held and len(held) >= limit and _sweep(held, now) >= limit):
                 return Refused(Part.SLOT, index, None)
+        if prefill is not None:
+            budget = self._prefills.get(prefill.key)
+            if budget is None:
+                budget = self._prefills[prefill.key] = PrefillBudget(now)
+            if not budget.admits(prefill.tokens, prefill.within_s):
+                return Refused(Part.PREFILL, 0, None)
         if charges:
             tats: dict[str, float] = {}
             for index, (key, rate, cost) in enumerate(charges):
@@ -48,6 +60,8 @@ class MemoryLimitStore:
                     return Refused(Part.CHARGE, index, decision.retry_after_s)
             self._tats.update(tats)
         lease_id, keys = lease
+        if prefill is not None:
+            self._prefills[prefill.key].sent(lease_id, prefill.tokens, now)
         until = now + ttl_s
         for key in keys:
             held = held_by.get(key)
@@ -76,6 +90,20 @@ class MemoryLimitStore:
             if freed:
                 for (key, rate, _), amount in refunds:
                     tats[key] = gcra_refund(tats.get(key, now), now, rate, amount)
+
+    async def prefilled(self, ends: Sequence[PrefillEnd]) -> dict[str, PrefillState]:
+        now = self._clock.now()
+        states = {}
+        for key, lease_id, first_token in ends:
+            budget = self._prefills.get(key)
+            if budget is None:
+                continue
+            if first_token:
+                budget.first_token(lease_id, now)
+            else:
+                budget.dropped(lease_id)
+            states[key] = PrefillState(budget.pending, budget.tokens_per_s)
+        return states
 
     async def cool(self, key: str, duration_s: float) -> None:
         until = self._clock.now() + duration_s

@@ -7,9 +7,10 @@ names the key layout and changes whenever the scripts read or write keys differe
 so replicas of two releases running side by side during a rolling deploy never run one
 release's scripts on the other's keys (a script is run by the digest of its own text, so
 old code is never run by mistake either). Keys added beside the others, which older
-scripts do not know, need no new layout: the pools' lines are such (a replica of the
-release before them takes and frees as it did, ignoring the line, while the limits stay
-shared; a new layout would have split them for the deploy). Every key has a TTL.
+scripts do not know, need no new layout: the pools' lines and the prefill budgets are such (a
+replica of the release before them takes and frees as it did, ignoring the line and
+the budget, while the limits stay shared; a new layout would have split them for the
+deploy). Every key has a TTL.
 
 Each call is bounded by `timeout_s`; a timeout, a refused connection or any Redis error
 is `StoreUnavailable`, never a hang. What to do then is the caller's choice
@@ -34,17 +35,20 @@ from redis.exceptions import RedisError
 
 from sluicegate.core import keys
 from sluicegate.core.clock import Clock
-from sluicegate.core.keys import slot_line
+from sluicegate.core.keys import prefill_parts, slot_line
 from sluicegate.core.limits import (
     Ask,
     GiveBack,
     Lease,
     Part,
+    PrefillEnd,
+    PrefillState,
     Rate,
     Refused,
     StoreTimeout,
     StoreUnavailable,
 )
+from sluicegate.core.prefill import GROWTH, HORIZON_S
 from sluicegate.core.types import BreakerPolicy
 from sluicegate.stores.resp import RespConnection, RespError
 
@@ -57,7 +61,10 @@ CLAIM_S = 0.25
 """How long a slot freed while replicas wait for it stays set aside for the first in its
 line: its notification and its take are a round trip each, with room for a busy loop; a
 replica that no longer wants it costs that long once."""
-_PARTS = {b"cooldown": Part.COOLDOWN, b"slot": Part.SLOT, b"charge": Part.CHARGE}
+LEARNT_KEPT_S = 3600.0
+"""How long a prefill budget's learnt rate is kept while no first token renews it: after
+that the engine may have changed, and the budget learns again."""
+_PARTS = {part.value.encode(): part for part in Part}
 
 
 def listener(url: str, connect_timeout_s: float) -> Redis:
@@ -104,6 +111,7 @@ class _Script(NamedTuple):
 
 SCRIPTS = (
     "take", "renew", "give_back", "cool", "in_use", "available", "beat", "breaker", "fair",
+    "prefilled",
 )  # fmt: skip
 
 
@@ -134,12 +142,20 @@ class RedisLimitStore:
         self._scripts = _scripts()
         self._lines: dict[str, tuple[str, str]] = {}
         """Per announced slot, its line's keys (`keys.slot_line`) as named in Redis."""
+        self._prefills: dict[str, list[str]] = {}
+        """Per prefill budget, its keys (`keys.prefill_parts`) as named in Redis."""
 
     def _key(self, key: str) -> str:
         name = self._names.get(key)
         if name is None:
             name = self._names[key] = self._root + key
         return name
+
+    def _prefill(self, budget: str) -> list[str]:
+        names = self._prefills.get(budget)
+        if names is None:
+            names = self._prefills[budget] = [self._key(k) for k in prefill_parts(budget)]
+        return names
 
     def _now(self) -> str:
         return "" if self._clock is None else repr(self._clock.now())
@@ -174,8 +190,9 @@ class RedisLimitStore:
         key, lines = self._key, self._lines
         keys = [key(k) for k in ask.cooldowns]
         keys += [key(slot.key) for slot in ask.slots]
+        prefill = ask.prefill
         args: list[Any] = [lease.id, ttl_s, len(ask.cooldowns), len(ask.slots)]
-        args += [1 if ask.queued else 0, self._channel, CLAIM_S]
+        args += [1 if ask.queued else 0, self._channel, CLAIM_S, 0 if prefill is None else 1]
         lined: list[str] = []
         for slot in ask.slots:
             line = lines.get(slot.key)
@@ -187,6 +204,9 @@ class RedisLimitStore:
             keys.append(key(charge.key))
             args += [rate.interval_s, rate.tolerance_s, charge.cost, rate.burst]
         keys += lined
+        if prefill is not None:
+            keys += self._prefill(prefill.key)
+            args += [prefill.tokens, prefill.within_s, GROWTH]
         refused = await self._run("take", keys, args)
         if refused is None:
             return None
@@ -280,6 +300,23 @@ class RedisLimitStore:
             finally:
                 await pubsub.aclose()
             await asyncio.sleep(retry_s)
+
+    async def prefilled(self, ends: Sequence[PrefillEnd]) -> dict[str, PrefillState]:
+        """One script run for all the ends (every budget shares the pools' hash tag)."""
+        if not ends:
+            return {}
+        keys: list[str] = []
+        args: list[Any] = [self._channel, LEARNT_KEPT_S, HORIZON_S]
+        for budget, lease_id, first_token in ends:
+            keys += self._prefill(budget)
+            args += [lease_id, 1 if first_token else 0]
+        states = await self._run("prefilled", keys, args)
+        found = {}
+        for (budget, _, _), state in zip(ends, states, strict=True):
+            pending, done, busy = map(float, state)
+            rate = done / busy if done > 0 and busy > 0 else None
+            found[budget] = PrefillState(int(pending), rate)
+        return found
 
     async def cool(self, key: str, duration_s: float) -> None:
         await self._run("cool", [self._key(key)], [duration_s])

@@ -8,7 +8,19 @@ import logging
 import pytest
 
 from sluicegate.core.leases import Leases
-from sluicegate.core.limits import NO_SLOTS, Ask, Charge, GiveBack, Lease, Rate, Refund, Slot
+from sluicegate.core.limits import (
+    NO_SLOTS,
+    Ask,
+    Charge,
+    GiveBack,
+    Lease,
+    Prefill,
+    PrefillEnd,
+    PrefillState,
+    Rate,
+    Refund,
+    Slot,
+)
 from sluicegate.stores.memory import MemoryLimitStore
 from tests.support.clock import FakeClock
 from tests.support.fakes import UnreachableStore, YieldingStore
@@ -165,3 +177,44 @@ async def test_a_give_back_that_finds_the_store_down_does_not_fail_the_request(c
             await leases.drain(timeout_s=60)
         assert "a refund is lost" in caplog.text
         caplog.clear()
+
+
+class CountedEnds(YieldingStore):
+    """Records what each prefill call carried."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.calls: list[list[PrefillEnd]] = []
+
+    async def prefilled(self, ends):
+        self.calls.append(list(ends))
+        return await super().prefilled(ends)
+
+
+async def test_prefill_ends_of_one_loop_turn_leave_in_one_call_and_each_hears_the_state():
+    clock = FakeClock()
+    store = CountedEnds(MemoryLimitStore(clock))
+    leases = Leases(store, clock)
+    prompt = Ask(slots=(Slot("s", 10),), prefill=Prefill("b", 2_000, 1.0))
+    first = await leases.take(prompt)
+    assert isinstance(first, Lease)
+    clock.advance(0.1)
+    heard: list[PrefillState] = []
+    leases.prefilled(PrefillEnd("b", first.id, True), heard.append)
+    leases.prefilled(PrefillEnd("b", "never-sent", False), heard.append)
+    assert store.calls == []
+    await leases.drain(timeout_s=60)
+    assert len(store.calls) == 1
+    assert len(store.calls[0]) == 2
+    assert heard == [PrefillState(0, pytest.approx(20_000))] * 2
+
+
+async def test_a_prefill_end_the_store_cannot_take_is_logged_not_raised(caplog):
+    clock = FakeClock()
+    leases = Leases(UnreachableStore(), clock)
+    heard: list[PrefillState] = []
+    with caplog.at_level(logging.WARNING, logger="sluicegate"):
+        leases.prefilled(PrefillEnd("b", "x:1", True), heard.append)
+        await leases.drain(timeout_s=60)
+    assert heard == []
+    assert "prefill lapses by its TTL" in caplog.text

@@ -987,3 +987,40 @@ async def test_without_a_promise_there_is_no_prefill_budget(clock):
     assert deployment.prefill_pending_tokens is None
     for grant in grants:
         await dispatcher.release(grant)
+
+
+async def test_the_prefill_budget_is_the_deployments_whoever_sends_to_it(clock):
+    """Two dispatchers (two models, or two replicas as their shared store sees them) on
+    one deployment: before any first token one long prompt goes at a time, whichever
+    sends it; the first token, reported by one, teaches the rate the other's next
+    prompts are held to (16,000 tokens/s, 4,000 tokens together), and frees the budget
+    for them. Each sees the prompts it sent itself, and the rate as last told."""
+    lane = Lane("promised", queue_size=20, max_queue_age_s=5, ttft_slo_s=1.0)
+    pool = Pool(PoolSpec("p", 20), leases(clock))
+    one, other = dispatcher_for([lane], pool, clock), dispatcher_for([lane], pool, clock)
+    runners = [asyncio.create_task(dispatcher.run()) for dispatcher in (one, other)]
+    try:
+        first = await granted(one, streamed(clock, lane, 2_000))
+        held = asyncio.create_task(granted(other, streamed(clock, lane, 2_000)))
+        await settle()
+        assert not held.done(), "the other's prompt waits for the budget"
+        clock.advance(0.125)
+        first.first_byte_s = clock.now()
+        one.first_token(first, 0.125)
+        await settle()
+        assert held.done()
+        second = await granted(other, streamed(clock, lane, 2_000))
+        third = asyncio.create_task(granted(other, streamed(clock, lane, 2_000)))
+        await settle()
+        assert not third.done(), "4,000 tokens wait together at most"
+        (heard,) = one.view().targets
+        assert heard.prefill_tokens_per_s == pytest.approx(16_000)
+        (sent,) = other.view().targets
+        assert sent.prefill_pending_tokens == 4_000
+        third.cancel()
+        await one.release(first)
+        for grant in (held.result(), second):
+            await other.release(grant)
+    finally:
+        for runner in runners:
+            runner.cancel()

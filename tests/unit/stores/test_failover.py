@@ -16,6 +16,9 @@ from sluicegate.core.limits import (
     GiveBack,
     Lease,
     Part,
+    Prefill,
+    PrefillEnd,
+    PrefillState,
     Rate,
     Refund,
     Refused,
@@ -293,3 +296,34 @@ async def test_a_give_back_that_finds_the_store_down_is_done_locally_and_again_o
     await store.run_once()
     assert await shared.inner.in_use("s") == 0
     assert await shared.inner.available("r", PER_MINUTE_60) == pytest.approx(40)
+
+
+async def test_a_prompt_s_prefill_ends_where_its_decision_was_made():
+    """Decided while the shared store answered, a prompt ends there; decided here while
+    it was away, here; one the shared store counts while it is away is not waited for
+    (it lapses there with its lease)."""
+    clock = FakeClock()
+    store, shared = make(clock)
+
+    def prompt(tokens: int) -> Ask:
+        return Ask(slots=(Slot("s", 10),), prefill=Prefill("b", tokens, 1.0))
+
+    there = await take(store, prompt(2_000))
+    assert isinstance(there, Lease)
+    clock.advance(0.1)
+    assert await store.prefilled([PrefillEnd("b", there.id, True)]) == {
+        "b": PrefillState(0, pytest.approx(20_000))
+    }
+    counted = await take(store, prompt(1_000))
+    assert isinstance(counted, Lease)
+    shared.down = True
+    here = await take(store, prompt(3_000))
+    assert isinstance(here, Lease)
+    assert store.degraded
+    reached = shared.calls
+    clock.advance(0.1)
+    ended = await store.prefilled(
+        [PrefillEnd("b", counted.id, True), PrefillEnd("b", here.id, True)]
+    )
+    assert ended == {"b": PrefillState(0, pytest.approx(30_000))}
+    assert shared.calls == reached

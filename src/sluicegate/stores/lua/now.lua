@@ -30,3 +30,18 @@ local function hand_on(line, owed, now, claim_s)
     keep_for(owed, claim_s)
   end
 end
+
+-- The prompts a prefill budget counts (keys.prefill: tokens by lease id, and when each
+-- lapses), after dropping those lapsed: how many, and their tokens.
+local function prefill_pending(sent, lapse, now)
+  local lapsed = redis.call('ZRANGEBYSCORE', lapse, '-inf', exact('', now))
+  if #lapsed > 0 then
+    redis.call('HDEL', sent, unpack(lapsed))
+    redis.call('ZREMRANGEBYSCORE', lapse, '-inf', exact('', now))
+  end
+  local count, pending = 0, 0
+  for _, tokens in ipairs(redis.call('HVALS', sent)) do
+    count, pending = count + 1, pending + tonumber(tokens)
+  end
+  return count, pending
+end

@@ -1,10 +1,12 @@
 -- One decision, all or nothing (LimitStore.take).
 -- KEYS: the cooldowns, then the slots, then the charges of the ask, then a line and its
---       set-asides (keys.slot_line) per lined slot, in the slots' order.
+--       set-asides (keys.slot_line) per lined slot, in the slots' order, then the prefill
+--       budget's keys (keys.prefill) when it has one.
 -- ARGV: now, lease id, ttl_s, #cooldowns, #slots, 1 when the asker is queued for these
 --       slots (else 0), the release channel, how long a set-aside waits for its replica,
---       then per slot: its limit and 1 when it is lined (else 0), then per charge:
---       emission interval, tolerance, cost, burst.
+--       1 when the ask has a prefill part (else 0), then per slot: its limit and 1 when
+--       it is lined (else 0), then per charge: emission interval, tolerance, cost,
+--       burst, then the prefill part's: prompt tokens, within_s, growth.
 -- Returns nil when granted (the lease id added to every slot's set, scored by its
 -- expiry), else {part, index from 0, seconds until it may pass or ''}.
 -- A lined slot is one replicas queue for. Its slots set aside for other replicas (by
@@ -14,18 +16,29 @@
 -- queued replica refused at a slot set aside for it (its ask leaves more free: work
 -- beyond its share must leave the reserve) hands it on to the next in line and
 -- announces it again, rather than let it idle until it lapses; refused by anything else
--- first (a cooldown, another slot, a rate) it keeps it until then. Apart from that, a
--- refusal writes only the removal of lapsed set-asides.
+-- first (a cooldown, another slot, a rate) it keeps it until then.
+-- The prefill part (core/prefill.py) admits a prompt when none is counted, else when
+-- the counted ones and it fit what the learnt rate prefills within `within_s` and
+-- `growth` times the most seen prefilled together; granted, it is counted under the
+-- lease id until prefilled.lua ends it or the ttl lapses, and the busy period starts if
+-- none was counted. A prefill refusal marks the budget as waited for, so that the next
+-- prompt's end is announced. Apart from that, a refusal writes only the removal of
+-- lapsed set-asides and lapsed prompts.
 local now = now_s()
 local id, ttl = ARGV[2], tonumber(ARGV[3])
 local ncool, nslot = tonumber(ARGV[4]), tonumber(ARGV[5])
 local queued, channel, claim_s = ARGV[6] == '1', ARGV[7], tonumber(ARGV[8])
+local prefilling = ARGV[9] == '1'
 local first_charge = ncool + nslot
 local nlined = 0
 for i = 1, nslot do
-  nlined = nlined + tonumber(ARGV[8 + 2 * i])
+  nlined = nlined + tonumber(ARGV[9 + 2 * i])
 end
-local first_line = #KEYS - 2 * nlined
+local before_prefill = #KEYS
+if prefilling then
+  before_prefill = #KEYS - 3
+end
+local first_line = before_prefill - 2 * nlined
 local who = string.match(id, '^(.*):') or id
 
 for i = 1, ncool do
@@ -38,9 +51,9 @@ end
 local lines = {}
 for i = 1, nslot do
   local key = KEYS[ncool + i]
-  local limit = tonumber(ARGV[7 + 2 * i])
+  local limit = tonumber(ARGV[8 + 2 * i])
   local held = redis.call('ZCOUNT', key, exact('(', now), '+inf')
-  if ARGV[8 + 2 * i] == '1' then
+  if ARGV[9 + 2 * i] == '1' then
     local line = KEYS[first_line + 2 * #lines + 1]
     local owed = KEYS[first_line + 2 * #lines + 2]
     local aside, lapse, mine = 0, nil, false
@@ -79,7 +92,7 @@ for i = 1, nslot do
 end
 
 local tats, order = {}, {}
-local at = 8 + 2 * nslot
+local at = 9 + 2 * nslot
 for i = 1, first_line - first_charge do
   local key = KEYS[first_charge + i]
   local interval, tolerance = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
@@ -101,6 +114,29 @@ for i = 1, first_line - first_charge do
   tats[key] = new_tat
 end
 
+local sent, lapse, learnt, tokens, counted
+if prefilling then
+  sent, lapse, learnt = KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]
+  tokens = tonumber(ARGV[at + 1])
+  local pending
+  counted, pending = prefill_pending(sent, lapse, now)
+  if counted > 0 then
+    local state = redis.call('HMGET', learnt, 'tokens', 'busy', 'proven')
+    local done, busy = tonumber(state[1] or '0'), tonumber(state[2] or '0')
+    local fits = false
+    if done > 0 and busy > 0 then
+      local limit = math.min(done / busy * tonumber(ARGV[at + 2]),
+        tonumber(ARGV[at + 3]) * tonumber(state[3] or '0'))
+      fits = pending + tokens <= limit
+    end
+    if not fits then
+      redis.call('HSET', learnt, 'waited', '1')
+      keep_for(learnt, ttl)
+      return {'prefill', 0, ''}
+    end
+  end
+end
+
 for _, key in ipairs(order) do
   local tat = tats[key]
   redis.call('SET', key, exact('', tat), 'PX', math.ceil((tat - now) * 1000) + 1000)
@@ -114,5 +150,15 @@ end
 for _, pair in ipairs(lines) do
   redis.call('ZREM', pair[1], who)
   redis.call('HDEL', pair[2], who)
+end
+if prefilling then
+  if counted == 0 then
+    redis.call('HSET', learnt, 'since', exact('', now))
+    keep_for(learnt, ttl)
+  end
+  redis.call('HSET', sent, id, tokens)
+  redis.call('ZADD', lapse, exact('', now + ttl), id)
+  keep_for(sent, ttl)
+  keep_for(lapse, ttl)
 end
 return nil

@@ -16,6 +16,13 @@ one 2,600-token prompt at 18,800 tokens/s, then twelve sent together on that est
 at 14,000, their first tokens 0.4 s past the estimate). And a request that already
 waited is allowed only what its own promise has left.
 
+The budget is the deployment's, whoever sends to it: it lives in the limit store beside
+the pools' slots and is decided with them (`Ask.prefill`), so replicas sharing a store
+share one budget and one learnt rate (each replica's own would let N replicas send N
+times what the engine prefills in time, and would learn from its own first tokens a
+rate shared with the others'). This class is its arithmetic, kept by the in-memory
+store; the Redis store's scripts do the same.
+
 Only streamed requests are counted and held: a non-streamed answer's first token is not
 seen, so its prefill cannot be timed.
 """
@@ -35,10 +42,8 @@ GROWTH = 2
 
 
 class PrefillBudget:
-    def __init__(self, within_s: float, now_s: float) -> None:
-        self.within_s = within_s
-        """How long the prompts waiting for their first token may take to prefill."""
-        self._sent: dict[int, int] = {}
+    def __init__(self, now_s: float) -> None:
+        self._sent: dict[str, int] = {}
         """Prompt tokens of each request waiting for its first token."""
         self.pending = 0
         """Prompt tokens sent and not yet at their first token."""
@@ -58,28 +63,28 @@ class PrefillBudget:
             return None
         return self._tokens / self._busy_s
 
-    def limit(self, left_s: float = math.inf) -> float | None:
+    def limit(self, within_s: float) -> float | None:
         """The prompt tokens that may wait for their first token together, for a request
-        with `left_s` of its promise left; None while nothing is measured (one request
-        at a time)."""
+        whose prompt must be prefilled within `within_s`; None while nothing is measured
+        (one request at a time)."""
         rate = self.tokens_per_s
         if rate is None:
             return None
-        return min(rate * min(self.within_s, left_s), GROWTH * self.proven)
+        return min(rate * within_s, GROWTH * self.proven)
 
-    def admits(self, tokens: int, left_s: float = math.inf) -> bool:
+    def admits(self, tokens: int, within_s: float) -> bool:
         if not self._sent:
             return True
-        limit = self.limit(left_s)
+        limit = self.limit(within_s)
         return limit is not None and self.pending + tokens <= limit
 
-    def sent(self, key: int, tokens: int, now_s: float) -> None:
+    def sent(self, key: str, tokens: int, now_s: float) -> None:
         if not self._sent:
             self._since_s = now_s
         self._sent[key] = tokens
         self.pending += tokens
 
-    def first_token(self, key: int, now_s: float) -> bool:
+    def first_token(self, key: str, now_s: float) -> bool:
         """`key`'s prompt is prefilled: learn from it; whether it was counted."""
         tokens = self._sent.pop(key, None)
         if tokens is None:
@@ -95,7 +100,7 @@ class PrefillBudget:
         self.pending -= tokens
         return True
 
-    def dropped(self, key: int) -> bool:
+    def dropped(self, key: str) -> bool:
         """`key` ended without a first token (failed, abandoned): no longer counted and
         nothing learnt from it; while others wait, the time it did stays in the busy
         period the next first token is measured over (the engine may have spent it)."""

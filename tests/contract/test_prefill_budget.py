@@ -1,0 +1,202 @@
+"""The prefill budget (`core.prefill`) as every `LimitStore` keeps it, on the test's
+clock: what it admits before and after a measure, and what it learns from first
+tokens. The Redis store's scripts must reach the same numbers as the in-memory store's
+arithmetic."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+
+import pytest
+
+from sluicegate.core.limits import (
+    Ask,
+    Lease,
+    LimitStore,
+    Part,
+    Prefill,
+    PrefillEnd,
+    PrefillState,
+    Refused,
+    Slot,
+)
+from sluicegate.stores.redis import RedisLimitStore
+from sluicegate.stores.resp import RespConnection
+from tests.contract.test_limit_store import STORES
+from tests.support.clock import FakeClock
+from tests.support.redis import REDIS_URL, redis_or_skip
+
+BUDGET = "{pools}prefill:d"
+TTL_S = 30.0
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+async def shared(clock) -> AsyncIterator[LimitStore]:
+    async with redis_or_skip() as (_, prefix):
+        yield RedisLimitStore(RespConnection(REDIS_URL, 5.0), prefix, 5.0, clock=clock)
+
+
+@pytest.fixture(params=[*sorted(STORES), "redis"])
+def store(request, clock) -> LimitStore:
+    if request.param == "redis":
+        return request.getfixturevalue("shared")
+    return STORES[request.param](clock)
+
+
+_ids = itertools.count(1)
+
+
+class Budget:
+    """One deployment's budget, asked as the pools ask it: with a slot, under a lease."""
+
+    def __init__(self, store: LimitStore) -> None:
+        self.store = store
+
+    async def send(self, tokens: int, within_s: float = 1.0) -> str | None:
+        """The lease id counting the prompt, or None when the budget refused it."""
+        lease = Lease(f"test:{next(_ids)}", ("slots",))
+        ask = Ask(slots=(Slot("slots", 1_000),), prefill=Prefill(BUDGET, tokens, within_s))
+        refused = await self.store.take(ask, lease, TTL_S)
+        if refused is None:
+            return lease.id
+        assert refused == Refused(Part.PREFILL, 0, None)
+        return None
+
+    async def sent(self, *tokens: int) -> list[str]:
+        ids = [await self.send(each) for each in tokens]
+        assert None not in ids
+        return [each for each in ids if each is not None]
+
+    async def first_tokens(self, *ids: str) -> PrefillState:
+        states = await self.store.prefilled([PrefillEnd(BUDGET, each, True) for each in ids])
+        return states[BUDGET]
+
+    async def dropped(self, lease_id: str) -> PrefillState:
+        return (await self.store.prefilled([PrefillEnd(BUDGET, lease_id, False)]))[BUDGET]
+
+
+async def test_before_any_measure_one_prompt_goes_at_a_time_however_short(store):
+    budget = Budget(store)
+    assert await budget.send(100_000)
+    assert await budget.send(1) is None
+
+
+async def test_prompts_prefilled_together_are_measured_together(store, clock):
+    """Prompts sent together reach their first tokens in one engine step: four of 3,000
+    prefilled in 0.6 s are one measure of 12,000 tokens in 0.6 s, not four of 3,000 in
+    0.6 s each (5,000 tokens/s)."""
+    budget = Budget(store)
+    first = await budget.sent(3_000)
+    clock.advance(0.15)
+    await budget.first_tokens(*first)
+    clock.advance(1.0)
+    ids = await budget.sent(*[3_000] * 2)
+    clock.advance(0.3)
+    await budget.first_tokens(*ids)
+    clock.advance(1.0)
+    ids = await budget.sent(*[3_000] * 4)
+    clock.advance(0.6)
+    state = await budget.first_tokens(*ids)
+    assert state.tokens_per_s == pytest.approx(20_000, rel=0.1)
+    assert state.pending == 0
+
+
+async def test_the_limit_follows_the_promise_part_and_grows_to_twice_what_was_seen(store, clock):
+    """One 3,000-token prompt prefilled in 0.15 s: 20,000 tokens/s, but only 3,000 seen
+    prefilled together, so 6,000 may wait together next, not the 20,000 the rate would
+    allow; once those reached their first tokens together, 12,000; and with a budget
+    part of 0.5 s, 10,000."""
+    budget = Budget(store)
+    first = await budget.sent(3_000)
+    clock.advance(0.15)
+    state = await budget.first_tokens(*first)
+    assert state.tokens_per_s == pytest.approx(20_000)
+    ids = await budget.sent(3_000, 3_000)
+    assert await budget.send(1) is None
+    clock.advance(0.3)
+    await budget.first_tokens(*ids)
+    held = await budget.sent(*[3_000] * 4)
+    assert await budget.send(1) is None
+    for lease_id in held:
+        await budget.dropped(lease_id)
+    held = await budget.sent(5_000)
+    assert await budget.send(5_001, within_s=0.5) is None, "10,000 tokens take 0.5 s"
+    assert await budget.send(4_000, within_s=0.5)
+    assert await budget.send(1, within_s=-0.5) is None
+
+
+async def test_first_tokens_of_one_step_that_arrive_apart_are_still_one_measure(store, clock):
+    """Ten prompts prefilled in one 1 s step, their first tokens handled 0.1 ms apart
+    (each stream's relay in its own turn of the event loop): 20,000 tokens/s, not the
+    33,600 a fade at each first token made of it."""
+    budget = Budget(store)
+    first = await budget.sent(2_000)
+    clock.advance(0.1)
+    await budget.first_tokens(*first)
+    clock.advance(1.0)
+    ids = await budget.sent(2_000, 2_000)
+    clock.advance(0.2)
+    await budget.first_tokens(*ids)
+    ids = await budget.sent(*[2_000] * 4)
+    clock.advance(0.4)
+    await budget.first_tokens(*ids)
+    ids = await budget.sent(*[2_000] * 8)
+    clock.advance(0.8)
+    for lease_id in ids:
+        clock.advance(0.000_1)
+        state = await budget.first_tokens(lease_id)
+    assert state.tokens_per_s == pytest.approx(20_000, rel=0.01)
+
+
+async def test_idle_time_between_busy_periods_is_not_counted(store, clock):
+    budget = Budget(store)
+    first = await budget.sent(2_000)
+    clock.advance(0.1)
+    await budget.first_tokens(*first)
+    clock.advance(50.0)
+    second = await budget.sent(2_000)
+    clock.advance(0.1)
+    state = await budget.first_tokens(*second)
+    assert state.tokens_per_s == pytest.approx(20_000)
+
+
+async def test_a_prompt_that_ends_without_a_first_token_frees_its_tokens_and_teaches_nothing(
+    store, clock
+):
+    budget = Budget(store)
+    (lease_id,) = await budget.sent(3_000)
+    state = await budget.dropped(lease_id)
+    assert state == PrefillState(0, None)
+    assert await budget.send(3_000)
+    assert await budget.first_tokens(lease_id) == PrefillState(3_000, None), "ended already"
+
+
+async def test_a_slower_backend_lowers_the_limit(store, clock):
+    budget = Budget(store)
+    first = await budget.sent(4_000)
+    clock.advance(0.2)
+    fast = await budget.first_tokens(*first)
+    for _ in range(40):
+        clock.advance(10.0)
+        ids = await budget.sent(4_000)
+        clock.advance(0.6)
+        slow = await budget.first_tokens(*ids)
+    assert fast.tokens_per_s == pytest.approx(20_000)
+    assert slow.tokens_per_s == pytest.approx(4_000 / 0.6, rel=0.05)
+
+
+async def test_a_prompt_whose_sender_never_reports_lapses_with_the_lease_ttl(shared, clock):
+    """A replica that died mid-prefill does not hold the budget for ever: on the shared
+    store its prompt stops counting once the lease's TTL has passed unrenewed. (One
+    process always reports its own prompts' ends, so the in-memory store needs no
+    lapse.)"""
+    budget = Budget(shared)
+    assert await budget.sent(3_000)
+    clock.advance(TTL_S + 0.1)
+    assert await budget.send(3_000)
