@@ -200,3 +200,20 @@ async def test_a_prompt_whose_sender_never_reports_lapses_with_the_lease_ttl(sha
     assert await budget.sent(3_000)
     clock.advance(TTL_S + 0.1)
     assert await budget.send(3_000)
+
+
+async def test_a_prompt_is_renewed_with_its_lease_and_lapses_once_that_is_not_held(shared, clock):
+    """A prefill may outlast the lease TTL (a slow backend, a short TTL): renewed with its
+    lease, the prompt stays counted; once its lease is no longer held here (given back
+    without its end reaching the store), it lapses within one TTL."""
+    budget = Budget(shared)
+    lease = Lease("test:renewed", ("slots",))
+    ask = Ask(slots=(Slot("slots", 1_000),), prefill=Prefill(BUDGET, 3_000, 1.0))
+    assert await shared.take(ask, lease, TTL_S) is None
+    for _ in range(3):
+        clock.advance(TTL_S * 0.6)
+        await shared.renew([lease], TTL_S)
+    assert await budget.send(1) is None, "still counted after 1.8 TTLs"
+    await shared.renew([], TTL_S)
+    clock.advance(TTL_S + 0.1)
+    assert await budget.send(1)

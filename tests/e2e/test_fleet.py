@@ -330,6 +330,58 @@ async def test_replicas_together_keep_the_backend_queue_within_the_lanes_bound(h
             small.stop()
 
 
+async def test_replicas_send_one_long_prompt_at_a_time_until_the_budget_has_a_measure(
+    http, tmp_path
+):
+    """The prefill budget is the deployment's, not each replica's: before any first token
+    has measured the backend's prefill, one streamed prompt goes at a time, whichever
+    replica holds it. A backend prefilling 4,000 tokens in 2 s: while replica one's
+    prompt prefills, replica two's waits in its queue; it goes once the first token has
+    measured the prefill, woken by the budget's announcement while the first answer
+    still streams (its pool slot still held), and both are answered."""
+    slow = start(
+        "sim",
+        ["--model", "sim-model", "--api-key", SIM_KEY, "--prefill-ms-per-token", "0.5"],
+        tmp_path,
+    )
+    async with redis_or_skip() as (_, prefix):
+        group = Fleet(tmp_path, slow, REDIS_URL, prefix)
+        try:
+            lanes = [
+                {"name": "interactive", "ttft_slo_s": 10, "queue_size": 8, "max_queue_age_s": 30}
+            ]
+            # Local fairness: the fleet's fairness sync would wake the queue every 0.1 s.
+            scheduling = {"fairness_scope": "local"}
+            one, two = group.start(
+                2, pool={"max_concurrency": 8}, lanes=lanes, scheduling=scheduling
+            )
+            long_prompt = [{"role": "user", "content": "x" * 16_000}]
+            first = asyncio.ensure_future(
+                chat_stream(http, one, messages=long_prompt, max_tokens=300)
+            )
+            await wait_for(lambda: _received(http, slow, 1), 5, step_s=0.02)
+            second = asyncio.ensure_future(
+                chat_stream(http, two, messages=long_prompt, max_tokens=2)
+            )
+            await asyncio.sleep(0.5)
+            assert (await sim_stats(http, slow))["received"] == 1, "held by the budget"
+            await wait_for(lambda: _received(http, slow, 2), 10, step_s=0.02)
+            assert not first.done(), "woken by the first token, not by the end of the stream"
+            assert await asyncio.wait_for(asyncio.gather(first, second), 30) == [200, 200]
+        finally:
+            group.stop()
+            slow.stop()
+
+
+async def chat_stream(http: aiohttp.ClientSession, proc: Proc, **body) -> int:
+    """A streamed chat read to its end; its status."""
+    payload = {"model": "chat", "stream": True, **body}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with http.post(f"{proc.url}/v1/chat/completions", json=payload, headers=headers) as resp:
+        await resp.read()
+        return resp.status
+
+
 @pytest.mark.parametrize("scope", ["fleet", "local"])
 async def test_tenants_split_over_two_replicas_share_one_pool_fairly(fleet, http, scope):
     """A's callers reach replica 1 only, B's and C's replica 2 only, all backlogged on one

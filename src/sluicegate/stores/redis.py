@@ -144,6 +144,10 @@ class RedisLimitStore:
         """Per announced slot, its line's keys (`keys.slot_line`) as named in Redis."""
         self._prefills: dict[str, list[str]] = {}
         """Per prefill budget, its keys (`keys.prefill_parts`) as named in Redis."""
+        self._prefilling: dict[str, str] = {}
+        """Per lease id, the prefill budget counting its prompt here until its end: the
+        prompt is renewed with its lease (`renew`), so a prefill longer than the lease
+        TTL does not lapse, while a replica that died stops counting within one."""
 
     def _key(self, key: str) -> str:
         name = self._names.get(key)
@@ -206,9 +210,11 @@ class RedisLimitStore:
         keys += lined
         if prefill is not None:
             keys += self._prefill(prefill.key)
-            args += [prefill.tokens, prefill.within_s, GROWTH]
+            args += [prefill.tokens, prefill.within_s, GROWTH, LEARNT_KEPT_S]
         refused = await self._run("take", keys, args)
         if refused is None:
+            if prefill is not None:
+                self._prefilling[lease.id] = prefill.key
             return None
         part, index, wait = refused
         return Refused(_PARTS[part], int(index), float(wait) if wait else None)
@@ -222,16 +228,25 @@ class RedisLimitStore:
         await self._hold(leases, ttl_s, adopt=True)
 
     async def _hold(self, leases: Sequence[Lease], ttl_s: float, *, adopt: bool) -> None:
-        """One script call per hash tag, so that each stays on one shard of a cluster."""
+        """One script call per hash tag, so that each stays on one shard of a cluster.
+        Renewing, the prompts the leases' decisions counted in a prefill budget are
+        renewed with them (a prompt that ended is not brought back); the budgets of
+        leases no longer held are forgotten here and lapse there. Adopted leases'
+        prompts were counted by the local store, if anywhere."""
         by_tag: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
         for lease in leases:
             for key in lease.keys:
-                by_tag[_tag(key)][key].append(lease.id)
+                by_tag[_tag(key)][self._key(key)].append(lease.id)
+        if not adopt:
+            held = {lease.id for lease in leases}
+            self._prefilling = {i: b for i, b in self._prefilling.items() if i in held}
+            for lease_id, budget in self._prefilling.items():
+                by_tag[_tag(budget)][self._prefill(budget)[1]].append(lease_id)
         for ids_by_key in by_tag.values():
             keys: list[str] = []
             args: list[Any] = [ttl_s, "1" if adopt else "0"]
-            for key, ids in ids_by_key.items():
-                keys.append(self._key(key))
+            for name, ids in ids_by_key.items():
+                keys.append(name)
                 args += [len(ids), *ids]
             await self._run("renew", keys, args)
 
@@ -308,6 +323,7 @@ class RedisLimitStore:
         keys: list[str] = []
         args: list[Any] = [self._channel, LEARNT_KEPT_S, HORIZON_S]
         for budget, lease_id, first_token in ends:
+            self._prefilling.pop(lease_id, None)
             keys += self._prefill(budget)
             args += [lease_id, 1 if first_token else 0]
         states = await self._run("prefilled", keys, args)

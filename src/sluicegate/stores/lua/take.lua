@@ -6,7 +6,8 @@
 --       slots (else 0), the release channel, how long a set-aside waits for its replica,
 --       1 when the ask has a prefill part (else 0), then per slot: its limit and 1 when
 --       it is lined (else 0), then per charge: emission interval, tolerance, cost,
---       burst, then the prefill part's: prompt tokens, within_s, growth.
+--       burst, then the prefill part's: prompt tokens, within_s, growth, how long a
+--       learnt rate is kept unused.
 -- Returns nil when granted (the lease id added to every slot's set, scored by its
 -- expiry), else {part, index from 0, seconds until it may pass or ''}.
 -- A lined slot is one replicas queue for. Its slots set aside for other replicas (by
@@ -20,10 +21,11 @@
 -- The prefill part (core/prefill.py) admits a prompt when none is counted, else when
 -- the counted ones and it fit what the learnt rate prefills within `within_s` and
 -- `growth` times the most seen prefilled together; granted, it is counted under the
--- lease id until prefilled.lua ends it or the ttl lapses, and the busy period starts if
--- none was counted. A prefill refusal marks the budget as waited for, so that the next
--- prompt's end is announced. Apart from that, a refusal writes only the removal of
--- lapsed set-asides and lapsed prompts.
+-- lease id until prefilled.lua ends it or it lapses unrenewed after the ttl (renew.lua
+-- extends it with its lease; the budget's keys themselves are kept as long as what was
+-- learnt), and the busy period starts if none was counted. A prefill refusal marks the
+-- budget as waited for, so that the next prompt's end is announced. Apart from that, a
+-- refusal writes only the removal of lapsed set-asides and lapsed prompts.
 local now = now_s()
 local id, ttl = ARGV[2], tonumber(ARGV[3])
 local ncool, nslot = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -131,7 +133,7 @@ if prefilling then
     end
     if not fits then
       redis.call('HSET', learnt, 'waited', '1')
-      keep_for(learnt, ttl)
+      keep_for(learnt, tonumber(ARGV[at + 4]))
       return {'prefill', 0, ''}
     end
   end
@@ -154,11 +156,11 @@ end
 if prefilling then
   if counted == 0 then
     redis.call('HSET', learnt, 'since', exact('', now))
-    keep_for(learnt, ttl)
+    keep_for(learnt, tonumber(ARGV[at + 4]))
   end
   redis.call('HSET', sent, id, tokens)
   redis.call('ZADD', lapse, exact('', now + ttl), id)
-  keep_for(sent, ttl)
-  keep_for(lapse, ttl)
+  keep_for(sent, tonumber(ARGV[at + 4]))
+  keep_for(lapse, tonumber(ARGV[at + 4]))
 end
 return nil
