@@ -1,6 +1,9 @@
 """CPU and wall time of one script call to Redis, three ways, back to back in one run:
 redis-py's asyncio client, the limit store's own connection (`stores/resp.py`), and a
-bare asyncio protocol (the floor: one write, one read, one parse).
+bare asyncio protocol (the floor: one write, one read, one parse). Then what the
+store's pool decision costs a streamed request with and without its prefill part (the
+budget's count at the decision and the prompt's end at its first token), each
+decision given back as a request's end would.
 
     .venv/bin/python bench/redis_calls.py [--calls N]
 
@@ -11,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 
@@ -19,6 +24,18 @@ import hiredis
 import uvloop
 from redis.asyncio import Redis
 
+from sluicegate.core import keys
+from sluicegate.core.limits import (
+    Ask,
+    Charge,
+    GiveBack,
+    Lease,
+    Prefill,
+    PrefillEnd,
+    Rate,
+    Slot,
+)
+from sluicegate.stores.redis import RedisLimitStore
 from sluicegate.stores.resp import RespConnection
 
 REDIS_URL = os.environ.get("SLUICEGATE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -69,7 +86,38 @@ async def main(calls: int) -> None:
     await measure("bare protocol (PING)", ping, calls)
     transport.close()
     await own.close()
+    await decisions(client, calls)
     await client.aclose()
+
+
+async def decisions(client: Redis, calls: int) -> None:
+    """A pool decision and its give-back, then the same with the prompt counted in the
+    deployment's prefill budget and ended at its first token, under a prefix of the
+    run's own, deleted after."""
+    prefix = f"sluicegate-bench:{secrets.token_hex(4)}:"
+    store = RedisLimitStore(RespConnection(REDIS_URL, 1.0), prefix, 1.0)
+    slot = keys.pool_slots("a")
+    rate = Rate(limit=1e9, period_s=60, burst=1e9)
+    ask = Ask(slots=(Slot(slot, 64),), charges=(Charge(keys.pool_requests("a"), rate, 1),))
+    budget = keys.prefill("a")
+    counted = ask._replace(prefill=Prefill(budget, 1_000, 1.0))
+    ids = itertools.count()
+
+    async def request(prefilled: bool) -> None:
+        lease = Lease(f"bench:{next(ids)}", (slot,))
+        await store.take(counted if prefilled else ask, lease, 30.0)
+        if prefilled:
+            await store.prefilled([PrefillEnd(budget, lease.id, True)])
+        await store.give_back([GiveBack(lease)])
+
+    try:
+        await measure("pool decision + give-back", lambda: request(False), calls)
+        await measure("... + prefill part and end", lambda: request(True), calls)
+    finally:
+        await store.close()
+        found = [key async for key in client.scan_iter(match=f"{prefix}*")]
+        if found:
+            await client.delete(*found)
 
 
 if __name__ == "__main__":
