@@ -12,12 +12,14 @@ import pytest
 
 from sluicegate.core.limits import (
     Ask,
+    Charge,
     Lease,
     LimitStore,
     Part,
     Prefill,
     PrefillEnd,
     PrefillState,
+    Rate,
     Refused,
     Slot,
 )
@@ -217,3 +219,19 @@ async def test_a_prompt_is_renewed_with_its_lease_and_lapses_once_that_is_not_he
     await shared.renew([], TTL_S)
     clock.advance(TTL_S + 0.1)
     assert await budget.send(1)
+
+
+async def test_a_rate_refuses_before_the_budget_and_says_when(store, clock):
+    """The same part refuses on every store, so a degraded replica times its wake-up as
+    the shared store would have."""
+    budget = Budget(store)
+    assert await budget.send(3_000)
+    rate = Rate(limit=1, period_s=60, burst=1)
+    ask = Ask(
+        slots=(Slot("slots", 1_000),),
+        charges=(Charge("r", rate, 1),),
+        prefill=Prefill(BUDGET, 1, 1.0),
+    )
+    assert await store.take(ask._replace(prefill=None), Lease("a", ("slots",)), TTL_S) is None
+    refused = await store.take(ask, Lease("b", ("slots",)), TTL_S)
+    assert refused == Refused(Part.CHARGE, 0, pytest.approx(60.0))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from sluicegate.core import keys
 from sluicegate.core.clock import Timer
 from sluicegate.core.errors import GatewayError
-from sluicegate.core.leases import Leases, store_unavailable
+from sluicegate.core.leases import Leases, store_unavailable, unheard
 from sluicegate.core.limits import (
     Ask,
     Charge,
@@ -248,17 +248,13 @@ class PoolPermit:
         budget = self.prefilling
         if budget is not None:
             self.prefilling = None
-            group._prefill_ended(PrefillEnd(budget, self._lease.id, False), _unheard)
+            group._prefill_ended(PrefillEnd(budget, self._lease.id, False), unheard)
         refunds = unspent(self._charges, group.tokens, self.reserved, used_tokens)
         try:
             await group.leases.give_back(self._lease, refunds)
         finally:
             for pool in group.pools:
                 pool._settled(self.reserved, used_tokens)
-
-
-def _unheard(state: PrefillState) -> None:
-    """A prompt that ended unprefilled taught nothing: its budget's state is not news."""
 
 
 def _refusal(

@@ -74,7 +74,8 @@ class Leases:
 
     async def take(self, ask: Ask) -> Lease | Refused:
         """Decide `ask`. Cancelled while the store decides, the lease it may have granted
-        (under the id chosen here) is given back by a task owned here. An ask for rates
+        (under the id chosen here) is given back, and the prompt it may have counted
+        ended, by a task owned here. An ask for rates
         alone holds nothing: its lease is `NO_SLOTS`."""
         slots = ask.slots
         if not slots:
@@ -85,6 +86,8 @@ class Leases:
             refused = await self.store.take(ask, lease, self.ttl_s)
         except asyncio.CancelledError:
             self._hand_over(GiveBack(lease))
+            if ask.prefill is not None:
+                self.prefilled(PrefillEnd(ask.prefill.key, lease.id, False), unheard)
             raise
         if refused is None:
             self._held.add(lease)
@@ -133,7 +136,7 @@ class Leases:
         """End a prompt's part of its prefill budget, from code that cannot wait (a first
         token seen mid-stream): left to a task owned here with every end of this loop
         turn, `answered` with the budget's state once the store has it. With the store
-        away the prompt lapses with its lease's TTL."""
+        away, a shared store's prompt lapses with its lease's TTL."""
         ends = self._ends
         if ends is None:
             ends = self._ends = []
@@ -177,6 +180,10 @@ class Leases:
                 await self.store.renew(list(self._held), self.ttl_s)
             except StoreUnavailable:
                 log.warning("the limit store is unavailable; leases not renewed this time")
+
+
+def unheard(state: PrefillState) -> None:
+    """A prompt that ended unprefilled taught nothing: its budget's state is not news."""
 
 
 def store_unavailable() -> GatewayError:

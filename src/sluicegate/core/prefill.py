@@ -16,9 +16,9 @@ one 2,600-token prompt at 18,800 tokens/s, then twelve sent together on that est
 at 14,000, their first tokens 0.4 s past the estimate). And a request that already
 waited is allowed only what its own promise has left.
 
-The budget is the deployment's, whoever sends to it: it lives in the limit store beside
-the pools' slots and is decided with them (`Ask.prefill`), so replicas sharing a store
-share one budget and one learnt rate (each replica's own would let N replicas send N
+The budget is the deployment's, whichever replica sends to it: it lives in the limit
+store beside the pools' slots and is decided with them (`Ask.prefill`), so replicas
+sharing a store share one budget and one learnt rate (each replica's own would let N replicas send N
 times what the engine prefills in time, and would learn from its own first tokens a
 rate shared with the others'). This class is its arithmetic, kept by the in-memory
 store; the Redis store's scripts do the same.
@@ -84,11 +84,11 @@ class PrefillBudget:
         self._sent[key] = tokens
         self.pending += tokens
 
-    def first_token(self, key: str, now_s: float) -> bool:
-        """`key`'s prompt is prefilled: learn from it; whether it was counted."""
+    def first_token(self, key: str, now_s: float) -> None:
+        """`key`'s prompt is prefilled: learn from it, if it was counted."""
         tokens = self._sent.pop(key, None)
         if tokens is None:
-            return False
+            return
         self.proven = max(self.proven, self.pending)
         busy_s = now_s - self._since_s
         if busy_s > 0:
@@ -98,14 +98,11 @@ class PrefillBudget:
             self._since_s = now_s
         self._tokens += tokens
         self.pending -= tokens
-        return True
 
-    def dropped(self, key: str) -> bool:
+    def dropped(self, key: str) -> None:
         """`key` ended without a first token (failed, abandoned): no longer counted and
         nothing learnt from it; while others wait, the time it did stays in the busy
         period the next first token is measured over (the engine may have spent it)."""
         tokens = self._sent.pop(key, None)
-        if tokens is None:
-            return False
-        self.pending -= tokens
-        return True
+        if tokens is not None:
+            self.pending -= tokens

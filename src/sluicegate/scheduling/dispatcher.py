@@ -99,8 +99,8 @@ class TargetView:
 @dataclass(slots=True)
 class _Prefilling:
     """A deployment's prefill budget as one dispatcher sees it: the budget itself lives
-    in the limit store, decided with the pools (`Ask.prefill`), one for every
-    dispatcher and replica sending to the deployment."""
+    in the limit store, decided with the pools (`Ask.prefill`), one for every replica
+    sending to the deployment."""
 
     key: str
     pending: int = 0

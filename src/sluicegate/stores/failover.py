@@ -25,7 +25,8 @@ admits up to ceil(limit / old count)). Right after it, by what each rate granted
 locally, which the shared rate state does not know of: at most one burst per rate.
 When only some replicas lose the store (a partition), the ones still on it do not see
 the others' local grants: at most the degraded replicas' shares over the limit, for
-as long as they are cut off.
+as long as they are cut off. A deployment's prefill budget, which no limit configures,
+is each degraded replica's own, learnt afresh from its own first tokens.
 """
 
 from __future__ import annotations
@@ -114,6 +115,13 @@ class FailoverStore:
         """Leases decided here (or carried over from the shared store) while degraded."""
         self._orphans: dict[str, Lease] = {}
         """Leases the shared store may hold that nobody here holds any more."""
+        self._counted_here: set[str] = set()
+        """Leases whose prompt the local store counts in a prefill budget: their ends go
+        there, wherever their lease is held by then."""
+        self._untold: dict[str, PrefillEnd] = {}
+        """Ends of prompts the shared store counts that it could not be told of: told
+        (as ends without a first token) once it answers again, or those prompts would
+        stay counted there for as long as their leases are renewed."""
         self._listeners: list[Callable[[bool], None]] = []
 
     def view(self) -> StoreView:
@@ -164,9 +172,10 @@ class FailoverStore:
             orphans = list(self._orphans.values())
             held = dict(self._local_leases)
             await self._release_orphans(orphans)
+            await self._tell_ends()
             if held:
                 await self._shared.adopt(list(held.values()), self._ttl_s)
-            if self._local_leases.keys() == held.keys() and len(self._orphans) == 0:
+            if self._local_leases.keys() == held.keys() and not self._orphans and not self._untold:
                 break
         else:
             return
@@ -215,8 +224,9 @@ class FailoverStore:
             self._strikes = 0
             if self.degraded:
                 await self._recover()
-            elif self._orphans:
+            elif self._orphans or self._untold:
                 await self._release_orphans(list(self._orphans.values()))
+                await self._tell_ends()
         except StoreUnavailable as why:
             await self._failed(why)
 
@@ -243,6 +253,8 @@ class FailoverStore:
             return Refused(refused.part, _original(refused, slots, charges), refused.retry_after_s)
         if lease.keys:
             self._local_leases[lease.id] = lease
+        if ask.prefill is not None:
+            self._counted_here.add(lease.id)
         return None
 
     def _locally(self, ask: Ask) -> tuple[Ask, list[int], list[int]]:
@@ -307,17 +319,37 @@ class FailoverStore:
             await self._local.give_back(here)
 
     async def prefilled(self, ends: Sequence[PrefillEnd]) -> dict[str, PrefillState]:
-        """Each prompt ended where its decision was made: here for one decided here. One
-        the shared store counts while it is away lapses there with its lease's TTL."""
-        here = [end for end in ends if end.id in self._local_leases]
+        """Each prompt ended where it was counted: here for one decided here, in the
+        shared store otherwise; one the shared store cannot be told of now is told once
+        it answers again."""
+        counted_here = self._counted_here
+        here = [end for end in ends if end.id in counted_here]
+        shared = [end for end in ends if end.id not in counted_here]
+        counted_here.difference_update([end.id for end in here])
         states = await self._local.prefilled(here) if here else {}
-        shared = [end for end in ends if end.id not in self._local_leases]
-        if shared and not self.degraded:
+        if shared and self.degraded:
+            self._keep_untold(shared)
+        elif shared:
             try:
                 states.update(await self._shared.prefilled(shared))
             except StoreUnavailable as why:
+                self._keep_untold(shared)
                 await self._failed(why)
         return states
+
+    def _keep_untold(self, ends: Sequence[PrefillEnd]) -> None:
+        for key, lease_id, _ in ends:
+            if len(self._untold) < MAX_ORPHANS:
+                self._untold[lease_id] = PrefillEnd(key, lease_id, False)
+
+    async def _tell_ends(self) -> None:
+        """In batches, each one call of the shared store."""
+        untold = list(self._untold.values())
+        for start in range(0, len(untold), ORPHANS_AT_ONCE):
+            batch = untold[start : start + ORPHANS_AT_ONCE]
+            await self._shared.prefilled(batch)
+            for end in batch:
+                self._untold.pop(end.id, None)
 
     async def cool(self, key: str, duration_s: float) -> None:
         """Kept locally as well, so that a cooldown still holds if the store goes away."""

@@ -29,8 +29,9 @@ class MemoryLimitStore:
         self._tats: dict[str, float] = {}
         self._cool_until: dict[str, float] = {}
         self._prefills: dict[str, PrefillBudget] = {}
-        """A prompt stays counted until its end is reported: one process always reports
-        it (`PoolPermit`), so it needs no lapse here."""
+        """A prompt stays counted until its end is reported: the process that counted it
+        always reports it (`PoolPermit`, `Leases`, `FailoverStore` routing its end
+        here), so it needs no lapse here."""
 
     async def take(self, ask: Ask, lease: Lease, ttl_s: float) -> Refused | None:
         now = self._clock.now()
@@ -45,19 +46,19 @@ class MemoryLimitStore:
             held = held_by.get(key)
             if limit <= 0 or (held and len(held) >= limit and _sweep(held, now) >= limit):
                 return Refused(Part.SLOT, index, None)
+        tats: dict[str, float] = {}
+        for index, (key, rate, cost) in enumerate(charges):
+            tat = tats.get(key, self._tats.get(key, now))
+            decision, tats[key] = gcra(tat, now, rate, cost)
+            if not decision.allowed:
+                return Refused(Part.CHARGE, index, decision.retry_after_s)
         if prefill is not None:
             budget = self._prefills.get(prefill.key)
             if budget is None:
                 budget = self._prefills[prefill.key] = PrefillBudget(now)
             if not budget.admits(prefill.tokens, prefill.within_s):
                 return Refused(Part.PREFILL, 0, None)
-        if charges:
-            tats: dict[str, float] = {}
-            for index, (key, rate, cost) in enumerate(charges):
-                tat = tats.get(key, self._tats.get(key, now))
-                decision, tats[key] = gcra(tat, now, rate, cost)
-                if not decision.allowed:
-                    return Refused(Part.CHARGE, index, decision.retry_after_s)
+        if tats:
             self._tats.update(tats)
         lease_id, keys = lease
         if prefill is not None:

@@ -62,8 +62,8 @@ CLAIM_S = 0.25
 line: its notification and its take are a round trip each, with room for a busy loop; a
 replica that no longer wants it costs that long once."""
 LEARNT_KEPT_S = 3600.0
-"""How long a prefill budget's learnt rate is kept while no first token renews it: after
-that the engine may have changed, and the budget learns again."""
+"""How long a prefill budget's keys are kept while unused (no prompt counted, refused or
+ended): after that the engine may have changed, and the budget learns again."""
 _PARTS = {part.value.encode(): part for part in Part}
 
 
@@ -237,7 +237,7 @@ class RedisLimitStore:
         for lease in leases:
             for key in lease.keys:
                 by_tag[_tag(key)][self._key(key)].append(lease.id)
-        if not adopt:
+        if not adopt and self._prefilling:
             held = {lease.id for lease in leases}
             self._prefilling = {i: b for i, b in self._prefilling.items() if i in held}
             for lease_id, budget in self._prefilling.items():

@@ -218,3 +218,18 @@ async def test_a_prefill_end_the_store_cannot_take_is_logged_not_raised(caplog):
         await leases.drain(timeout_s=60)
     assert heard == []
     assert "prefill lapses by its TTL" in caplog.text
+
+
+async def test_a_prompt_counted_while_its_taker_was_cancelled_is_ended():
+    clock = FakeClock()
+    store = MemoryLimitStore(clock)
+    leases = Leases(GrantsThenYields(store), clock)
+    prompt = Ask(slots=(Slot("s", 10),), prefill=Prefill("b", 2_000, 1.0))
+    taker = asyncio.create_task(leases.take(prompt))
+    await asyncio.sleep(0)
+    taker.cancel()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    await leases.drain(timeout_s=60)
+    assert taker.cancelled()
+    assert await store.take(prompt, Lease("next", ("s",)), 30.0) is None, "nothing counted"

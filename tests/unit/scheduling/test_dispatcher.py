@@ -990,8 +990,8 @@ async def test_without_a_promise_there_is_no_prefill_budget(clock):
 
 
 async def test_the_prefill_budget_is_the_deployments_whoever_sends_to_it(clock):
-    """Two dispatchers (two models, or two replicas as their shared store sees them) on
-    one deployment: before any first token one long prompt goes at a time, whichever
+    """Two dispatchers on one deployment and one store (two replicas, as their shared
+    store sees them): before any first token one long prompt goes at a time, whichever
     sends it; the first token, reported by one, teaches the rate the other's next
     prompts are held to (16,000 tokens/s, 4,000 tokens together), and frees the budget
     for them. Each sees the prompts it sent itself, and the rate as last told."""

@@ -327,3 +327,29 @@ async def test_a_prompt_s_prefill_ends_where_its_decision_was_made():
     )
     assert ended == {"b": PrefillState(0, pytest.approx(30_000))}
     assert shared.calls == reached
+
+
+async def test_prompts_ended_in_an_outage_are_told_on_return_and_local_ones_end_here():
+    """A prompt the shared store counts, ended while it is away, is told once it answers
+    (else renewing its lease would keep it counted there); a prompt counted here while
+    degraded ends here, though its lease is handed to the shared store on return."""
+    clock = FakeClock()
+    store, shared = make(clock)
+
+    def prompt(tokens: int) -> Ask:
+        return Ask(slots=(Slot("s", 10),), prefill=Prefill("b", tokens, 1.0))
+
+    there = await take(store, prompt(2_000))
+    assert isinstance(there, Lease)
+    shared.down = True
+    here = await take(store, prompt(3_000))
+    assert isinstance(here, Lease)
+    assert store.degraded
+    await store.prefilled([PrefillEnd("b", there.id, False)])
+    shared.down = False
+    await store.run_once()
+    assert not store.degraded
+    assert isinstance(await take(store, prompt(1)), Lease), "the shared budget was told"
+    await store.prefilled([PrefillEnd("b", here.id, False)])
+    shared.down = True
+    assert isinstance(await take(store, prompt(1)), Lease), "the local budget ended it"

@@ -17,7 +17,7 @@
 -- queued replica refused at a slot set aside for it (its ask leaves more free: work
 -- beyond its share must leave the reserve) hands it on to the next in line and
 -- announces it again, rather than let it idle until it lapses; refused by anything else
--- first (a cooldown, another slot, a rate) it keeps it until then.
+-- first (a cooldown, another slot, a rate, the prefill budget) it keeps it until then.
 -- The prefill part (core/prefill.py) admits a prompt when none is counted, else when
 -- the counted ones and it fit what the learnt rate prefills within `within_s` and
 -- `growth` times the most seen prefilled together; granted, it is counted under the
@@ -132,7 +132,7 @@ if prefilling then
       fits = pending + tokens <= limit
     end
     if not fits then
-      redis.call('HSET', learnt, 'waited', '1')
+      redis.call('HSETNX', learnt, 'waited', '1')
       keep_for(learnt, tonumber(ARGV[at + 4]))
       return {'prefill', 0, ''}
     end
