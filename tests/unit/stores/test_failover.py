@@ -298,15 +298,17 @@ async def test_a_give_back_that_finds_the_store_down_is_done_locally_and_again_o
     assert await shared.inner.available("r", PER_MINUTE_60) == pytest.approx(40)
 
 
+def prompt(tokens: int) -> Ask:
+    """A streamed prompt counted in prefill budget `b`."""
+    return Ask(slots=(Slot("s", 10),), prefill=Prefill("b", tokens, 1.0))
+
+
 async def test_a_prompt_s_prefill_ends_where_its_decision_was_made():
     """Decided while the shared store answered, a prompt ends there; decided here while
-    it was away, here; one the shared store counts while it is away is not waited for
-    (it lapses there with its lease)."""
+    it was away, here; one the shared store counts, ended while it is away, does not
+    wait for it (it is told on its return: the next test)."""
     clock = FakeClock()
     store, shared = make(clock)
-
-    def prompt(tokens: int) -> Ask:
-        return Ask(slots=(Slot("s", 10),), prefill=Prefill("b", tokens, 1.0))
 
     there = await take(store, prompt(2_000))
     assert isinstance(there, Lease)
@@ -335,9 +337,6 @@ async def test_prompts_ended_in_an_outage_are_told_on_return_and_local_ones_end_
     degraded ends here, though its lease is handed to the shared store on return."""
     clock = FakeClock()
     store, shared = make(clock)
-
-    def prompt(tokens: int) -> Ask:
-        return Ask(slots=(Slot("s", 10),), prefill=Prefill("b", tokens, 1.0))
 
     there = await take(store, prompt(2_000))
     assert isinstance(there, Lease)
