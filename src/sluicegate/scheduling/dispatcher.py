@@ -392,7 +392,7 @@ class Dispatcher:
         if known is None:
             return False
         leaves_s = min(
-            enqueued_s + self._age_limit_s(call.lane), call.deadline_s - call.route.min_attempt_s
+            enqueued_s + self._age_limit_s(call), call.deadline_s - call.route.min_attempt_s
         )
         return known > leaves_s - self.clock.now()
 
@@ -413,7 +413,7 @@ class Dispatcher:
             place.since_s,
             protected,
         )
-        promise = lane.ttft_slo_s
+        promise, own_s = lane.ttft_slo_s, self._own_prefill_s(call)
         if wait is None:
             if promise is not None and place.ahead >= self._batch:
                 raise Refusal.OVERLOADED.error(
@@ -421,10 +421,11 @@ class Dispatcher:
                     f"of its service yet to promise {promise:g}s on; retry later"
                 )
             return None
-        if promise is not None and predictor.ttft_s(lane.name, wait) > promise:
+        ttft_s = predictor.ttft_s(lane.name, wait, own_s)
+        if promise is not None and ttft_s > promise:
             raise Refusal.OVERLOADED.error(
                 f"the {lane.name} lane's predicted time to first token "
-                f"({predictor.ttft_s(lane.name, wait):.1f}s) exceeds its {promise:g}s "
+                f"({ttft_s:.1f}s) exceeds its {promise:g}s "
                 "promise; retry later"
             )
         if wait > lane.max_queue_age_s:
@@ -464,21 +465,37 @@ class Dispatcher:
                     )
                 )
 
-    def _age_limit_s(self, lane: Lane) -> float:
-        """How long a request of `lane` may wait queued: its `max_queue_age_s`, and in a
-        promised lane no longer than the promise leaves for the queue (`budget_s`): a
-        request that waited that long would be served late, on capacity that could
-        serve one on time."""
+    def _age_limit_s(self, call: Call) -> float:
+        """How long `call` may wait queued: its lane's `max_queue_age_s`, and in a
+        promised lane no longer than the promise leaves for the queue after its own
+        prefill or the lane's usual time after dispatch (`budget_s`): a request that
+        waited that long would be served late, on capacity that could serve one on
+        time."""
+        lane = call.lane
         promise = lane.ttft_slo_s
         if promise is None:
             return lane.max_queue_age_s
-        return min(lane.max_queue_age_s, self.predictor.budget_s(lane.name, promise))
+        budget_s = self.predictor.budget_s(lane.name, promise, self._own_prefill_s(call))
+        return min(lane.max_queue_age_s, budget_s)
+
+    def _own_prefill_s(self, call: Call) -> float:
+        """How long `call`'s prompt alone takes to prefill at the fastest rate its
+        deployments' budgets learnt; 0 when nothing is learnt or its first token is not
+        seen (not streamed)."""
+        if not call.stream:
+            return 0.0
+        rates = self._prefill_rates()
+        return call.prompt_tokens / max(rates) if rates else 0.0
+
+    def _prefill_rates(self) -> list[float]:
+        """The deployments' learnt prefill rates, as last heard, where learnt."""
+        return [rate for budget in self._prefill.values() if (rate := budget.tokens_per_s)]
 
     async def _wait(self, waiter: Waiter, queue: LaneQueue) -> None:
         """The intentional wait point: bounded by the lane's age limit and the deadline,
         both timed on the dispatcher's clock."""
-        call, lane = waiter.call, waiter.lane
-        waited_s = self._age_limit_s(lane)
+        call = waiter.call
+        waited_s = self._age_limit_s(call)
         age_limit = waiter.enqueued_s + waited_s
         deadline = call.deadline_s - call.route.min_attempt_s
         timer = self.clock.call_at(
@@ -607,7 +624,7 @@ class Dispatcher:
     def _note_asked(self, call: Call) -> None:
         """Count a top-lane arrival's work, in the engine's unit once it is learnt, as its
         tenant's, within its share or not: the order among the protected requests."""
-        rates = [rate for budget in self._prefill.values() if (rate := budget.tokens_per_s)]
+        rates = self._prefill_rates()
         prefill_rate = sum(rates) / len(rates) if rates else None
         output_tokens = call.reserved_tokens - call.prompt_tokens
         work_s = self.unit.work_s(call.prompt_tokens, output_tokens, prefill_rate)

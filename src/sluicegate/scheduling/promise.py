@@ -18,7 +18,9 @@ and beyond it are corrected apart: the first may take the slots kept free for th
 neither. The time from dispatch
 to the first token (the backend's own queue and prefill) is measured per lane too, its
 mean and its 95th percentile, and a request is queued only when the wait and that
-percentile together fit its lane's `ttft_slo_s`.
+percentile together fit its lane's `ttft_slo_s`; a streamed prompt whose own prefill,
+at the rate its deployment's prefill budget learnt, takes longer than that percentile is
+judged by its prefill instead, and may wait only what the promise leaves beyond it.
 
 Shedding is the second line: CoDel (RFC 8289) on each lane's queue, with the lane's
 whole queue budget (the promise less the time after dispatch) as its target. A backend
@@ -150,10 +152,11 @@ class WaitPredictor:
             wait = max(wait, (mine + 1) * max(pace.gap_s, now - pace.last_dispatch_s))
         return wait * forecast.correction(within_share)
 
-    def ttft_s(self, lane: str, wait_s: float) -> float:
+    def ttft_s(self, lane: str, wait_s: float, own_prefill_s: float = 0.0) -> float:
         """The time to first token of a request that waits `wait_s`, as the promise reads
-        it: with the 95th percentile of the time after dispatch."""
-        return wait_s + self.lane(lane).after_dispatch_p95_s
+        it: with the 95th percentile of the time after dispatch, or the request's own
+        prefill (`own_prefill_s`) when that is longer."""
+        return wait_s + self._after_dispatch_s(lane, own_prefill_s)
 
     def waited(self, lane: str, within_share: bool, predicted_s: float, real_s: float) -> None:
         """A queued request was dispatched: learn how far off its prediction was."""
@@ -183,10 +186,15 @@ class WaitPredictor:
         step = QUANTILE_STEP * forecast.after_dispatch_s * weight
         forecast.after_dispatch_p95_s = max(0.0, forecast.after_dispatch_p95_s + step)
 
-    def budget_s(self, lane: str, ttft_slo_s: float) -> float:
+    def budget_s(self, lane: str, ttft_slo_s: float, own_prefill_s: float = 0.0) -> float:
         """How long a request of `lane` may wait in its queue and still meet the promise
-        (at the 95th percentile of the time after dispatch)."""
-        return max(ttft_slo_s - self.lane(lane).after_dispatch_p95_s, ttft_slo_s * 0.1)
+        (at the 95th percentile of the time after dispatch, or after its own prefill)."""
+        return max(ttft_slo_s - self._after_dispatch_s(lane, own_prefill_s), ttft_slo_s * 0.1)
+
+    def _after_dispatch_s(self, lane: str, own_prefill_s: float) -> float:
+        """The lane's percentile speaks for its typical prompt; a prompt longer than most
+        takes at least its own prefill, however the lane's others fare."""
+        return max(self.lane(lane).after_dispatch_p95_s, own_prefill_s)
 
 
 def _bounded(log_ratio: float) -> float:

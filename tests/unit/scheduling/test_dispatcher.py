@@ -4,9 +4,10 @@ and wake-up is driven by `clock.advance`, never by sleeping."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -977,6 +978,76 @@ async def test_a_prompt_that_waited_is_held_to_what_its_promise_has_left(clock):
             await dispatcher.release(grant)
     finally:
         runner.cancel()
+
+
+PROMISED = Lane("promised", queue_size=20, max_queue_age_s=5, ttft_slo_s=1.0)
+
+
+@contextlib.asynccontextmanager
+async def full_after_a_measure(clock: FakeClock) -> AsyncIterator[Dispatcher]:
+    """A dispatcher whose two slots are held after one streamed prompt measured the
+    prefill: 16,000 tokens/s, its first token 0.125 s after dispatch."""
+    dispatcher = dispatcher_for([PROMISED], Pool(PoolSpec("p", 2), leases(clock)), clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        first = await granted(dispatcher, streamed(clock, PROMISED, 2_000))
+        clock.advance(0.125)
+        first.first_byte_s = clock.now()
+        dispatcher.first_token(first, 0.125)
+        full = await granted(dispatcher, streamed(clock, PROMISED, 10, stream=False))
+        yield dispatcher
+        for grant in (first, full):
+            await dispatcher.release(grant)
+    finally:
+        runner.cancel()
+
+
+async def test_a_long_prompt_waits_only_what_its_promise_leaves_beyond_its_own_prefill(clock):
+    """A 1,000-token prompt (its prefill 0.0625 s) may wait the 0.875 s the lane's time
+    after dispatch leaves of a 1 s promise; a 12,000-token one needs 0.75 s alone, so it
+    expires after 0.25 s: sent later, only a late answer could come of it."""
+    async with full_after_a_measure(clock) as dispatcher:
+        short = asyncio.create_task(granted(dispatcher, streamed(clock, PROMISED, 1_000)))
+        long = asyncio.create_task(granted(dispatcher, streamed(clock, PROMISED, 12_000)))
+        await settle()
+        clock.advance(0.24)
+        await settle()
+        assert not long.done()
+        clock.advance(0.02)
+        await settle()
+        assert long.done()
+        assert not short.done()
+        with pytest.raises(GatewayError) as info:
+            await long
+        assert info.value.code == "expired"
+        clock.advance(0.6)
+        await settle()
+        assert not short.done()
+        clock.advance(0.05)
+        await settle()
+        assert short.done()
+        with pytest.raises(GatewayError):
+            await short
+
+
+@pytest.mark.parametrize(("prompt_tokens", "queued"), [(14_000, True), (15_000, False)])
+async def test_a_prompt_whose_wait_and_own_prefill_break_the_promise_is_refused(
+    clock, prompt_tokens, queued
+):
+    """A predicted wait of 0.1 s and the prompt's own prefill: 0.875 s for 14,000 tokens
+    fits a 1 s promise, 0.9375 s for 15,000 does not (the lane's 0.125 s after dispatch
+    would let both queue)."""
+    async with full_after_a_measure(clock) as dispatcher:
+        dispatcher.predictor.gap_s = 0.1
+        waiter = asyncio.create_task(granted(dispatcher, streamed(clock, PROMISED, prompt_tokens)))
+        await settle()
+        assert waiter.done() is not queued
+        if queued:
+            waiter.cancel()
+        else:
+            with pytest.raises(GatewayError) as info:
+                await waiter
+            assert info.value.code == "overloaded"
 
 
 async def test_without_a_promise_there_is_no_prefill_budget(clock):

@@ -119,6 +119,15 @@ def test_the_time_after_dispatch_shortens_the_queue_budget():
     assert predictor.budget_s("other", 2.0) == pytest.approx(0.2), "never below a tenth"
 
 
+def test_a_prompt_whose_own_prefill_outlasts_the_lanes_time_after_dispatch_is_judged_by_it():
+    predictor = WaitPredictor()
+    predictor.first_token("l", 0.5)
+    assert predictor.ttft_s("l", 1.0, own_prefill_s=0.2) == pytest.approx(1.5)
+    assert predictor.budget_s("l", 2.0, own_prefill_s=0.2) == pytest.approx(1.5)
+    assert predictor.ttft_s("l", 1.0, own_prefill_s=0.8) == pytest.approx(1.8)
+    assert predictor.budget_s("l", 2.0, own_prefill_s=0.8) == pytest.approx(1.2)
+
+
 def test_the_budget_leaves_room_for_the_95th_percentile_after_dispatch_not_the_mean():
     """Nine first tokens in ten come 0.5 s after dispatch and one 1.5 s after: the mean
     (about 0.6 s) would leave 1.4 s of a 2 s promise to the queue and one request in
