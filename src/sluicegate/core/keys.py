@@ -81,7 +81,7 @@ RELEASED = f"{FLEET}released"
 
 def fair_shares(lane: str) -> tuple[str, str, str, str]:
     """A lane's fleet-wide virtual counters, the flows waiting anywhere, and each flow's
-    requests in flight on each replica (who, and how many)."""
+    requests held (in flight or queued) on each replica (who, and how many)."""
     root = f"{FLEET}fair:{lane}"
     return f"{root}:counters", f"{root}:waiting", f"{root}:flying", f"{root}:flying_counts"
 

@@ -51,6 +51,12 @@ class FairnessPolicy(Protocol):
         """`flow` has `change` more (or, negative, fewer) requests at the backend."""
         ...
 
+    def waiting(self, flow: str, change: int) -> None:
+        """`flow` has `change` more (or fewer) requests in its queue. A policy that judges
+        shares from its queue alone is told `queued` when asked (`within_share`); the
+        fleet's tells the other replicas."""
+        ...
+
     def within_share(self, flow: str, queued: Callable[[str], int], capacity: float) -> bool:
         """Whether a newcomer of `flow` comes within its max-min fair share of `capacity`
         requests at the backend: fewer requests of its flow before it (in flight and
@@ -135,7 +141,10 @@ class RoundRobin:
     def in_flight(self, flow: str, change: int) -> None:
         """A round gives each flow one request whatever it has in flight; the count only
         tells who is within its share."""
-        _count(self._in_flight, flow, change)
+        adjust(self._in_flight, flow, change)
+
+    def waiting(self, flow: str, change: int) -> None:
+        """Its queue is asked when a share is judged."""
 
     def within_share(self, flow: str, queued: Callable[[str], int], capacity: float) -> bool:
         return comes_within_share(flow, self._in_flight, {}, self._order, queued, capacity)
@@ -195,7 +204,10 @@ class VirtualTokenCounter:
         return self._in_flight.get(flow, 0) / self._weights.get(flow, 1.0), self.counters[flow]
 
     def in_flight(self, flow: str, change: int) -> None:
-        _count(self._in_flight, flow, change)
+        adjust(self._in_flight, flow, change)
+
+    def waiting(self, flow: str, change: int) -> None:
+        """Its queue is asked when a share is judged."""
 
     def within_share(self, flow: str, queued: Callable[[str], int], capacity: float) -> bool:
         in_flight, weights = self._in_flight, self._weights
@@ -217,7 +229,7 @@ class VirtualTokenCounter:
         return 0 if room < 0 else min(queued, math.floor(room + ROUNDING) + 1)
 
 
-def _count(counts: dict[str, int], flow: str, change: int) -> None:
+def adjust(counts: dict[str, int], flow: str, change: int) -> None:
     """Counts kept without zeros, so that their keys are the flows with any."""
     now = counts.get(flow, 0) + change
     if now:

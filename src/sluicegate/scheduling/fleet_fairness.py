@@ -22,7 +22,7 @@ from typing import Protocol
 
 from sluicegate.core.clock import Clock, repeat
 from sluicegate.core.limits import StoreUnavailable
-from sluicegate.scheduling.fairness import VirtualTokenCounter, comes_within_share
+from sluicegate.scheduling.fairness import VirtualTokenCounter, adjust, comes_within_share
 
 
 class FairnessStore(Protocol):
@@ -34,12 +34,12 @@ class FairnessStore(Protocol):
         waiting: Sequence[str],
         idle: Sequence[str],
         ttl_s: float,
-        in_flight: Mapping[str, int],
+        held: Mapping[str, int],
     ) -> tuple[dict[str, float], dict[str, int]]:
         """Add `charged` to the fleet's counters of `name`, mark `waiting` as waiting on
-        this replica (for `ttl_s`) and `idle` as no longer, and say what each flow has in
-        flight here (for `ttl_s`); every waiting flow's counter, and each flow's
-        requests in flight on the other replicas."""
+        this replica (for `ttl_s`) and `idle` as no longer, and say how many requests
+        each flow holds here, in flight or queued (for `ttl_s`); every waiting flow's
+        counter, and each flow's requests held on the other replicas."""
         ...
 
 
@@ -59,8 +59,11 @@ class FleetVirtualTokenCounter(VirtualTokenCounter):
         self._idle: set[str] = set()
         self._elsewhere: dict[str, float] = {}
         """Flows waiting on other replicas only, with their counters as last synced."""
-        self._flying_elsewhere: dict[str, int] = {}
-        """Each flow's requests in flight on the other replicas, as last synced."""
+        self._waiting: dict[str, int] = {}
+        """Each flow's requests in this replica's queue."""
+        self._held_elsewhere: dict[str, int] = {}
+        """Each flow's requests in flight or queued on the other replicas, as last
+        synced."""
         self._fresh_until = float("-inf")
         self._cost = 0.0
         """Mean service of one dispatch (smoothed): the unit of the slack."""
@@ -93,11 +96,17 @@ class FleetVirtualTokenCounter(VirtualTokenCounter):
             return None
         return flow
 
+    def waiting(self, flow: str, change: int) -> None:
+        adjust(self._waiting, flow, change)
+
     def within_share(self, flow: str, queued: Callable[[str], int], capacity: float) -> bool:
-        """As a local VTC judges it, over the fleet's requests in flight: this replica's
-        own counts and the other replicas' as last synced (while fresh), so a tenant
-        alone on its replica is not taken for the only one."""
-        elsewhere = self._flying_elsewhere
+        """As a local VTC judges it, over the fleet's requests: this replica's own counts
+        and the other replicas' as last synced (while fresh), so a tenant alone on its
+        replica is not taken for the only one. The others' queued requests count as
+        well as their requests in flight: a burst the kernel spread over two replicas
+        is one tenant's demand, and counted on each replica's half alone it came within
+        its share twice."""
+        elsewhere = self._held_elsewhere
         if not elsewhere or self._clock.now() >= self._fresh_until:
             return super().within_share(flow, queued, capacity)
         in_flight = dict(elsewhere)
@@ -118,14 +127,14 @@ class FleetVirtualTokenCounter(VirtualTokenCounter):
         charged, self._charged = self._charged, {}
         idle, self._idle = list(self._idle), set()
         try:
-            fleet, self._flying_elsewhere = await store.sync_fairness(
+            fleet, self._held_elsewhere = await store.sync_fairness(
                 self.name,
                 replica,
                 charged,
                 list(self._backlog),
                 idle,
                 3 * every_s,
-                dict(self._in_flight),
+                self._held(),
             )
         except StoreUnavailable:
             for flow, amount in charged.items():
@@ -140,6 +149,12 @@ class FleetVirtualTokenCounter(VirtualTokenCounter):
         self._fresh_until = self._clock.now() + 2 * every_s
         for listener in self._listeners:
             listener()
+
+    def _held(self) -> dict[str, int]:
+        held = dict(self._in_flight)
+        for flow, count in self._waiting.items():
+            held[flow] = held.get(flow, 0) + count
+        return held
 
 
 class FairnessSync:

@@ -126,6 +126,7 @@ class LaneQueue:
             self.fairness.backlogged(waiter.flow)
             flow.since_s = waiter.enqueued_s
         flow.part(waiter).append(waiter)
+        self.fairness.waiting(waiter.flow, 1)
         self.size += 1
         self.fresh += not waiter.call.client_retries
         self.protected += waiter.protected
@@ -148,6 +149,7 @@ class LaneQueue:
                 part.remove(waiter)
             except ValueError:
                 return False
+        self.fairness.waiting(waiter.flow, -1)
         self.size -= 1
         self.fresh -= not waiter.call.client_retries
         self.protected -= waiter.protected

@@ -382,14 +382,14 @@ class RedisLimitStore:
         waiting: Sequence[str],
         idle: Sequence[str],
         ttl_s: float,
-        in_flight: Mapping[str, int],
+        held: Mapping[str, int],
     ) -> tuple[dict[str, float], dict[str, int]]:
         """`scheduling.fleet_fairness.FairnessStore.sync_fairness`."""
         args: list[Any] = [replica, ttl_s, len(charged)]
         for flow, amount in charged.items():
             args += [flow, amount]
-        args += [len(waiting), *waiting, len(idle), *idle, len(in_flight)]
-        for flow, count in in_flight.items():
+        args += [len(waiting), *waiting, len(idle), *idle, len(held)]
+        for flow, count in held.items():
             args += [flow, count]
         names = [self._key(key) for key in keys.fair_shares(name)]
         counters, elsewhere = await self._run("fair", names, args)

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from sluicegate.core.limits import StoreUnavailable
 from sluicegate.scheduling.fleet_fairness import FairnessSync, FleetVirtualTokenCounter
+from sluicegate.scheduling.queues import LaneQueue, Waiter
 from tests.support.clock import FakeClock
+from tests.unit.scheduling.test_dispatcher import attempt
+from tests.unit.scheduling.test_promise import PROMISED
 
 SYNC_S = 0.1
 
@@ -19,16 +22,16 @@ class ScriptedShares:
         self.fleet: dict[str, float] = {}
         self.counters: dict[str, float] = {}
         self.flying: dict[str, int] = {}
-        """What the other replicas have in flight (set by the test)."""
+        """What the other replicas hold, in flight or queued (set by the test)."""
         self.down = False
         self.sent: list[tuple[dict[str, float], list[str], list[str]]] = []
-        self.in_flight: dict[str, int] = {}
+        self.held: dict[str, int] = {}
 
-    async def sync_fairness(self, name, replica, charged, waiting, idle, ttl_s, in_flight):
+    async def sync_fairness(self, name, replica, charged, waiting, idle, ttl_s, held):
         if self.down:
             raise StoreUnavailable("down")
         self.sent.append((dict(charged), list(waiting), list(idle)))
-        self.in_flight = dict(in_flight)
+        self.held = dict(held)
         for flow, amount in charged.items():
             self.counters[flow] = self.counters.get(flow, 0.0) + amount
         counters = {**self.fleet, **{flow: self.counters.get(flow, 0.0) for flow in waiting}}
@@ -112,7 +115,24 @@ async def test_within_share_counts_what_the_other_replicas_have_in_flight():
     assert policy.within_share("a", lambda flow: queued(flow) or 0, 8)
     store.flying = {"b": 5}
     await sync.sync_once()
-    assert store.in_flight == {"a": 3}
+    assert store.held == {"a": 3}
     assert not policy.within_share("a", lambda flow: queued(flow) or 0, 8)
     clock.advance(3 * SYNC_S)
     assert policy.within_share("a", lambda flow: queued(flow) or 0, 8)
+
+
+async def test_a_replica_hands_over_its_queued_requests_with_those_in_flight():
+    """A burst of `a` that the kernel spread over two replicas is one demand: each
+    replica tells the other what `a` holds there, queued as well as in flight, so the
+    other does not judge its own half of the burst within a's share."""
+    policy, sync, store, clock = make()
+    queue = LaneQueue(PROMISED, policy)
+    waiters = [Waiter(attempt(clock, "a", PROMISED), clock.now(), None) for _ in range(3)]
+    for waiter in waiters:
+        queue.push(waiter)
+    policy.in_flight("a", 2)
+    await sync.sync_once()
+    assert store.held == {"a": 5}
+    queue.remove(waiters[0])
+    await sync.sync_once()
+    assert store.held == {"a": 4}

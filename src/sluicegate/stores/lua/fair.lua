@@ -1,14 +1,15 @@
 -- One lane's fair shares, held for the fleet: a replica hands over the service it
 -- charged since its last call, which flows wait on it and how many requests each flow
--- has in flight there, and learns every waiting flow's counter and every flow's
--- requests in flight on the other replicas (scheduling.fleet_fairness).
+-- holds there (in flight or queued), and learns every waiting flow's counter and every
+-- flow's requests held on the other replicas (scheduling.fleet_fairness).
 -- KEYS: the counters' hash, the backlog's sorted set (members "flow|replica", scored by
---       expiry), the in-flight sorted set (the same members and scores) and the
---       in-flight counts' hash (fields "flow|replica").
+--       expiry), the held requests' sorted set (the same members and scores; its key
+--       still says "flying", from when it counted requests in flight only) and their
+--       counts' hash (fields "flow|replica").
 -- ARGV: now, replica, ttl_s, #charges, (flow, amount)..., #waiting, flow..., #idle, flow...,
---       #in flight, (flow, count)...
+--       #held, (flow, count)...
 -- Returns {{flow, counter, ...} for every flow waiting anywhere, {flow, count, ...} of
--- the other replicas' requests in flight}. A flow that starts waiting when no replica
+-- the other replicas' requests held}. A flow that starts waiting when no replica
 -- had it waiting is lifted to the least counter of those waiting, so time spent idle is
 -- not banked (the VTC lift rule, over the whole fleet).
 local now = now_s()
@@ -82,10 +83,10 @@ for i = 1, tonumber(ARGV[at]) do
   redis.call('ZADD', flying, now + ttl, member)
   redis.call('HSET', flying_counts, member, ARGV[at + 2 * i])
 end
-local in_flight = {}
+local held = {}
 for flow, count in pairs(elsewhere) do
-  in_flight[#in_flight + 1] = flow
-  in_flight[#in_flight + 1] = tostring(count)
+  held[#held + 1] = flow
+  held[#held + 1] = tostring(count)
 end
 
 local answer = {}
@@ -101,4 +102,4 @@ keep_for(counters, 3600)
 keep_for(backlog, ttl)
 keep_for(flying, ttl)
 keep_for(flying_counts, ttl)
-return {answer, in_flight}
+return {answer, held}
