@@ -16,7 +16,7 @@ TTL_S = 0.3
 
 
 async def counters(store: RedisLimitStore, replica: str, charged, waiting, idle):
-    """The counters a sync of lane `m:l` answers, with nothing in flight here."""
+    """The counters a sync of lane `m:l` answers, with no request held here."""
     found, _ = await store.sync_fairness("m:l", replica, charged, waiting, idle, TTL_S, {})
     return found
 
@@ -51,9 +51,10 @@ async def test_a_flow_leaves_when_idle_everywhere_or_when_its_replica_goes_silen
     assert await counters(store, "r1", {}, [], []) == {}
 
 
-async def test_each_replica_learns_what_the_others_have_in_flight(fleet):
-    """r1 says a has 3 in flight, r2 says a 1 and b 2: each learns the others' counts, a
-    replica's new word replaces its old one, and a silent replica's counts expire."""
+async def test_each_replica_learns_what_the_others_hold(fleet):
+    """r1 says a holds 3 there (in flight or queued), r2 says a 1 and b 2: each learns
+    the others' counts, a replica's new word replaces its old one, and a silent
+    replica's counts expire."""
     store, clock = fleet
     _, seen = await store.sync_fairness("m:l", "r1", {}, [], [], TTL_S, {"a": 3})
     assert seen == {}

@@ -2,7 +2,7 @@
 
 A request that finds nobody queued ahead of it in its lane or above is dispatched at
 once if a deployment can take it. Otherwise it joins its lane's queue and waits,
-within its deadline and the lane's age limit, while the dispatcher serves lanes in
+within its deadline and its age limit, while the dispatcher serves lanes in
 priority order and tenants within a lane in the fairness policy's order. Dispatching
 takes every pool permit and token reservation the attempt needs; the attempt owns them
 until `release`, which undoes exactly what dispatching recorded. The dispatcher wakes
@@ -398,8 +398,9 @@ class Dispatcher:
 
     def _promise(self, call: Call, protected: bool) -> float | None:
         """The wait predicted for `call` if it queues, or the refusal now when its
-        predicted time to first token breaks its lane's promise or its wait outlasts the
-        lane's age limit (it would only expire): an honest 'not now' beats a late answer.
+        predicted time to first token breaks its lane's promise (its prompt's own prefill
+        may alone) or its wait outlasts the lane's age limit (it would only expire): an
+        honest 'not now' beats a late answer.
         No Retry-After: when capacity comes back is not known."""
         lane = call.lane
         predictor = self.predictor
@@ -414,6 +415,11 @@ class Dispatcher:
             protected,
         )
         promise, own_s = lane.ttft_slo_s, self._own_prefill_s(call)
+        if promise is not None and own_s >= promise:
+            raise Refusal.OVERLOADED.error(
+                f"the prompt alone takes {own_s:.1f}s to prefill at the rate learnt, the "
+                f"{lane.name} lane's whole {promise:g}s promise; retry later"
+            )
         if wait is None:
             if promise is not None and place.ahead >= self._batch:
                 raise Refusal.OVERLOADED.error(
@@ -480,8 +486,9 @@ class Dispatcher:
 
     def _own_prefill_s(self, call: Call) -> float:
         """How long `call`'s prompt alone takes to prefill at the fastest rate its
-        deployments' budgets learnt; 0 when nothing is learnt or its first token is not
-        seen (not streamed)."""
+        deployments' budgets learnt; 0 when nothing is learnt, when its first token is
+        not seen (not streamed), or when the top lane has no promise (then there is no
+        prefill budget to learn a rate)."""
         if not call.stream:
             return 0.0
         rates = self._prefill_rates()
@@ -492,8 +499,9 @@ class Dispatcher:
         return [rate for budget in self._prefill.values() if (rate := budget.tokens_per_s)]
 
     async def _wait(self, waiter: Waiter, queue: LaneQueue) -> None:
-        """The intentional wait point: bounded by the lane's age limit and the deadline,
-        both timed on the dispatcher's clock."""
+        """The intentional wait point: bounded by the request's age limit, as known when
+        it queued (a prefill rate learnt later does not move it), and the deadline, both
+        timed on the dispatcher's clock."""
         call = waiter.call
         waited_s = self._age_limit_s(call)
         age_limit = waiter.enqueued_s + waited_s
@@ -515,8 +523,8 @@ class Dispatcher:
             raise refusal.renewed()
 
     def _expire(self, waiter: Waiter, queue: LaneQueue, waited_s: float | None) -> None:
-        """Answer a request still queued when its deadline (`waited_s` None) or its lane's
-        age limit came."""
+        """Answer a request still queued when its deadline (`waited_s` None) or its age
+        limit came."""
         if not queue.remove(waiter) or waiter.future.done():
             return
         lane = waiter.lane

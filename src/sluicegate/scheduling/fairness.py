@@ -91,7 +91,7 @@ def comes_within_share(
     capacity: float,
 ) -> bool:
     """`FairnessPolicy.within_share` over the given counts: what every policy asks, and
-    the fleet's asks over the whole fleet's requests in flight."""
+    the fleet's asks over the whole fleet's requests in flight and queued."""
     before = in_flight.get(flow, 0) + queued(flow)
     if before == 0:
         return True

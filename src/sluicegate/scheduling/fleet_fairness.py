@@ -59,7 +59,7 @@ class FleetVirtualTokenCounter(VirtualTokenCounter):
         self._idle: set[str] = set()
         self._elsewhere: dict[str, float] = {}
         """Flows waiting on other replicas only, with their counters as last synced."""
-        self._waiting: dict[str, int] = {}
+        self._queued: dict[str, int] = {}
         """Each flow's requests in this replica's queue."""
         self._held_elsewhere: dict[str, int] = {}
         """Each flow's requests in flight or queued on the other replicas, as last
@@ -97,7 +97,7 @@ class FleetVirtualTokenCounter(VirtualTokenCounter):
         return flow
 
     def waiting(self, flow: str, change: int) -> None:
-        adjust(self._waiting, flow, change)
+        adjust(self._queued, flow, change)
 
     def within_share(self, flow: str, queued: Callable[[str], int], capacity: float) -> bool:
         """As a local VTC judges it, over the fleet's requests: this replica's own counts
@@ -109,11 +109,9 @@ class FleetVirtualTokenCounter(VirtualTokenCounter):
         elsewhere = self._held_elsewhere
         if not elsewhere or self._clock.now() >= self._fresh_until:
             return super().within_share(flow, queued, capacity)
-        in_flight = dict(elsewhere)
-        for other, count in self._in_flight.items():
-            in_flight[other] = in_flight.get(other, 0) + count
+        fleet = _summed(elsewhere, self._in_flight)
         weights = self._weights
-        return comes_within_share(flow, in_flight, weights, self._backlog, queued, capacity)
+        return comes_within_share(flow, fleet, weights, self._backlog, queued, capacity)
 
     def charge(self, flow: str, prompt_tokens: float, output_tokens: float) -> None:
         before = self.counters.get(flow, 0.0)
@@ -134,7 +132,7 @@ class FleetVirtualTokenCounter(VirtualTokenCounter):
                 list(self._backlog),
                 idle,
                 3 * every_s,
-                self._held(),
+                _summed(self._in_flight, self._queued),
             )
         except StoreUnavailable:
             for flow, amount in charged.items():
@@ -150,11 +148,13 @@ class FleetVirtualTokenCounter(VirtualTokenCounter):
         for listener in self._listeners:
             listener()
 
-    def _held(self) -> dict[str, int]:
-        held = dict(self._in_flight)
-        for flow, count in self._waiting.items():
-            held[flow] = held.get(flow, 0) + count
-        return held
+
+def _summed(one: Mapping[str, int], other: Mapping[str, int]) -> dict[str, int]:
+    """Per-flow counts added up."""
+    total = dict(one)
+    for flow, count in other.items():
+        total[flow] = total.get(flow, 0) + count
+    return total
 
 
 class FairnessSync:

@@ -19,8 +19,9 @@ neither. The time from dispatch
 to the first token (the backend's own queue and prefill) is measured per lane too, its
 mean and its 95th percentile, and a request is queued only when the wait and that
 percentile together fit its lane's `ttft_slo_s`; a streamed prompt whose own prefill,
-at the rate its deployment's prefill budget learnt, takes longer than that percentile is
-judged by its prefill instead, and may wait only what the promise leaves beyond it.
+at the fastest rate its deployments' prefill budgets learnt, takes longer than that
+percentile is judged by its prefill instead, and may wait only what the promise leaves
+beyond it.
 
 Shedding is the second line: CoDel (RFC 8289) on each lane's queue, with the lane's
 whole queue budget (the promise less the time after dispatch) as its target. A backend
@@ -187,9 +188,13 @@ class WaitPredictor:
         forecast.after_dispatch_p95_s = max(0.0, forecast.after_dispatch_p95_s + step)
 
     def budget_s(self, lane: str, ttft_slo_s: float, own_prefill_s: float = 0.0) -> float:
-        """How long a request of `lane` may wait in its queue and still meet the promise
-        (at the 95th percentile of the time after dispatch, or after its own prefill)."""
-        return max(ttft_slo_s - self._after_dispatch_s(lane, own_prefill_s), ttft_slo_s * 0.1)
+        """How long a request of `lane` may wait in its queue and still meet the promise:
+        what the 95th percentile of the time after dispatch leaves, at least a tenth of
+        the promise (a percentile swollen by a few slow first tokens must not close the
+        queue), and never more than the request's own prefill leaves, which has no
+        floor: that prefill is the least it takes, whatever the lane's percentile."""
+        usual = max(ttft_slo_s - self.lane(lane).after_dispatch_p95_s, ttft_slo_s * 0.1)
+        return max(0.0, min(usual, ttft_slo_s - own_prefill_s))
 
     def _after_dispatch_s(self, lane: str, own_prefill_s: float) -> float:
         """The lane's percentile speaks for its typical prompt; a prompt longer than most

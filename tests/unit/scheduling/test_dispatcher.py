@@ -980,21 +980,24 @@ async def test_a_prompt_that_waited_is_held_to_what_its_promise_has_left(clock):
         runner.cancel()
 
 
-PROMISED = Lane("promised", queue_size=20, max_queue_age_s=5, ttft_slo_s=1.0)
+ONE_SECOND = Lane("promised", queue_size=20, max_queue_age_s=5, ttft_slo_s=1.0)
+"""A 1 s promise: half of it, 0.5 s, for the prompts being prefilled."""
 
 
 @contextlib.asynccontextmanager
 async def full_after_a_measure(clock: FakeClock) -> AsyncIterator[Dispatcher]:
     """A dispatcher whose two slots are held after one streamed prompt measured the
     prefill: 16,000 tokens/s, its first token 0.125 s after dispatch."""
-    dispatcher = dispatcher_for([PROMISED], Pool(PoolSpec("p", 2), leases(clock)), clock)
+    dispatcher = dispatcher_for([ONE_SECOND], Pool(PoolSpec("p", 2), leases(clock)), clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
-        first = await granted(dispatcher, streamed(clock, PROMISED, 2_000))
+        first = await granted(dispatcher, streamed(clock, ONE_SECOND, 2_000))
         clock.advance(0.125)
         first.first_byte_s = clock.now()
         dispatcher.first_token(first, 0.125)
-        full = await granted(dispatcher, streamed(clock, PROMISED, 10, stream=False))
+        await settle()
+        assert dispatcher.view().targets[0].prefill_tokens_per_s == pytest.approx(16_000)
+        full = await granted(dispatcher, streamed(clock, ONE_SECOND, 10, stream=False))
         yield dispatcher
         for grant in (first, full):
             await dispatcher.release(grant)
@@ -1007,8 +1010,8 @@ async def test_a_long_prompt_waits_only_what_its_promise_leaves_beyond_its_own_p
     after dispatch leaves of a 1 s promise; a 12,000-token one needs 0.75 s alone, so it
     expires after 0.25 s: sent later, only a late answer could come of it."""
     async with full_after_a_measure(clock) as dispatcher:
-        short = asyncio.create_task(granted(dispatcher, streamed(clock, PROMISED, 1_000)))
-        long = asyncio.create_task(granted(dispatcher, streamed(clock, PROMISED, 12_000)))
+        short = asyncio.create_task(granted(dispatcher, streamed(clock, ONE_SECOND, 1_000)))
+        long = asyncio.create_task(granted(dispatcher, streamed(clock, ONE_SECOND, 12_000)))
         await settle()
         clock.advance(0.24)
         await settle()
@@ -1026,8 +1029,9 @@ async def test_a_long_prompt_waits_only_what_its_promise_leaves_beyond_its_own_p
         clock.advance(0.05)
         await settle()
         assert short.done()
-        with pytest.raises(GatewayError):
+        with pytest.raises(GatewayError) as info:
             await short
+        assert info.value.code == "expired"
 
 
 @pytest.mark.parametrize(("prompt_tokens", "queued"), [(14_000, True), (15_000, False)])
@@ -1039,7 +1043,8 @@ async def test_a_prompt_whose_wait_and_own_prefill_break_the_promise_is_refused(
     would let both queue)."""
     async with full_after_a_measure(clock) as dispatcher:
         dispatcher.predictor.gap_s = 0.1
-        waiter = asyncio.create_task(granted(dispatcher, streamed(clock, PROMISED, prompt_tokens)))
+        prompt = streamed(clock, ONE_SECOND, prompt_tokens)
+        waiter = asyncio.create_task(granted(dispatcher, prompt))
         await settle()
         assert waiter.done() is not queued
         if queued:
@@ -1048,6 +1053,21 @@ async def test_a_prompt_whose_wait_and_own_prefill_break_the_promise_is_refused(
             with pytest.raises(GatewayError) as info:
                 await waiter
             assert info.value.code == "overloaded"
+
+
+async def test_a_prompt_whose_prefill_alone_takes_the_whole_promise_is_refused_at_once(clock):
+    """17,000 tokens take more than the whole 1 s promise at 16,000 tokens/s: with the
+    pool full the prompt is refused, before any service gap is measured, rather than
+    queued to expire; 15,000 queue."""
+    async with full_after_a_measure(clock) as dispatcher:
+        assert dispatcher.predictor.gap_s is None
+        with pytest.raises(GatewayError) as info:
+            await granted(dispatcher, streamed(clock, ONE_SECOND, 17_000))
+        assert info.value.code == "overloaded"
+        waiter = asyncio.create_task(granted(dispatcher, streamed(clock, ONE_SECOND, 15_000)))
+        await settle()
+        assert not waiter.done()
+        waiter.cancel()
 
 
 async def test_without_a_promise_there_is_no_prefill_budget(clock):

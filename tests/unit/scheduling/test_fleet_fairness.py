@@ -103,19 +103,20 @@ async def test_a_flow_that_starts_waiting_is_lifted_to_the_least_counter_elsewhe
     assert policy.counters["a"] == 500.0
 
 
-async def test_within_share_counts_what_the_other_replicas_have_in_flight():
-    """`a` holds 3 here and `b` 5 on another replica, a batch of 8: judged here alone, a's
-    next request would be within its share (it looks like the only tenant); over the
-    fleet a's share is 4 with a's 3 queued behind it, so it is not. A stale view falls
-    back to this replica's own counts."""
+async def test_within_share_counts_what_the_other_replicas_hold():
+    """`a` has 3 in flight and 1 queued here, `b` holds 5 on another replica, a batch of
+    8: judged here alone, a's next request would be within its share (it looks like the
+    only tenant); over the fleet a's share is 4 with 4 of a's before it, so it is not. A
+    stale view falls back to this replica's own counts."""
     policy, sync, store, clock = make()
     policy.in_flight("a", 3)
     policy.backlogged("a")
+    policy.waiting("a", 1)
     queued = {"a": 1}.get
     assert policy.within_share("a", lambda flow: queued(flow) or 0, 8)
     store.flying = {"b": 5}
     await sync.sync_once()
-    assert store.held == {"a": 3}
+    assert store.held == {"a": 4}
     assert not policy.within_share("a", lambda flow: queued(flow) or 0, 8)
     clock.advance(3 * SYNC_S)
     assert policy.within_share("a", lambda flow: queued(flow) or 0, 8)

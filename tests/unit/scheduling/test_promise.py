@@ -126,6 +126,10 @@ def test_a_prompt_whose_own_prefill_outlasts_the_lanes_time_after_dispatch_is_ju
     assert predictor.budget_s("l", 2.0, own_prefill_s=0.2) == pytest.approx(1.5)
     assert predictor.ttft_s("l", 1.0, own_prefill_s=0.8) == pytest.approx(1.8)
     assert predictor.budget_s("l", 2.0, own_prefill_s=0.8) == pytest.approx(1.2)
+    predictor.first_token("slow", 5.0)
+    assert predictor.budget_s("slow", 2.0, own_prefill_s=1.0) == pytest.approx(0.2)
+    assert predictor.budget_s("slow", 2.0, own_prefill_s=1.9) == pytest.approx(0.1), "no floor"
+    assert predictor.budget_s("slow", 2.0, own_prefill_s=2.5) == 0.0
 
 
 def test_the_budget_leaves_room_for_the_95th_percentile_after_dispatch_not_the_mean():
