@@ -954,6 +954,17 @@ async def test_long_prompts_go_one_at_a_time_until_a_first_token_measures_the_pr
         runner.cancel()
 
 
+async def measure_prefill(dispatcher: Dispatcher, clock: FakeClock, lane: Lane) -> Attempt:
+    """Send one 2,000-token prompt and report its first token 0.125 s later: the
+    deployment's budget learns 16,000 tokens/s. The first token's attempt stays held."""
+    first = await granted(dispatcher, streamed(clock, lane, 2_000))
+    clock.advance(0.125)
+    first.first_byte_s = clock.now()
+    dispatcher.first_token(first, 0.125)
+    await settle()
+    return first
+
+
 async def test_a_prompt_that_waited_is_held_to_what_its_promise_has_left(clock):
     """Measured: 16,000 tokens/s, up to 4,000 tokens together. With 1,000 waiting, a
     fresh 1,000-token prompt goes; then, with 2,000 waiting, one that arrived 0.9 s ago,
@@ -962,10 +973,7 @@ async def test_a_prompt_that_waited_is_held_to_what_its_promise_has_left(clock):
     dispatcher = dispatcher_for([lane], Pool(PoolSpec("p", 20), leases(clock)), clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
-        first = await granted(dispatcher, streamed(clock, lane, 2_000))
-        clock.advance(0.125)
-        first.first_byte_s = clock.now()
-        dispatcher.first_token(first, 0.125)
+        first = await measure_prefill(dispatcher, clock, lane)
         waiting = await granted(dispatcher, streamed(clock, lane, 1_000))
         fresh = await granted(dispatcher, streamed(clock, lane, 1_000))
         late = streamed(clock, lane, 1_000)
@@ -991,11 +999,7 @@ async def full_after_a_measure(clock: FakeClock) -> AsyncIterator[Dispatcher]:
     dispatcher = dispatcher_for([ONE_SECOND], Pool(PoolSpec("p", 2), leases(clock)), clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
-        first = await granted(dispatcher, streamed(clock, ONE_SECOND, 2_000))
-        clock.advance(0.125)
-        first.first_byte_s = clock.now()
-        dispatcher.first_token(first, 0.125)
-        await settle()
+        first = await measure_prefill(dispatcher, clock, ONE_SECOND)
         assert dispatcher.view().targets[0].prefill_tokens_per_s == pytest.approx(16_000)
         full = await granted(dispatcher, streamed(clock, ONE_SECOND, 10, stream=False))
         yield dispatcher
