@@ -98,8 +98,13 @@ def test_quick_family_finds_capacity_and_reports_every_figure(quick_run: tuple[P
         if policy == "off":
             assert predictor is None
             assert figures["gateway_refusals"] is None
+            assert figures["gateway_queue"] is None
         else:
             assert predictor["samples"] >= 0
+            queue = figures["gateway_queue"]
+            assert queue["queued"] >= 0
+            if queue["queued"]:
+                assert fraction(queue["unserved_fraction"])
             if predictor["samples"]:
                 assert 0 <= predictor["p50_s"] <= predictor["p95_s"]
         assert figures["recovery"] is None

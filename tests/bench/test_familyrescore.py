@@ -18,6 +18,7 @@ VARIANT = family.generate(1, 0)
 DURATION_S = 8.0
 STALE = {
     "predictor": {"samples": 9.0, "p50_s": 9.0, "p95_s": 9.0, "source": "then"},
+    "gateway_queue": {"queued": 9.0, "unserved_fraction": 0.9, "source": "then"},
     "gateway_refusals": 9.0,
     "gateway_refusal_p99_ms": 9.0,
 }

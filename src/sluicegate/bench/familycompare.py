@@ -43,6 +43,7 @@ FIGURES: tuple[tuple[str, int, Callable[[Run], float | None]], ...] = (
     ("at send: refused %", 1, lambda r: _percent(r["within_share"]["refused_fraction"])),
     ("Jain above (run)", 3, lambda r: r["above_share"]["jain_served_of_share"]),
     ("Jain above (windowed)", 3, lambda r: r["above_share"]["jain_windowed"]),
+    ("queued, refused after %", 1, lambda r: _percent(familyreport.queued_unserved(r))),
 )
 """Each figure's heading, its digits, and how it is read from a run's figures."""
 

@@ -26,6 +26,17 @@ Cost = Callable[[Record], float]
 WINDOW_S = 1.0
 PREDICTOR_ERROR = "sluicegate_queue_wait_prediction_error_seconds"
 GATEWAY_REFUSALS = "sluicegate_refusal_seconds"
+QUEUE_OUTCOMES = (
+    "sluicegate_queue_dispatched",
+    "sluicegate_queue_expired",
+    "sluicegate_queue_shed",
+)
+QUEUE_SOURCE = (
+    "gateway: of the requests it queued, the share it refused after their wait (expired, "
+    "deadline_exceeded, shed) rather than dispatched, from its counters "
+    "sluicegate_queue_{dispatched,expired,shed}_total: a request the queue cannot serve in "
+    "time is better refused at once"
+)
 GATEWAY_REFUSAL_SOURCE = (
     f"gateway: arrival to refusal, from its histogram {GATEWAY_REFUSALS}, every reason but "
     "those given after a wait in a queue (expired, deadline_exceeded, shed)"
@@ -78,13 +89,26 @@ def histogram_buckets(
     return sorted(counts.items())
 
 
-GATEWAY_KEYS = ("predictor", "gateway_refusals", "gateway_refusal_p99_ms")
+def counter_totals(exposition: str, names: Sequence[str]) -> dict[str, float]:
+    """The counters `names` in a /metrics page, each summed over its label sets; a counter
+    the page does not have is left out."""
+    totals: dict[str, float] = {}
+    for metric in text_string_to_metric_families(exposition):
+        if metric.name in names:
+            totals[metric.name] = sum(
+                sample.value for sample in metric.samples if sample.name == f"{metric.name}_total"
+            )
+    return totals
+
+
+GATEWAY_KEYS = ("predictor", "gateway_queue", "gateway_refusals", "gateway_refusal_p99_ms")
 """The figures `gateway_figures` gives, as `figures` names them."""
 
 
 def gateway_figures(exposition: str) -> dict[str, object]:
-    """What the gateway measured itself: the predictor's error, and how long refusals
-    other than the queue's expiries took."""
+    """What the gateway measured itself: the predictor's error, how many of the requests
+    it queued it refused after their wait, and how long refusals other than the queue's
+    took."""
     error = histogram_buckets(exposition, PREDICTOR_ERROR)
     quantiles = histogram_quantiles(error, (50, 95))
     refusals = histogram_buckets(
@@ -97,8 +121,22 @@ def gateway_figures(exposition: str) -> dict[str, object]:
             "p95_s": quantiles["p95"],
             "source": PREDICTOR_SOURCE,
         },
+        "queue": _queue_outcomes(counter_totals(exposition, QUEUE_OUTCOMES)),
         "refusals": max((count for _, count in refusals), default=0.0),
         "refusal_p99_ms": 1000 * histogram_quantiles(refusals, (99,))["p99"],
+    }
+
+
+def _queue_outcomes(totals: Mapping[str, float]) -> dict[str, object] | None:
+    """None from a gateway that did not count its queue's dispatches apart."""
+    if len(totals) < len(QUEUE_OUTCOMES):
+        return None
+    dispatched, expired, shed = (totals[name] for name in QUEUE_OUTCOMES)
+    queued = dispatched + expired + shed
+    return {
+        "queued": queued,
+        "unserved_fraction": (expired + shed) / queued if queued else math.nan,
+        "source": QUEUE_SOURCE,
     }
 
 
@@ -218,6 +256,7 @@ def figures(
         "refusal_source": REFUSAL_SOURCE,
         **share_figures(records, basis),
         "predictor": None if gateway is None else gateway["predictor"],
+        "gateway_queue": None if gateway is None else gateway["queue"],
         "gateway_refusals": None if gateway is None else gateway["refusals"],
         "gateway_refusal_p99_ms": math.nan if gateway is None else gateway["refusal_p99_ms"],
         "recovery": None

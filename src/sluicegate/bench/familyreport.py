@@ -114,6 +114,7 @@ def worst(results: Sequence[Mapping[str, Any]], policy: str) -> dict[str, float]
         "predictor_error_p95_s": pick(
             [r["predictor"]["p95_s"] for r in runs if r["predictor"] is not None], max
         ),
+        "queued_unserved_fraction": pick([queued_unserved(r) for r in runs], max),
         "unrecovered": float(
             sum(not r["recovery"]["recovered"] for r in runs if r["recovery"] is not None)
         ),
@@ -189,6 +190,7 @@ DEFINITIONS = {
     "recovery": "from the slowdown to the end of the last 1 s window (by attempt start) whose "
     "admitted TTFT p95 broke the promise; 0 when none did",
     "predictor error": familymetrics.PREDICTOR_SOURCE,
+    "queued, refused after": familymetrics.QUEUE_SOURCE,
     "refusal p99 (gateway)": familymetrics.GATEWAY_REFUSAL_SOURCE,
 }
 
@@ -212,6 +214,7 @@ def text(doc: Mapping[str, Any]) -> str:
         "Jain above (windowed)",
         "recovery s",
         "pred. err p50/p95 s",
+        "queued, refused after %",
     ]
     rows = []
     for result in doc["variants"]:
@@ -249,6 +252,7 @@ def text(doc: Mapping[str, Any]) -> str:
                     _num(f["above_share"]["jain_windowed"], 3),
                     "-" if rec is None else _recovery(rec),
                     _predictor(f["predictor"]),
+                    _percent(queued_unserved(f)),
                 ]
             )
     for policy, w in doc["worst"].items():
@@ -276,6 +280,7 @@ def text(doc: Mapping[str, Any]) -> str:
                 _num(w["above_share_jain_windowed"], 3),
                 _num(w["recovery_s"], 0),
                 "" if policy == "off" else f"-/{_num(w['predictor_error_p95_s'], 2)}",
+                _percent(w["queued_unserved_fraction"]),
             ]
         )
     described = "\n".join(f"  {r['variant']}: {r['description']}" for r in doc["variants"])
@@ -291,6 +296,17 @@ def _recovery(found: Mapping[str, Any]) -> str:
 
 def _wait_refused(wait_ms: float, fraction: float) -> str:
     return f"{_num(wait_ms, 0)} / {_num(100 * fraction, 1)}"
+
+
+def queued_unserved(figures: Mapping[str, Any]) -> float | None:
+    """The share of a run's queued requests refused after their wait; None where the
+    gateway did not count it (policy off, or a run from before it did)."""
+    queue = figures.get("gateway_queue")
+    return None if queue is None else queue["unserved_fraction"]
+
+
+def _percent(fraction: float | None) -> str:
+    return "-" if fraction is None else _num(100 * fraction, 1)
 
 
 def _predictor(found: Mapping[str, Any] | None) -> str:

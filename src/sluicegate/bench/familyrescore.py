@@ -65,6 +65,6 @@ def _variant(result: Mapping[str, Any], folder: Path, duration_s: float) -> dict
         exposition = page.read_text() if policy == "on" and page.exists() else None
         figures = familymetrics.figures(records, basis, exposition)
         if policy == "on" and exposition is None:
-            figures |= {key: result["policy_on"][key] for key in familymetrics.GATEWAY_KEYS}
+            figures |= {key: result["policy_on"].get(key) for key in familymetrics.GATEWAY_KEYS}
         rescored[f"policy_{policy}"] = figures
     return rescored

@@ -254,6 +254,11 @@ class CapacityCollector(Collector):
         dispatched = CounterMetricFamily(
             "sluicegate_dispatched", "Attempts dispatched.", labels=labels
         )
+        dequeued = CounterMetricFamily(
+            "sluicegate_queue_dispatched",
+            "Attempts dispatched after waiting in the lane's queue (the rest went at once).",
+            labels=labels,
+        )
         expired = CounterMetricFamily(
             "sluicegate_queue_expired",
             "Queued requests dropped before dispatch (deadline or age limit).",
@@ -269,6 +274,13 @@ class CapacityCollector(Collector):
             "Learnt ratio of real to predicted queue waits (1: the predictor is right), of "
             "requests within their tenant's share and beyond it.",
             labels=[*labels, "share"],
+        )
+        tail = GaugeMetricFamily(
+            "sluicegate_queue_wait_tail",
+            "How far beyond its corrected prediction one queue wait in ten of requests "
+            "beyond their tenant's share ran lately (1: within it); the queue admits them "
+            "by the prediction times this.",
+            labels=labels,
         )
         service = GaugeMetricFamily(
             "sluicegate_tenant_service",
@@ -308,13 +320,15 @@ class CapacityCollector(Collector):
                 depth.add_metric(key, lane.queued)
                 oldest.add_metric(key, lane.oldest_age_s)
                 dispatched.add_metric(key, lane.dispatched)
+                dequeued.add_metric(key, lane.dequeued)
                 expired.add_metric(key, lane.expired)
                 shed.add_metric(key, lane.shed)
                 correction.add_metric([*key, "beyond"], lane.wait_correction)
                 correction.add_metric([*key, "within"], lane.wait_correction_within_share)
+                tail.add_metric(key, lane.wait_tail)
                 for tenant, counter in lane.service.items():
                     service.add_metric([*key, tenant], counter)
-        yield from (depth, oldest, dispatched, expired, shed, correction)
+        yield from (depth, oldest, dispatched, dequeued, expired, shed, correction, tail)
         yield from (service, yield_rate, yield_cuts, reserved, protected)
 
     def _gate_families(self) -> Iterator[Metric]:
@@ -685,6 +699,7 @@ TAKES_MAX = frozenset(
         "sluicegate_pool_concurrency_limit",
         "sluicegate_queue_oldest_age_seconds",
         "sluicegate_queue_wait_correction",
+        "sluicegate_queue_wait_tail",
         "sluicegate_reserved_slots",
         "sluicegate_tenant_service",
         "sluicegate_overload_state",
@@ -702,7 +717,7 @@ TAKES_MAX = frozenset(
 )
 """Families merged across workers by their largest value: the same setting or fleet-wide
 count seen by every worker (limits, the job store's backlog, replicas), the oldest age,
-the worst pressure and wait correction, and the one-hot states (1 for every state some
+the worst pressure, wait correction and tail, and the one-hot states (1 for every state some
 worker is in). The rest are summed: every counter and histogram, and the gauges of what
 each worker holds (attempts, queued requests, requests in flight, memory)."""
 

@@ -23,10 +23,12 @@ def snapshot(
                 "oldest_age_s": round(lane.oldest_age_s, 3),
                 "in_flight": lane.in_flight,
                 "dispatched": lane.dispatched,
+                "dequeued": lane.dequeued,
                 "expired": lane.expired,
                 "shed": lane.shed,
                 "wait_correction": round(lane.wait_correction, 3),
                 "wait_correction_within_share": round(lane.wait_correction_within_share, 3),
+                "wait_tail": round(lane.wait_tail, 3),
                 "after_dispatch_s": round(lane.after_dispatch_s, 3),
             }
             for lane in view.lanes
@@ -63,6 +65,7 @@ TAKES_MAX = frozenset(
         "service_gap_s",
         "wait_correction",
         "wait_correction_within_share",
+        "wait_tail",
         "after_dispatch_s",
         "reserved_slots",
         "prefill_tokens_per_s",
@@ -70,8 +73,8 @@ TAKES_MAX = frozenset(
     }
 )
 """Status fields merged across workers by their largest value (ages, the worst pressure,
-the slowest service and the worst correction a worker learnt); numbers are otherwise
-summed (queued, in flight, dispatched, expired, shed, answered)."""
+the slowest service and the worst correction and tail a worker learnt); numbers are otherwise
+summed (queued, in flight, dispatched, dequeued, expired, shed, answered)."""
 
 
 def whole_server(own: int, count: int, documents: Mapping[int, dict[str, Any]]) -> dict[str, Any]:

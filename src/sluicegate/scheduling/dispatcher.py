@@ -56,6 +56,8 @@ class LaneStats:
     """Counters the metrics collector reads at scrape time."""
 
     dispatched: int = 0
+    dequeued: int = 0
+    """Of those dispatched, the ones that waited in the queue first."""
     expired: int = 0
     shed: int = 0
     """Queued requests refused by the lane's shedding (CoDel on its queue)."""
@@ -70,6 +72,7 @@ class LaneView:
     oldest_age_s: float
     in_flight: int
     dispatched: int
+    dequeued: int
     expired: int
     service: Mapping[str, float]
     """Each tenant's service counter in the lane's fair order."""
@@ -79,6 +82,9 @@ class LaneView:
     1 when the predictor is right."""
     wait_correction_within_share: float
     """The same for requests within their tenant's share (they may take the reserve)."""
+    wait_tail: float
+    """How far beyond its corrected prediction one wait in ten of requests beyond their
+    share ran lately (at least 1): the queue admits them by the prediction times this."""
     after_dispatch_s: float
     """Smoothed time from dispatch to the first token of the lane's streamed requests."""
 
@@ -225,11 +231,13 @@ class Dispatcher:
                     0.0 if oldest is None else now - oldest,
                     stats.in_flight,
                     stats.dispatched,
+                    stats.dequeued,
                     stats.expired,
                     queue.fairness.service(),
                     stats.shed,
                     forecast.correction(within_share=False),
                     forecast.correction(within_share=True),
+                    forecast.tail(now),
                     forecast.after_dispatch_s,
                 )
             )
@@ -399,8 +407,9 @@ class Dispatcher:
     def _promise(self, call: Call, protected: bool) -> float | None:
         """The wait predicted for `call` if it queues, or the refusal now when its
         predicted time to first token breaks its lane's promise (its prompt's own prefill
-        may alone) or its wait outlasts the lane's age limit (it would only expire): an
-        honest 'not now' beats a late answer.
+        may alone) or its wait outlasts the lane's age limit (it would only expire),
+        beyond its tenant's share at the wait's tail (`WaitPredictor.admitted_wait_s`):
+        an honest 'not now' beats a late answer.
         No Retry-After: when capacity comes back is not known."""
         lane = call.lane
         predictor = self.predictor
@@ -427,16 +436,17 @@ class Dispatcher:
                     f"of its service yet to promise {promise:g}s on; retry later"
                 )
             return None
-        ttft_s = predictor.ttft_s(lane.name, wait, own_s)
+        admitted_s = predictor.admitted_wait_s(lane.name, wait, protected, self.clock.now())
+        ttft_s = predictor.ttft_s(lane.name, admitted_s, own_s)
         if promise is not None and ttft_s > promise:
             raise Refusal.OVERLOADED.error(
                 f"the {lane.name} lane's predicted time to first token "
                 f"({ttft_s:.1f}s) exceeds its {promise:g}s "
                 "promise; retry later"
             )
-        if wait > lane.max_queue_age_s:
+        if admitted_s > lane.max_queue_age_s:
             raise Refusal.OVERLOADED.error(
-                f"the {lane.name} lane's predicted wait ({wait:.1f}s) exceeds its "
+                f"the {lane.name} lane's predicted wait ({admitted_s:.1f}s) exceeds its "
                 f"{lane.max_queue_age_s:g}s limit; retry later"
             )
         return wait
@@ -549,9 +559,8 @@ class Dispatcher:
     def _unserved(self, waiter: Waiter, now: float) -> None:
         """`waiter` leaves its queue unserved: its wait so far is evidence too."""
         if waiter.predicted_s is not None:
-            self.predictor.unserved(
-                waiter.lane.name, waiter.protected, waiter.predicted_s, now - waiter.enqueued_s
-            )
+            lane, waited_s = waiter.lane.name, now - waiter.enqueued_s
+            self.predictor.unserved(lane, waiter.protected, waiter.predicted_s, waited_s, now)
 
     async def _pump(self) -> None:
         """Dispatch queued requests until nothing more can go."""
@@ -576,12 +585,14 @@ class Dispatcher:
                 if not queue.remove(waiter) or waiter.future.done():
                     await self.release(attempt)
                 else:
-                    wait_s = self.clock.now() - waiter.enqueued_s
+                    now = self.clock.now()
+                    wait_s = now - waiter.enqueued_s
                     if waiter.predicted_s is not None:
                         self.predictor.waited(
-                            lane.name, waiter.protected, waiter.predicted_s, wait_s
+                            lane.name, waiter.protected, waiter.predicted_s, wait_s, now
                         )
                     self._dispatched(attempt, wait_s, waiter.predicted_s, since_s)
+                    self.stats[lane.name].dequeued += 1
                     waiter.future.set_result(None)
                 break
             else:

@@ -12,7 +12,14 @@ admitted on; the ratio, smoothed in log space and bounded, corrects later predic
 so an estimate that is wrong in one direction cannot stay wrong. A request that leaves
 the queue unserved (expired, shed) after waiting longer than predicted counts too, its
 wait so far as the real one: learning from the served alone, a predictor whose
-requests all expire would never see it was wrong. Requests within their tenant's share
+requests all expire would never see it was wrong. The correction centres the
+prediction; a request beyond its tenant's share is admitted by the tail: the 90th
+percentile of real over corrected predicted waits of such requests, an unserved one
+counted beyond it. A queue whose waits scatter (some served at once, others left to
+expire) takes of them only what nine in ten would be served in time for, and refuses
+the rest at once instead of after a wait. A request within its share is promised its
+place and admitted by the centre: a tail of its own would move refusals onto the
+tenants the share protects. Requests within their tenant's share
 and beyond it are corrected apart: the first may take the slots kept free for them
 (`reserve`), the others wait for what those leave, and one ratio for both would fit
 neither. The time from dispatch
@@ -41,6 +48,17 @@ CORRECTION_SMOOTHING = 0.1
 """Weight of the newest real-over-predicted wait ratio (in log space)."""
 MAX_CORRECTION = 8.0
 """The correction stays within [1/8, 8]: one odd wait cannot make the predictor absurd."""
+TAIL_QUANTILE = 0.9
+"""A queue admits a request beyond its share when nine in ten of such recent waits,
+scaled to this request's prediction, would fit what it may wait."""
+TAIL_STEP = 0.2
+"""Each wait moves the tail's log by this, up by the quantile's weight when the wait ran
+beyond it and down by the rest when not: a run of unserved requests lifts it within a
+few, and a hundred served on time bring it back from its bound to the prediction."""
+TAIL_HALF_LIFE_S = 10.0
+"""Between waits the tail's log halves in this time. A tail lifted high admits few
+requests beyond their share, so few waits come to bring it down: without forgetting,
+an overload long over would keep refusing requests a short queue could serve."""
 SOONEST_S = 0.005
 """Waits below this are noise for the ratio (a request dispatched on the next turn)."""
 AFTER_DISPATCH_SMOOTHING = 0.2
@@ -72,12 +90,42 @@ class LaneForecast:
 
     log_corrections: list[float] = field(default_factory=lambda: [0.0, 0.0])
     """Learnt log ratios of real over predicted waits, beyond (0) and within (1) share."""
+    log_tail: float = 0.0
+    """The `TAIL_QUANTILE` of those log ratios beyond share, never below 0, as at
+    `tail_at_s`."""
+    tail_at_s: float = 0.0
     after_dispatch_s: float = 0.0
     after_dispatch_p95_s: float = 0.0
     flows: dict[str, FlowPace] = field(default_factory=dict)
 
     def correction(self, within_share: bool) -> float:
         return math.exp(self.log_corrections[within_share])
+
+    def tail(self, now: float) -> float:
+        return math.exp(self._log_tail(now))
+
+    def _log_tail(self, now: float) -> float:
+        return self.log_tail * 0.5 ** (max(0.0, now - self.tail_at_s) / TAIL_HALF_LIFE_S)
+
+    def learn(self, within_share: bool, log_ratio: float, served: bool, now: float) -> None:
+        """One queued request's real wait over its prediction (`log_ratio`). An unserved
+        one's real wait is unknown beyond `log_ratio`: it moves the correction only when
+        it waited longer than predicted, and counts beyond the tail whatever it waited,
+        as queueing it served nobody."""
+        log_ratio = _bounded(log_ratio)
+        if served or log_ratio > 0:
+            corrections = self.log_corrections
+            learnt = corrections[within_share] + CORRECTION_SMOOTHING * log_ratio
+            corrections[within_share] = _bounded(learnt)
+        if within_share:
+            return
+        tail = self._log_tail(now)
+        if not served or log_ratio > tail:
+            tail += TAIL_STEP * TAIL_QUANTILE
+        else:
+            tail -= TAIL_STEP * (1.0 - TAIL_QUANTILE)
+        self.log_tail = min(max(tail, 0.0), math.log(MAX_CORRECTION))
+        self.tail_at_s = now
 
 
 class WaitPredictor:
@@ -153,25 +201,29 @@ class WaitPredictor:
             wait = max(wait, (mine + 1) * max(pace.gap_s, now - pace.last_dispatch_s))
         return wait * forecast.correction(within_share)
 
+    def admitted_wait_s(self, lane: str, wait_s: float, within_share: bool, now: float) -> float:
+        """The wait a queue is admitted to by: `wait_s` itself within share, at the
+        lane's tail beyond it."""
+        return wait_s if within_share else wait_s * self.lane(lane).tail(now)
+
     def ttft_s(self, lane: str, wait_s: float, own_prefill_s: float = 0.0) -> float:
         """The time to first token of a request that waits `wait_s`, as the promise reads
         it: with the 95th percentile of the time after dispatch, or the request's own
         prefill (`own_prefill_s`) when that is longer."""
         return wait_s + self._after_dispatch_s(lane, own_prefill_s)
 
-    def waited(self, lane: str, within_share: bool, predicted_s: float, real_s: float) -> None:
-        """A queued request was dispatched: learn how far off its prediction was."""
-        corrections = self.lane(lane).log_corrections
-        step = math.log(max(real_s, SOONEST_S) / max(predicted_s, SOONEST_S))
-        learnt = corrections[within_share] + CORRECTION_SMOOTHING * _bounded(step)
-        corrections[within_share] = _bounded(learnt)
+    def waited(
+        self, lane: str, within_share: bool, predicted_s: float, real_s: float, now: float
+    ) -> None:
+        """A queued request was dispatched at `now`: learn how far off its prediction was."""
+        self.lane(lane).learn(within_share, _log_ratio(real_s, predicted_s), True, now)
 
-    def unserved(self, lane: str, within_share: bool, predicted_s: float, waited_s: float) -> None:
-        """A queued request left unserved after `waited_s`: its real wait was longer, so
-        a prediction it outlasted was too short by at least that much; one it did not
-        outlast says nothing."""
-        if waited_s > predicted_s:
-            self.waited(lane, within_share, predicted_s, waited_s)
+    def unserved(
+        self, lane: str, within_share: bool, predicted_s: float, waited_s: float, now: float
+    ) -> None:
+        """A queued request left unserved at `now` after `waited_s`: its real wait was
+        longer, so a prediction it outlasted was too short by at least that much."""
+        self.lane(lane).learn(within_share, _log_ratio(waited_s, predicted_s), False, now)
 
     def first_token(self, lane: str, after_dispatch_s: float) -> None:
         """A streamed request's first token came `after_dispatch_s` after its dispatch."""
@@ -200,6 +252,10 @@ class WaitPredictor:
         """The lane's percentile speaks for its typical prompt; a prompt longer than most
         takes at least its own prefill, however the lane's others fare."""
         return max(self.lane(lane).after_dispatch_p95_s, own_prefill_s)
+
+
+def _log_ratio(real_s: float, predicted_s: float) -> float:
+    return math.log(max(real_s, SOONEST_S) / max(predicted_s, SOONEST_S))
 
 
 def _bounded(log_ratio: float) -> float:

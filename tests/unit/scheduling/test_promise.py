@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 
 import pytest
@@ -16,6 +17,9 @@ from sluicegate.scheduling.fairness import RoundRobin, VirtualTokenCounter
 from sluicegate.scheduling.promise import (
     CORRECTION_SMOOTHING,
     MAX_CORRECTION,
+    TAIL_HALF_LIFE_S,
+    TAIL_QUANTILE,
+    TAIL_STEP,
     Shedder,
     WaitPredictor,
 )
@@ -59,10 +63,10 @@ def test_predictions_that_were_too_short_are_corrected_and_the_correction_is_bou
     for now in (0.0, 1.0):
         predictor.dispatched(now, from_queue=True, still_queued=True)
     for _ in range(200):
-        predictor.waited("l", False, predictor.wait_s("l", "t", 0, 0, 1.0), real_s=2.0)
+        predictor.waited("l", False, predictor.wait_s("l", "t", 0, 0, 1.0), 2.0, 1.0)
     assert predictor.lane("l").correction(within_share=False) == pytest.approx(2.0, rel=0.01)
     for _ in range(200):
-        predictor.waited("l", False, predictor.wait_s("l", "t", 0, 0, 1.0), real_s=1000.0)
+        predictor.waited("l", False, predictor.wait_s("l", "t", 0, 0, 1.0), 1000.0, 1.0)
     assert predictor.lane("l").correction(within_share=False) == pytest.approx(MAX_CORRECTION)
 
 
@@ -73,10 +77,10 @@ def test_a_correction_follows_the_backend_back_when_it_speeds_up():
     for now in (0.0, 1.0):
         predictor.dispatched(now, from_queue=True, still_queued=True)
     for _ in range(100):
-        predictor.waited("l", False, predictor.wait_s("l", "t", 0, 0, 1.0), 3.0)
+        predictor.waited("l", False, predictor.wait_s("l", "t", 0, 0, 1.0), 3.0, 1.0)
     assert predictor.wait_s("l", "t", 0, 0, 1.0) == pytest.approx(3.0, rel=0.05)
     for _ in range(100):
-        predictor.waited("l", False, predictor.wait_s("l", "t", 0, 0, 1.0), 1.0)
+        predictor.waited("l", False, predictor.wait_s("l", "t", 0, 0, 1.0), 1.0, 1.0)
     assert predictor.wait_s("l", "t", 0, 0, 1.0) == pytest.approx(1.0, rel=0.05)
 
 
@@ -88,10 +92,10 @@ def test_requests_that_leave_unserved_after_outlasting_their_prediction_correct_
     for now in (0.0, 0.5):
         predictor.dispatched(now, from_queue=True, still_queued=True)
     for _ in range(5):
-        predictor.unserved("l", False, predictor.wait_s("l", "t", 0, 0, 0.5), waited_s=0.4)
+        predictor.unserved("l", False, predictor.wait_s("l", "t", 0, 0, 0.5), 0.4, 0.5)
     assert predictor.lane("l").correction(within_share=False) == 1.0
     for _ in range(200):
-        predictor.unserved("l", False, predictor.wait_s("l", "t", 0, 0, 0.5), waited_s=1.5)
+        predictor.unserved("l", False, predictor.wait_s("l", "t", 0, 0, 0.5), 1.5, 0.5)
     assert predictor.wait_s("l", "t", 0, 0, 0.5) == pytest.approx(1.5, rel=0.05)
 
 
@@ -103,11 +107,73 @@ def test_waits_within_and_beyond_share_are_corrected_apart():
         predictor.dispatched(now, from_queue=True, still_queued=True)
     for _ in range(200):
         beyond = predictor.wait_s("l", "t", 0, 0, 0.5, within_share=False)
-        predictor.waited("l", False, beyond, 2.0)
+        predictor.waited("l", False, beyond, 2.0, 0.5)
         within = predictor.wait_s("l", "t", 0, 0, 0.5, within_share=True)
-        predictor.waited("l", True, within, 0.25)
+        predictor.waited("l", True, within, 0.25, 0.5)
     assert predictor.wait_s("l", "t", 0, 0, 0.5, within_share=False) == pytest.approx(2.0, rel=0.05)
     assert predictor.wait_s("l", "t", 0, 0, 0.5, within_share=True) == pytest.approx(0.25, rel=0.05)
+
+
+def scattered_waits(predictor: WaitPredictor, late_every: int, count: int = 400) -> None:
+    """Queued requests served at half their prediction, but one in `late_every` at 4x."""
+    for i in range(count):
+        predicted = predictor.wait_s("l", "t", 0, 0, 1.0)
+        real = predicted * (4.0 if i % late_every == 0 else 0.5)
+        predictor.waited("l", False, predicted, real, 1.0)
+
+
+def tail(predictor: WaitPredictor, now: float = 1.0) -> float:
+    return predictor.admitted_wait_s("l", 1.0, False, now)
+
+
+@pytest.mark.parametrize(("late_every", "low", "high"), [(5, 3.4, 5.0), (20, 1.0, 1.25)])
+def test_a_queue_is_admitted_to_by_the_90th_percentile_of_its_waits(late_every, low, high):
+    """One wait in five at 4x its prediction (the rest at half): nine in ten fit only 4x
+    the prediction, and the tail settles there, whatever the correction does to the
+    centre. One in twenty: nine in ten fit the prediction, and the tail stays near it."""
+    predictor = WaitPredictor()
+    for now in (0.0, 1.0):
+        predictor.dispatched(now, from_queue=True, still_queued=True)
+    scattered_waits(predictor, late_every)
+    assert low <= tail(predictor) <= high
+
+
+def test_unserved_requests_lift_the_tail_and_requests_served_in_time_bring_it_down():
+    """Three requests beyond their share expire after 3x their prediction, and one is
+    shed before its predicted wait: queueing them served nobody, so each lifts the tail
+    a step. Requests within their share are admitted by the centre, whatever theirs do.
+    Served on time, the tail comes back down to the prediction itself, never below: the
+    centre is the correction's to move."""
+    predictor = WaitPredictor()
+    for now in (0.0, 1.0):
+        predictor.dispatched(now, from_queue=True, still_queued=True)
+    for waited_s in (3.0, 3.0, 3.0, 0.2):
+        predictor.unserved("l", False, predictor.wait_s("l", "t", 0, 0, 1.0), waited_s, 1.0)
+        predictor.unserved("l", True, predictor.wait_s("l", "t", 0, 0, 1.0), waited_s, 1.0)
+    assert tail(predictor) == pytest.approx(math.exp(4 * TAIL_STEP * TAIL_QUANTILE))
+    assert predictor.admitted_wait_s("l", 1.0, True, 1.0) == 1.0
+    for _ in range(200):
+        predicted = predictor.wait_s("l", "t", 0, 0, 1.0)
+        predictor.waited("l", False, predicted, predicted * 0.1, 1.0)
+    assert tail(predictor) == 1.0
+
+
+def test_a_tail_nothing_brings_down_is_forgotten():
+    """Lifted to its bound by requests left unserved, then no queued request for a
+    while (a lifted tail admits few): its log halves every `TAIL_HALF_LIFE_S`, so an
+    overload long over does not keep refusing what a short queue could serve."""
+    predictor = WaitPredictor()
+    for now in (0.0, 1.0):
+        predictor.dispatched(now, from_queue=True, still_queued=True)
+    for _ in range(20):
+        predictor.unserved("l", False, predictor.wait_s("l", "t", 0, 0, 1.0), 3.0, 1.0)
+    assert tail(predictor) == pytest.approx(MAX_CORRECTION)
+    later = 1.0 + 2 * TAIL_HALF_LIFE_S
+    assert tail(predictor, later) == pytest.approx(MAX_CORRECTION**0.25)
+    predicted = predictor.wait_s("l", "t", 0, 0, later)
+    predictor.unserved("l", False, predicted, 3.0, later)
+    lifted = MAX_CORRECTION**0.25 * math.exp(TAIL_STEP * TAIL_QUANTILE)
+    assert tail(predictor, later) == pytest.approx(lifted), "learning starts from the forgotten"
 
 
 def test_the_time_after_dispatch_shortens_the_queue_budget():
@@ -390,6 +456,50 @@ async def test_a_request_that_leaves_unserved_corrects_its_class_of_predictions(
         await dispatcher.release(holder)
     finally:
         runner.cancel()
+
+
+async def test_after_requests_expire_the_queue_refuses_at_once_what_only_its_centre_admits(
+    clock,
+):
+    """On a 0.5 s gap behind a holder that never ends, two requests queue on 0.5 s and
+    ~0.57 s predictions and expire at the 2 s budget. Their waits lift the correction
+    (to ~1.3) and the tail (to ~1.4). A third newcomer behind two queued requests is
+    predicted ~1.95 s: inside the 2 s promise at the centre, beyond it at the tail, so it
+    is refused at once rather than left to expire."""
+    pool = Pool(PoolSpec("p", 1), leases(clock))
+    dispatcher = dispatcher_for([PROMISED], pool, clock)
+    holder = await granted(dispatcher, attempt(clock, lane=PROMISED))
+    dispatcher.predictor.gap_s = 0.5
+    for _ in range(2):
+        waiter = asyncio.create_task(granted(dispatcher, attempt(clock, lane=PROMISED)))
+        await settle()
+        clock.advance(2.0)
+        await settle()
+        error = waiter.exception()
+        assert isinstance(error, GatewayError)
+        assert error.code == "expired"
+    queued = [
+        asyncio.create_task(granted(dispatcher, attempt(clock, lane=PROMISED))) for _ in range(2)
+    ]
+    await settle()
+    assert not any(task.done() for task in queued)
+    predictor = dispatcher.predictor
+    centre = predictor.wait_s("promised", "a", 2, 2, clock.now())
+    assert centre is not None
+    assert 1.9 < centre < 2.0
+    newcomer = asyncio.create_task(granted(dispatcher, attempt(clock, lane=PROMISED)))
+    await settle()
+    assert newcomer.done(), "admitted to a queue that would let it expire"
+    error = newcomer.exception()
+    assert isinstance(error, GatewayError)
+    assert (error.code, error.retry_after_s) == ("overloaded", None)
+    first_forgotten = 0.5 ** (2.0 / TAIL_HALF_LIFE_S)
+    assert dispatcher.view().lanes[0].wait_tail == pytest.approx(
+        math.exp(TAIL_STEP * TAIL_QUANTILE * (1 + first_forgotten))
+    )
+    for task in queued:
+        task.cancel()
+    await dispatcher.release(holder)
 
 
 async def heavy_holds_both(dispatcher: Dispatcher, clock: FakeClock) -> list[Attempt]:
