@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Mapping
 
@@ -12,19 +11,8 @@ from sluicegate.bench import capacity, familymetrics
 from sluicegate.bench.client import queue_from_server_timing
 from sluicegate.bench.records import Attempt, Record
 from sluicegate.bench.scenario import Slo
-from sluicegate.capacity.pools import Pool
-from sluicegate.core.types import PoolSpec
 from sluicegate.observability.metrics import GatewayMetrics
 from sluicegate.sim.engine import EngineSettings
-from tests.support.clock import FakeClock
-from tests.unit.scheduling.test_dispatcher import (
-    INTERACTIVE,
-    attempt,
-    dispatcher_for,
-    granted,
-    leases,
-    settle,
-)
 
 LANES = {"interactive": Slo(ttft_s=2.0)}
 
@@ -206,32 +194,25 @@ def test_the_gateways_own_figures_are_read_from_its_metrics_page() -> None:
     assert 0.1 <= predictor["p95_s"] <= 0.25
 
 
-async def test_the_share_of_queued_requests_refused_after_their_wait_is_the_gateways_count():
-    """A real dispatcher on a fake clock: of three queued requests one is dispatched when
-    the holder ends and two expire at the lane's 5 s age limit; the one sent at once
-    never queued. A page without the count (an older gateway) gives no figure."""
-    clock = FakeClock()
-    dispatcher = dispatcher_for([INTERACTIVE], Pool(PoolSpec("p", 1), leases(clock)), clock)
-    runner = asyncio.create_task(dispatcher.run())
-    try:
-        holder = await granted(dispatcher, attempt(clock))
-        queued = [asyncio.create_task(granted(dispatcher, attempt(clock))) for _ in range(3)]
-        await settle()
-        await dispatcher.release(holder)
-        await settle()
-        clock.advance(5.0)
-        await settle()
-        assert [task.exception() is None for task in queued] == [True, False, False]
-        metrics = GatewayMetrics()
-        metrics.watch([], [dispatcher], {})
-        page = metrics.exposition().decode()
-        found = familymetrics.gateway_figures(page)["queue"]
-        assert (found["queued"], found["unserved_fraction"]) == (3, pytest.approx(2 / 3))
-        older = page.replace("sluicegate_queue_dispatched", "sluicegate_other")
-        assert familymetrics.gateway_figures(older)["queue"] is None
-        await dispatcher.release(queued[0].result())
-    finally:
-        runner.cancel()
+QUEUE_PAGE = """\
+# TYPE sluicegate_queue_dispatched_total counter
+sluicegate_queue_dispatched_total{lane="interactive",model="m"} 5.0
+sluicegate_queue_dispatched_total{lane="batch",model="m"} 1.0
+# TYPE sluicegate_queue_expired_total counter
+sluicegate_queue_expired_total{lane="interactive",model="m"} 2.0
+sluicegate_queue_expired_total{lane="batch",model="m"} 0.0
+# TYPE sluicegate_queue_shed_total counter
+sluicegate_queue_shed_total{lane="interactive",model="m"} 2.0
+"""
+
+
+def test_the_share_of_queued_requests_refused_after_their_wait_is_the_gateways_count():
+    """Ten queued over the lanes, four of them expired or shed. A page without the
+    count of dispatches from a queue (an older gateway's) gives no figure."""
+    found = familymetrics.gateway_figures(QUEUE_PAGE)["queue"]
+    assert (found["queued"], found["unserved_fraction"]) == (10, pytest.approx(0.4))
+    older = QUEUE_PAGE.replace("sluicegate_queue_dispatched", "sluicegate_other")
+    assert familymetrics.gateway_figures(older)["queue"] is None
 
 
 def test_a_burst_given_its_window_share_scores_one_below_share_on_average() -> None:

@@ -3,6 +3,7 @@ directly from its records."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import yaml
 from sluicegate.bench import family, familymetrics, familyreport, familyrescore, report, runreport
 from sluicegate.bench.records import Attempt, Record
 from sluicegate.observability.metrics import GatewayMetrics
+from tests.bench.test_familymetrics import QUEUE_PAGE
 
 VARIANT = family.generate(1, 0)
 DURATION_S = 8.0
@@ -44,10 +46,10 @@ def exposition() -> str:
     metrics = GatewayMetrics()
     metrics.refused("chat", "overloaded", 503, 0.0008)
     metrics.queue_waited("m", family.LANE, 0.3, 0.2)
-    return metrics.exposition().decode()
+    return metrics.exposition().decode() + QUEUE_PAGE
 
 
-def fabricate(out: Path, page: bool) -> dict[str, Any]:
+def fabricate(out: Path, page: bool, stale: Mapping[str, Any] = STALE) -> dict[str, Any]:
     """A finished run's folder whose family.json holds stale figures; the fresh ones."""
     folder = out / VARIANT.name
     scenario = family.scenario(VARIANT, 2.0, 1.0, DURATION_S, 20.0)
@@ -69,7 +71,7 @@ def fabricate(out: Path, page: bool) -> dict[str, Any]:
             (run / familyreport.GATEWAY_METRICS).write_text(exposition())
         gateway = exposition() if policy == "on" else None
         fresh[policy] = familymetrics.figures(records(policy), basis, gateway)
-        result[f"policy_{policy}"] = {"stale": True, **(STALE if policy == "on" else {})}
+        result[f"policy_{policy}"] = {"stale": True, **(stale if policy == "on" else {})}
     setup = {"seed": 1, "first": 0, "variants": 1, "duration_s": DURATION_S}
     old = {"config": setup, "created_utc": "then", "machine": {}, "variants": [result]}
     report.write_json(out / "family.json", old)
@@ -90,6 +92,7 @@ def test_a_rescore_recomputes_every_figure_from_the_runs_files(tmp_path: Path) -
     assert variant["policy_on"] == json_of(fresh["on"])
     assert variant["policy_off"] == json_of(fresh["off"])
     assert variant["policy_on"]["predictor"]["samples"] == 1, "read from the saved page"
+    assert variant["policy_on"]["gateway_queue"]["queued"] == 10, "read from the saved page"
     assert doc["created_utc"] == "then"
     assert doc["worst"]["on"]["above_share_jain_windowed"] == json_of(
         fresh["on"]["above_share"]["jain_windowed"]
@@ -104,6 +107,24 @@ def test_without_the_gateways_page_a_rescore_keeps_the_gateways_figures(tmp_path
     (variant,) = orjson.loads((tmp_path / "family.json").read_bytes())["variants"]
     assert {key: variant["policy_on"][key] for key in familymetrics.GATEWAY_KEYS} == STALE
     assert variant["policy_on"]["within_share"] == json_of(fresh["on"]["within_share"])
+
+
+def test_a_document_from_before_the_queue_was_counted_keeps_no_figure_for_it(
+    tmp_path: Path,
+) -> None:
+    older = {key: value for key, value in STALE.items() if key != "gateway_queue"}
+    fabricate(tmp_path, page=False, stale=older)
+    assert familyrescore.rescore(tmp_path) == 0
+    doc = orjson.loads((tmp_path / "family.json").read_bytes())
+    (variant,) = doc["variants"]
+    assert variant["policy_on"]["gateway_queue"] is None
+    assert variant["policy_on"]["predictor"] == STALE["predictor"]
+    assert doc["worst"]["on"]["queued_unserved_fraction"] is None, "NaN, read back as null"
+
+
+def test_a_document_missing_an_older_gateway_figure_is_not_rescored(tmp_path: Path) -> None:
+    fabricate(tmp_path, page=False, stale={"gateway_queue": STALE["gateway_queue"]})
+    assert familyrescore.rescore(tmp_path) == 1
 
 
 def test_a_run_older_than_the_full_request_lines_is_not_rescored(

@@ -35,7 +35,9 @@ QUEUE_SOURCE = (
     "gateway: of the requests it queued, the share it refused after their wait (expired, "
     "deadline_exceeded, shed) rather than dispatched, from its counters "
     "sluicegate_queue_{dispatched,expired,shed}_total: a request the queue cannot serve in "
-    "time is better refused at once"
+    "time is better refused at once; requests whose callers left, and those answered "
+    "from the queue when every deployment named a time past their wait (an open "
+    "circuit), are in neither part"
 )
 GATEWAY_REFUSAL_SOURCE = (
     f"gateway: arrival to refusal, from its histogram {GATEWAY_REFUSALS}, every reason but "

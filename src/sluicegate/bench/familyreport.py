@@ -252,7 +252,7 @@ def text(doc: Mapping[str, Any]) -> str:
                     _num(f["above_share"]["jain_windowed"], 3),
                     "-" if rec is None else _recovery(rec),
                     _predictor(f["predictor"]),
-                    _percent(queued_unserved(f)),
+                    _percent_text(queued_unserved(f)),
                 ]
             )
     for policy, w in doc["worst"].items():
@@ -280,7 +280,7 @@ def text(doc: Mapping[str, Any]) -> str:
                 _num(w["above_share_jain_windowed"], 3),
                 _num(w["recovery_s"], 0),
                 "" if policy == "off" else f"-/{_num(w['predictor_error_p95_s'], 2)}",
-                _percent(w["queued_unserved_fraction"]),
+                _percent_text(w["queued_unserved_fraction"]),
             ]
         )
     described = "\n".join(f"  {r['variant']}: {r['description']}" for r in doc["variants"])
@@ -305,7 +305,7 @@ def queued_unserved(figures: Mapping[str, Any]) -> float | None:
     return None if queue is None else queue["unserved_fraction"]
 
 
-def _percent(fraction: float | None) -> str:
+def _percent_text(fraction: float | None) -> str:
     return "-" if fraction is None else _num(100 * fraction, 1)
 
 

@@ -254,7 +254,7 @@ class CapacityCollector(Collector):
         dispatched = CounterMetricFamily(
             "sluicegate_dispatched", "Attempts dispatched.", labels=labels
         )
-        dequeued = CounterMetricFamily(
+        queue_dispatched = CounterMetricFamily(
             "sluicegate_queue_dispatched",
             "Attempts dispatched after waiting in the lane's queue (the rest went at once).",
             labels=labels,
@@ -277,9 +277,10 @@ class CapacityCollector(Collector):
         )
         tail = GaugeMetricFamily(
             "sluicegate_queue_wait_tail",
-            "How far beyond its corrected prediction one queue wait in ten of requests "
-            "beyond their tenant's share ran lately (1: within it); the queue admits them "
-            "by the prediction times this.",
+            "How far beyond its corrected prediction one queued wait in ten of requests "
+            "beyond their tenant's share ran lately, or went unserved (1: within it); a "
+            "lane with a promise admits them by the prediction times this. Forgotten "
+            "after a silence.",
             labels=labels,
         )
         service = GaugeMetricFamily(
@@ -320,7 +321,7 @@ class CapacityCollector(Collector):
                 depth.add_metric(key, lane.queued)
                 oldest.add_metric(key, lane.oldest_age_s)
                 dispatched.add_metric(key, lane.dispatched)
-                dequeued.add_metric(key, lane.dequeued)
+                queue_dispatched.add_metric(key, lane.queue_dispatched)
                 expired.add_metric(key, lane.expired)
                 shed.add_metric(key, lane.shed)
                 correction.add_metric([*key, "beyond"], lane.wait_correction)
@@ -328,7 +329,7 @@ class CapacityCollector(Collector):
                 tail.add_metric(key, lane.wait_tail)
                 for tenant, counter in lane.service.items():
                     service.add_metric([*key, tenant], counter)
-        yield from (depth, oldest, dispatched, dequeued, expired, shed, correction, tail)
+        yield from (depth, oldest, dispatched, queue_dispatched, expired, shed, correction, tail)
         yield from (service, yield_rate, yield_cuts, reserved, protected)
 
     def _gate_families(self) -> Iterator[Metric]:

@@ -23,7 +23,7 @@ def snapshot(
                 "oldest_age_s": round(lane.oldest_age_s, 3),
                 "in_flight": lane.in_flight,
                 "dispatched": lane.dispatched,
-                "dequeued": lane.dequeued,
+                "queue_dispatched": lane.queue_dispatched,
                 "expired": lane.expired,
                 "shed": lane.shed,
                 "wait_correction": round(lane.wait_correction, 3),
@@ -74,7 +74,7 @@ TAKES_MAX = frozenset(
 )
 """Status fields merged across workers by their largest value (ages, the worst pressure,
 the slowest service and the worst correction and tail a worker learnt); numbers are otherwise
-summed (queued, in flight, dispatched, dequeued, expired, shed, answered)."""
+summed (queued, in flight, dispatched, queue_dispatched, expired, shed, answered)."""
 
 
 def whole_server(own: int, count: int, documents: Mapping[int, dict[str, Any]]) -> dict[str, Any]:

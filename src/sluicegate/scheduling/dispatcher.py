@@ -36,7 +36,7 @@ from sluicegate.scheduling.attempt import Attempt, Target
 from sluicegate.scheduling.checks import DispatchCheck, NotNow, default_checks
 from sluicegate.scheduling.demand import HORIZON_S, EngineUnit, RecentWork
 from sluicegate.scheduling.fairness import FairnessPolicy
-from sluicegate.scheduling.promise import Shedder, WaitPredictor
+from sluicegate.scheduling.promise import QueueExit, Shedder, WaitPredictor
 from sluicegate.scheduling.queues import LaneQueue, Place, Waiter
 from sluicegate.scheduling.reserve import GONE_AFTER_S, MOST_OF_BATCH, Reserve
 from sluicegate.scheduling.yielding import Yielding
@@ -56,7 +56,7 @@ class LaneStats:
     """Counters the metrics collector reads at scrape time."""
 
     dispatched: int = 0
-    dequeued: int = 0
+    queue_dispatched: int = 0
     """Of those dispatched, the ones that waited in the queue first."""
     expired: int = 0
     shed: int = 0
@@ -72,7 +72,7 @@ class LaneView:
     oldest_age_s: float
     in_flight: int
     dispatched: int
-    dequeued: int
+    queue_dispatched: int
     expired: int
     service: Mapping[str, float]
     """Each tenant's service counter in the lane's fair order."""
@@ -84,7 +84,8 @@ class LaneView:
     """The same for requests within their tenant's share (they may take the reserve)."""
     wait_tail: float
     """How far beyond its corrected prediction one wait in ten of requests beyond their
-    share ran lately (at least 1): the queue admits them by the prediction times this."""
+    share ran lately, or went unserved (at least 1; forgotten after a silence): a lane
+    with a promise admits them by the prediction times this."""
     after_dispatch_s: float
     """Smoothed time from dispatch to the first token of the lane's streamed requests."""
 
@@ -226,19 +227,19 @@ class Dispatcher:
             forecast = self.predictor.lane(lane.name)
             lanes.append(
                 LaneView(
-                    lane.name,
-                    queue.size,
-                    0.0 if oldest is None else now - oldest,
-                    stats.in_flight,
-                    stats.dispatched,
-                    stats.dequeued,
-                    stats.expired,
-                    queue.fairness.service(),
-                    stats.shed,
-                    forecast.correction(within_share=False),
-                    forecast.correction(within_share=True),
-                    forecast.tail(now),
-                    forecast.after_dispatch_s,
+                    name=lane.name,
+                    queued=queue.size,
+                    oldest_age_s=0.0 if oldest is None else now - oldest,
+                    in_flight=stats.in_flight,
+                    dispatched=stats.dispatched,
+                    queue_dispatched=stats.queue_dispatched,
+                    expired=stats.expired,
+                    service=queue.fairness.service(),
+                    shed=stats.shed,
+                    wait_correction=forecast.correction(within_share=False),
+                    wait_correction_within_share=forecast.correction(within_share=True),
+                    wait_tail=forecast.tail(now),
+                    after_dispatch_s=forecast.after_dispatch_s,
                 )
             )
         targets = tuple(self._target_view(target) for target in self.targets)
@@ -407,21 +408,16 @@ class Dispatcher:
     def _promise(self, call: Call, protected: bool) -> float | None:
         """The wait predicted for `call` if it queues, or the refusal now when its
         predicted time to first token breaks its lane's promise (its prompt's own prefill
-        may alone) or its wait outlasts the lane's age limit (it would only expire),
-        beyond its tenant's share at the wait's tail (`WaitPredictor.admitted_wait_s`):
-        an honest 'not now' beats a late answer.
+        may alone; beyond its tenant's share, at the lane's tail of waits:
+        `WaitPredictor.admitted_wait_s`) or its wait outlasts the lane's age limit (it
+        would only expire): an honest 'not now' beats a late answer.
         No Retry-After: when capacity comes back is not known."""
         lane = call.lane
         predictor = self.predictor
         place = self._place(call, protected)
+        now = self.clock.now()
         wait = predictor.wait_s(
-            lane.name,
-            call.tenant.name,
-            place.ahead,
-            place.mine,
-            self.clock.now(),
-            place.since_s,
-            protected,
+            lane.name, call.tenant.name, place.ahead, place.mine, now, place.since_s, protected
         )
         promise, own_s = lane.ttft_slo_s, self._own_prefill_s(call)
         if promise is not None and own_s >= promise:
@@ -436,17 +432,18 @@ class Dispatcher:
                     f"of its service yet to promise {promise:g}s on; retry later"
                 )
             return None
-        admitted_s = predictor.admitted_wait_s(lane.name, wait, protected, self.clock.now())
-        ttft_s = predictor.ttft_s(lane.name, admitted_s, own_s)
-        if promise is not None and ttft_s > promise:
+        if promise is not None:
+            admitted_s = predictor.admitted_wait_s(lane.name, wait, protected, now)
+            ttft_s = predictor.ttft_s(lane.name, admitted_s, own_s)
+            if ttft_s > promise:
+                raise Refusal.OVERLOADED.error(
+                    f"the {lane.name} lane's predicted time to first token, at its "
+                    f"waits' tail ({ttft_s:.1f}s), exceeds its {promise:g}s promise; "
+                    "retry later"
+                )
+        if wait > lane.max_queue_age_s:
             raise Refusal.OVERLOADED.error(
-                f"the {lane.name} lane's predicted time to first token "
-                f"({ttft_s:.1f}s) exceeds its {promise:g}s "
-                "promise; retry later"
-            )
-        if admitted_s > lane.max_queue_age_s:
-            raise Refusal.OVERLOADED.error(
-                f"the {lane.name} lane's predicted wait ({admitted_s:.1f}s) exceeds its "
+                f"the {lane.name} lane's predicted wait ({wait:.1f}s) exceeds its "
                 f"{lane.max_queue_age_s:g}s limit; retry later"
             )
         return wait
@@ -472,7 +469,7 @@ class Dispatcher:
             if not shedder.should_shed(now, now - waiter.enqueued_s, target):
                 continue
             if queue.remove(waiter) and not waiter.future.done():
-                self._unserved(waiter, now)
+                self._unserved(waiter, now, QueueExit.DROPPED)
                 self.stats[lane.name].shed += 1
                 waiter.future.set_result(
                     Refusal.SHED.error(
@@ -538,7 +535,8 @@ class Dispatcher:
         if not queue.remove(waiter) or waiter.future.done():
             return
         lane = waiter.lane
-        self._unserved(waiter, self.clock.now())
+        how = QueueExit.DEADLINE if waited_s is None else QueueExit.DROPPED
+        self._unserved(waiter, self.clock.now(), how)
         self.stats[lane.name].expired += 1
         if waited_s is None:
             error = Refusal.DEADLINE.error(
@@ -556,11 +554,12 @@ class Dispatcher:
             )
         waiter.future.set_result(error)
 
-    def _unserved(self, waiter: Waiter, now: float) -> None:
+    def _unserved(self, waiter: Waiter, now: float, how: QueueExit) -> None:
         """`waiter` leaves its queue unserved: its wait so far is evidence too."""
         if waiter.predicted_s is not None:
             lane, waited_s = waiter.lane.name, now - waiter.enqueued_s
-            self.predictor.unserved(lane, waiter.protected, waiter.predicted_s, waited_s, now)
+            predicted_s = waiter.predicted_s
+            self.predictor.unserved(lane, waiter.protected, predicted_s, waited_s, now, how)
 
     async def _pump(self) -> None:
         """Dispatch queued requests until nothing more can go."""
@@ -592,7 +591,7 @@ class Dispatcher:
                             lane.name, waiter.protected, waiter.predicted_s, wait_s, now
                         )
                     self._dispatched(attempt, wait_s, waiter.predicted_s, since_s)
-                    self.stats[lane.name].dequeued += 1
+                    self.stats[lane.name].queue_dispatched += 1
                     waiter.future.set_result(None)
                 break
             else:

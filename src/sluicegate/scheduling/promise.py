@@ -14,18 +14,18 @@ the queue unserved (expired, shed) after waiting longer than predicted counts to
 wait so far as the real one: learning from the served alone, a predictor whose
 requests all expire would never see it was wrong. The correction centres the
 prediction; a request beyond its tenant's share is admitted by the tail: the 90th
-percentile of real over corrected predicted waits of such requests, an unserved one
-counted beyond it. A queue whose waits scatter (some served at once, others left to
+percentile of real over corrected predicted waits of such requests, one its queue
+dropped counted beyond it. A queue whose waits scatter (some served at once, others left to
 expire) takes of them only what nine in ten would be served in time for, and refuses
-the rest at once instead of after a wait. A request within its share is promised its
-place and admitted by the centre: a tail of its own would move refusals onto the
-tenants the share protects. Requests within their tenant's share
-and beyond it are corrected apart: the first may take the slots kept free for them
-(`reserve`), the others wait for what those leave, and one ratio for both would fit
-neither. The time from dispatch
-to the first token (the backend's own queue and prefill) is measured per lane too, its
-mean and its 95th percentile, and a request is queued only when the wait and that
-percentile together fit its lane's `ttft_slo_s`; a streamed prompt whose own prefill,
+the rest at once instead of after a wait; after a silence it forgets. A request
+within its share is promised its place and admitted by the centre: a tail of its own
+would move refusals onto the tenants the share protects. Requests within their
+tenant's share and beyond it are corrected apart: the first may take the slots kept
+free for them (`reserve`), the others wait for what those leave, and one ratio for
+both would fit neither. The time from dispatch to the first token (the backend's own
+queue and prefill) is measured per lane too, its mean and its 95th percentile, and a
+request is queued only when the wait and that percentile together fit its lane's
+`ttft_slo_s`; a streamed prompt whose own prefill,
 at the fastest rate its deployments' prefill budgets learnt, takes longer than that
 percentile is judged by its prefill instead, and may wait only what the promise leaves
 beyond it.
@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import Enum
 
 GAP_SMOOTHING = 0.2
 """Weight of the newest gap between dispatches in the smoothed service gap."""
@@ -55,10 +56,13 @@ TAIL_STEP = 0.2
 """Each wait moves the tail's log by this, up by the quantile's weight when the wait ran
 beyond it and down by the rest when not: a run of unserved requests lifts it within a
 few, and a hundred served on time bring it back from its bound to the prediction."""
-TAIL_HALF_LIFE_S = 10.0
-"""Between waits the tail's log halves in this time. A tail lifted high admits few
-requests beyond their share, so few waits come to bring it down: without forgetting,
-an overload long over would keep refusing requests a short queue could serve."""
+TAIL_QUIET_S = 10.0
+"""After this long without a wait to learn from, the tail's log starts to halve, every
+`TAIL_QUIET_S` again. A tail lifted high admits few requests beyond their share, so few
+waits come to bring it down: without forgetting, an overload long over would keep
+refusing requests a short queue could serve. Only silence is forgotten: decaying
+between waits as they come would bias the percentile low (a 67th to 80th at one to
+two waits a second)."""
 SOONEST_S = 0.005
 """Waits below this are noise for the ratio (a request dispatched on the next turn)."""
 AFTER_DISPATCH_SMOOTHING = 0.2
@@ -73,6 +77,16 @@ quantile's weight when above it and down by the rest when below (stochastic
 approximation: it settles where 95 % of samples fall below)."""
 MIN_INTERVAL_S = 0.1
 """CoDel's interval: the budget's half, but never shorter than this."""
+
+
+class QueueExit(Enum):
+    """How a queued request left its queue, as the predictor learns from it."""
+
+    SERVED = "served"
+    DROPPED = "dropped"
+    """Expired at its queue budget or age limit, or shed: the queue gave up on it."""
+    DEADLINE = "deadline"
+    """Its caller's deadline passed first."""
 
 
 @dataclass(slots=True)
@@ -105,25 +119,27 @@ class LaneForecast:
         return math.exp(self._log_tail(now))
 
     def _log_tail(self, now: float) -> float:
-        return self.log_tail * 0.5 ** (max(0.0, now - self.tail_at_s) / TAIL_HALF_LIFE_S)
+        quiet_s = now - self.tail_at_s - TAIL_QUIET_S
+        return self.log_tail if quiet_s <= 0 else self.log_tail * 0.5 ** (quiet_s / TAIL_QUIET_S)
 
-    def learn(self, within_share: bool, log_ratio: float, served: bool, now: float) -> None:
+    def learn(self, within_share: bool, log_ratio: float, how: QueueExit, now: float) -> None:
         """One queued request's real wait over its prediction (`log_ratio`). An unserved
         one's real wait is unknown beyond `log_ratio`: it moves the correction only when
-        it waited longer than predicted, and counts beyond the tail whatever it waited,
-        as queueing it served nobody."""
+        it waited longer than predicted. Dropped by its queue, it counts beyond the tail
+        whatever it waited, as queueing it served nobody; gone at its caller's deadline,
+        only when it waited beyond the tail (the deadline is the caller's, not the
+        queue's)."""
         log_ratio = _bounded(log_ratio)
+        served = how is QueueExit.SERVED
         if served or log_ratio > 0:
             corrections = self.log_corrections
             learnt = corrections[within_share] + CORRECTION_SMOOTHING * log_ratio
             corrections[within_share] = _bounded(learnt)
-        if within_share:
-            return
         tail = self._log_tail(now)
-        if not served or log_ratio > tail:
-            tail += TAIL_STEP * TAIL_QUANTILE
-        else:
-            tail -= TAIL_STEP * (1.0 - TAIL_QUANTILE)
+        above = how is QueueExit.DROPPED or log_ratio > tail
+        if within_share or not (served or above):
+            return
+        tail = _quantile_step(tail, above, TAIL_QUANTILE, TAIL_STEP)
         self.log_tail = min(max(tail, 0.0), math.log(MAX_CORRECTION))
         self.tail_at_s = now
 
@@ -216,14 +232,23 @@ class WaitPredictor:
         self, lane: str, within_share: bool, predicted_s: float, real_s: float, now: float
     ) -> None:
         """A queued request was dispatched at `now`: learn how far off its prediction was."""
-        self.lane(lane).learn(within_share, _log_ratio(real_s, predicted_s), True, now)
+        ratio = _log_ratio(real_s, predicted_s)
+        self.lane(lane).learn(within_share, ratio, QueueExit.SERVED, now)
 
     def unserved(
-        self, lane: str, within_share: bool, predicted_s: float, waited_s: float, now: float
+        self,
+        lane: str,
+        within_share: bool,
+        predicted_s: float,
+        waited_s: float,
+        now: float,
+        how: QueueExit,
     ) -> None:
-        """A queued request left unserved at `now` after `waited_s`: its real wait was
-        longer, so a prediction it outlasted was too short by at least that much."""
-        self.lane(lane).learn(within_share, _log_ratio(waited_s, predicted_s), False, now)
+        """A queued request left unserved at `now` after `waited_s` (`how` it left):
+        its real wait was longer, so a prediction it outlasted was too short by at least
+        that much, and one dropped by its queue was admitted for nothing."""
+        ratio = _log_ratio(waited_s, predicted_s)
+        self.lane(lane).learn(within_share, ratio, how, now)
 
     def first_token(self, lane: str, after_dispatch_s: float) -> None:
         """A streamed request's first token came `after_dispatch_s` after its dispatch."""
@@ -234,10 +259,10 @@ class WaitPredictor:
         forecast.after_dispatch_s += AFTER_DISPATCH_SMOOTHING * (
             after_dispatch_s - forecast.after_dispatch_s
         )
-        above = after_dispatch_s > forecast.after_dispatch_p95_s
-        weight = AFTER_DISPATCH_QUANTILE if above else AFTER_DISPATCH_QUANTILE - 1.0
-        step = QUANTILE_STEP * forecast.after_dispatch_s * weight
-        forecast.after_dispatch_p95_s = max(0.0, forecast.after_dispatch_p95_s + step)
+        p95 = forecast.after_dispatch_p95_s
+        step = QUANTILE_STEP * forecast.after_dispatch_s
+        p95 = _quantile_step(p95, after_dispatch_s > p95, AFTER_DISPATCH_QUANTILE, step)
+        forecast.after_dispatch_p95_s = max(0.0, p95)
 
     def budget_s(self, lane: str, ttft_slo_s: float, own_prefill_s: float = 0.0) -> float:
         """How long a request of `lane` may wait in its queue and still meet the promise:
@@ -252,6 +277,12 @@ class WaitPredictor:
         """The lane's percentile speaks for its typical prompt; a prompt longer than most
         takes at least its own prefill, however the lane's others fare."""
         return max(self.lane(lane).after_dispatch_p95_s, own_prefill_s)
+
+
+def _quantile_step(estimate: float, above: bool, quantile: float, step: float) -> float:
+    """Stochastic approximation of a quantile: up by its weight when a sample lies above
+    the estimate, down by the rest when not, so it settles where that share lies below."""
+    return estimate + step * (quantile if above else quantile - 1.0)
 
 
 def _log_ratio(real_s: float, predicted_s: float) -> float:

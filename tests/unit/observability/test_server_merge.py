@@ -53,10 +53,15 @@ def test_shared_settings_take_the_largest_value_and_start_times_the_earliest():
     merged.add(
         gauge("sluicegate_pool_concurrency_limit", 8) + gauge("process_start_time_seconds", 3)
     )
-    merged.add(gauge("sluicegate_pool_active_attempts", 2))
-    merged.add(gauge("sluicegate_pool_active_attempts", 5))
+    merged.add(
+        gauge("sluicegate_pool_active_attempts", 2) + gauge("sluicegate_queue_wait_tail", 1.5)
+    )
+    merged.add(
+        gauge("sluicegate_pool_active_attempts", 5) + gauge("sluicegate_queue_wait_tail", 3.0)
+    )
     page = families(generate_latest(merged))
     pool = (("pool", "p"),)
+    assert page["sluicegate_queue_wait_tail", pool] == 3.0, "the worst worker's"
     assert page["sluicegate_pool_concurrency_limit", pool] == 8
     assert page["process_start_time_seconds", pool] == 3
     assert page["sluicegate_pool_active_attempts", pool] == 7
@@ -65,7 +70,14 @@ def test_shared_settings_take_the_largest_value_and_start_times_the_earliest():
 
 def test_the_status_document_names_the_worker_and_merges_the_server():
     def doc(queued: int, age_s: float, circuit: str) -> dict:
-        lane = {"queued": queued, "oldest_age_s": age_s, "wait_correction": age_s, "shed": 1}
+        lane = {
+            "queued": queued,
+            "queue_dispatched": queued,
+            "oldest_age_s": age_s,
+            "wait_correction": age_s,
+            "wait_tail": age_s,
+            "shed": 1,
+        }
         return {
             "models": {"m": {"lanes": {"l": lane}, "deployments": {"d": {"circuit": circuit}}}},
             "overload": {"state": "normal"},
@@ -76,7 +88,14 @@ def test_the_status_document_names_the_worker_and_merges_the_server():
     assert status["worker"] == 1
     assert status["workers"] == {"count": 3, "answered": [0, 1], "missing": [2]}
     server = status["server"]
-    lane = {"queued": 5, "oldest_age_s": 1.5, "wait_correction": 1.5, "shed": 2}
+    lane = {
+        "queued": 5,
+        "queue_dispatched": 5,
+        "oldest_age_s": 1.5,
+        "wait_correction": 1.5,
+        "wait_tail": 1.5,
+        "shed": 2,
+    }
     assert server["models"]["m"]["lanes"]["l"] == lane
     assert server["models"]["m"]["deployments"]["d"]["circuit"] == ["closed", "open"]
     assert server["overload"]["state"] == "normal"

@@ -221,6 +221,28 @@ async def test_queued_work_expires_without_being_dispatched(setup, clock):
     assert pool.counters.active == 0
 
 
+async def test_only_dispatches_after_a_wait_in_the_queue_count_as_from_it(setup, clock):
+    """The holder went at once; of three queued behind it one is dispatched when it ends
+    and two expire: the lane dispatched two, one from its queue, and two expired."""
+    dispatcher, _, _ = setup
+    holder = await granted(dispatcher, attempt(clock))
+    queued = [asyncio.create_task(granted(dispatcher, attempt(clock))) for _ in range(3)]
+    try:
+        await settle()
+        await dispatcher.release(holder)
+        await settle()
+        clock.advance(INTERACTIVE.max_queue_age_s)
+        await settle()
+        assert [task.exception() is None for task in queued] == [True, False, False]
+        lane = dispatcher.view().lanes[0]
+        assert (lane.dispatched, lane.queue_dispatched, lane.expired) == (2, 1, 2)
+    finally:
+        for task in queued:
+            task.cancel()
+        if queued[0].done() and queued[0].exception() is None:
+            await dispatcher.release(queued[0].result())
+
+
 async def test_a_caller_that_leaves_is_never_dispatched(setup, clock):
     dispatcher, pool, _ = setup
     grant = await granted(dispatcher, attempt(clock))
