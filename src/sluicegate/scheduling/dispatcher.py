@@ -591,7 +591,6 @@ class Dispatcher:
                             lane.name, waiter.protected, waiter.predicted_s, wait_s, now
                         )
                     self._dispatched(attempt, wait_s, waiter.predicted_s, since_s)
-                    self.stats[lane.name].queue_dispatched += 1
                     waiter.future.set_result(None)
                 break
             else:
@@ -793,6 +792,7 @@ class Dispatcher:
         fairness.charge(call.tenant.name, call.prompt_tokens, output)
         stats = self.stats[lane.name]
         stats.dispatched += 1
+        stats.queue_dispatched += backlogged_since_s is not None
         stats.in_flight += 1
         stats.wait_s_total += wait_s
         if self._on_wait is not None:

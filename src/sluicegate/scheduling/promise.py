@@ -15,9 +15,9 @@ wait so far as the real one: learning from the served alone, a predictor whose
 requests all expire would never see it was wrong. The correction centres the
 prediction; a request beyond its tenant's share is admitted by the tail: the 90th
 percentile of real over corrected predicted waits of such requests, one its queue
-dropped counted beyond it. A queue whose waits scatter (some served at once, others left to
-expire) takes of them only what nine in ten would be served in time for, and refuses
-the rest at once instead of after a wait; after a silence it forgets. A request
+dropped counted beyond it. A queue whose waits scatter (some served at once, others
+left to expire) takes of them only what nine in ten would be served in time for, and
+refuses the rest at once instead of after a wait; after a silence it forgets. A request
 within its share is promised its place and admitted by the centre: a tail of its own
 would move refusals onto the tenants the share protects. Requests within their
 tenant's share and beyond it are corrected apart: the first may take the slots kept
@@ -25,10 +25,9 @@ free for them (`reserve`), the others wait for what those leave, and one ratio f
 both would fit neither. The time from dispatch to the first token (the backend's own
 queue and prefill) is measured per lane too, its mean and its 95th percentile, and a
 request is queued only when the wait and that percentile together fit its lane's
-`ttft_slo_s`; a streamed prompt whose own prefill,
-at the fastest rate its deployments' prefill budgets learnt, takes longer than that
-percentile is judged by its prefill instead, and may wait only what the promise leaves
-beyond it.
+`ttft_slo_s`; a streamed prompt whose own prefill, at the fastest rate its deployments'
+prefill budgets learnt, takes longer than that percentile is judged by its prefill
+instead, and may wait only what the promise leaves beyond it.
 
 Shedding is the second line: CoDel (RFC 8289) on each lane's queue, with the lane's
 whole queue budget (the promise less the time after dispatch) as its target. A backend
@@ -135,9 +134,11 @@ class LaneForecast:
             corrections = self.log_corrections
             learnt = corrections[within_share] + CORRECTION_SMOOTHING * log_ratio
             corrections[within_share] = _bounded(learnt)
+        if within_share:
+            return
         tail = self._log_tail(now)
         above = how is QueueExit.DROPPED or log_ratio > tail
-        if within_share or not (served or above):
+        if how is QueueExit.DEADLINE and not above:
             return
         tail = _quantile_step(tail, above, TAIL_QUANTILE, TAIL_STEP)
         self.log_tail = min(max(tail, 0.0), math.log(MAX_CORRECTION))
