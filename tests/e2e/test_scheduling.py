@@ -9,6 +9,7 @@ from types import FrameType
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from sluicegate.core.errors import GatewayError
 from sluicegate.providers.backend_metrics import parse_sample
@@ -79,17 +80,32 @@ async def finish_order(tasks: dict[str, asyncio.Task]) -> list[str]:
     return order
 
 
-async def test_an_expired_queued_request_never_reaches_the_model(sim, http):
+async def test_a_queued_request_that_expires_or_whose_caller_leaves_never_reaches_the_model(
+    sim, http
+):
     async with http.post(f"{sim.url}/sim/reset"):
         pass
     lanes = [{"name": "default", "queue_size": 10, "max_queue_age_s": 0.3}]
     async with inprocess_gateway(config(sim, lanes, pool=1), ENV) as gw:
         holder = asyncio.ensure_future(chat(http, gw.url, "a", max_tokens=80))
         await asyncio.sleep(0.1)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.1):
+                await chat(http, gw.url, "a")
         status, body = await chat(http, gw.url, "b")
         assert (await holder)[0] == 200
+        async with http.get(f"{gw.url}/metrics") as resp:
+            page = await resp.text()
     assert (status, body["error"]["code"]) == (503, "expired")
     assert (await sim_stats(http, sim))["received"] == 1
+    queue = {
+        sample.name.removeprefix("sluicegate_queue_").removesuffix("_total"): sample.value
+        for family in text_string_to_metric_families(page)
+        for sample in family.samples
+        if sample.name.endswith("_total") and sample.labels.get("lane") == "default"
+    }
+    ended = {"dispatched": 0, "expired": 1, "shed": 0, "unavailable": 0, "abandoned": 1}
+    assert {name: queue.get(name) for name in ended} == ended
 
 
 async def test_background_waits_for_an_empty_backend_queue_while_interactive_does_not(

@@ -37,7 +37,7 @@ QUEUE_SOURCE = (
     "sluicegate_queue_{dispatched,expired,shed}_total: a request the queue cannot serve in "
     "time is better refused at once; requests whose callers left, and those answered "
     "from the queue when every deployment named a time past their wait (an open "
-    "circuit), are in neither part"
+    "circuit), are in neither part (sluicegate_queue_{abandoned,unavailable}_total)"
 )
 GATEWAY_REFUSAL_SOURCE = (
     f"gateway: arrival to refusal, from its histogram {GATEWAY_REFUSALS}, every reason but "

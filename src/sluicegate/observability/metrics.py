@@ -269,6 +269,18 @@ class CapacityCollector(Collector):
             "Queued requests shed because the lane's queue kept them past its promise.",
             labels=labels,
         )
+        unavailable = CounterMetricFamily(
+            "sluicegate_queue_unavailable",
+            "Queued requests answered before their wait ended because every deployment "
+            "named a time past it (an open circuit, a rate limit's next slot), with that "
+            "time as Retry-After.",
+            labels=labels,
+        )
+        abandoned = CounterMetricFamily(
+            "sluicegate_queue_abandoned",
+            "Queued requests whose caller left before their turn.",
+            labels=labels,
+        )
         correction = GaugeMetricFamily(
             "sluicegate_queue_wait_correction",
             "Learnt ratio of real to predicted queue waits (1: the predictor is right), of "
@@ -324,12 +336,15 @@ class CapacityCollector(Collector):
                 queue_dispatched.add_metric(key, lane.queue_dispatched)
                 expired.add_metric(key, lane.expired)
                 shed.add_metric(key, lane.shed)
+                unavailable.add_metric(key, lane.unavailable)
+                abandoned.add_metric(key, lane.abandoned)
                 correction.add_metric([*key, "beyond"], lane.wait_correction)
                 correction.add_metric([*key, "within"], lane.wait_correction_within_share)
                 tail.add_metric(key, lane.wait_tail)
                 for tenant, counter in lane.service.items():
                     service.add_metric([*key, tenant], counter)
-        yield from (depth, oldest, dispatched, queue_dispatched, expired, shed, correction, tail)
+        yield from (depth, oldest, dispatched, queue_dispatched, expired, shed, unavailable)
+        yield from (abandoned, correction, tail)
         yield from (service, yield_rate, yield_cuts, reserved, protected)
 
     def _gate_families(self) -> Iterator[Metric]:

@@ -26,6 +26,8 @@ def snapshot(
                 "queue_dispatched": lane.queue_dispatched,
                 "expired": lane.expired,
                 "shed": lane.shed,
+                "unavailable": lane.unavailable,
+                "abandoned": lane.abandoned,
                 "wait_correction": round(lane.wait_correction, 3),
                 "wait_correction_within_share": round(lane.wait_correction_within_share, 3),
                 "wait_tail": round(lane.wait_tail, 3),
@@ -74,7 +76,8 @@ TAKES_MAX = frozenset(
 )
 """Status fields merged across workers by their largest value (ages, the worst pressure,
 the slowest service and the worst correction and tail a worker learnt); numbers are otherwise
-summed (queued, in flight, dispatched, queue_dispatched, expired, shed, answered)."""
+summed (queued, in flight, dispatched, queue_dispatched, expired, shed, unavailable,
+abandoned, answered)."""
 
 
 def whole_server(own: int, count: int, documents: Mapping[int, dict[str, Any]]) -> dict[str, Any]:

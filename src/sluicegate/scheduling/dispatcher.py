@@ -61,6 +61,11 @@ class LaneStats:
     expired: int = 0
     shed: int = 0
     """Queued requests refused by the lane's shedding (CoDel on its queue)."""
+    unavailable: int = 0
+    """Queued requests answered before their wait ended: every deployment named a time
+    past it (an open circuit, a rate limit's next slot)."""
+    abandoned: int = 0
+    """Queued requests whose caller left before their turn."""
     wait_s_total: float = 0.0
     in_flight: int = 0
 
@@ -77,6 +82,8 @@ class LaneView:
     service: Mapping[str, float]
     """Each tenant's service counter in the lane's fair order."""
     shed: int
+    unavailable: int
+    abandoned: int
     wait_correction: float
     """Real over predicted queue waits of requests beyond their tenant's share, as learnt:
     1 when the predictor is right."""
@@ -236,6 +243,8 @@ class Dispatcher:
                     expired=stats.expired,
                     service=queue.fairness.service(),
                     shed=stats.shed,
+                    unavailable=stats.unavailable,
+                    abandoned=stats.abandoned,
                     wait_correction=forecast.correction(within_share=False),
                     wait_correction_within_share=forecast.correction(within_share=True),
                     wait_tail=forecast.tail(now),
@@ -520,7 +529,8 @@ class Dispatcher:
         try:
             refusal = await waiter.future
         except asyncio.CancelledError:
-            queue.remove(waiter)
+            if queue.remove(waiter):
+                self.stats[waiter.lane.name].abandoned += 1
             if _granted(waiter):
                 await self.release(waiter.attempt)
             raise
@@ -578,6 +588,7 @@ class Dispatcher:
                     if not self._outlasts(refusal, waiter.call, waiter.enqueued_s):
                         continue
                     if queue.remove(waiter) and not waiter.future.done():
+                        self.stats[lane.name].unavailable += 1
                         waiter.future.set_result(refusal)
                     break
                 since_s = queue.backlogged_since(waiter.flow)

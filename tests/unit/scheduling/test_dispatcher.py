@@ -254,7 +254,8 @@ async def test_a_caller_that_leaves_is_never_dispatched(setup, clock):
     await dispatcher.release(grant)
     await settle()
     assert pool.counters.active == 0
-    assert dispatcher.stats["interactive"].dispatched == 1
+    lane = dispatcher.view().lanes[0]
+    assert (lane.dispatched, lane.abandoned, lane.unavailable) == (1, 1, 0)
 
 
 async def test_the_backend_gate_holds_a_lane_until_it_opens(setup, clock):
@@ -436,6 +437,8 @@ async def test_a_queued_request_is_answered_when_a_circuit_opens_for_longer_than
         err = waiting.exception()
         assert isinstance(err, GatewayError)
         assert err.code == "circuit_open"
+        view = dispatcher.view().lanes[0]
+        assert (view.unavailable, view.abandoned, view.expired) == (1, 0, 0)
     finally:
         runner.cancel()
 
