@@ -133,6 +133,29 @@ async def test_the_limit_follows_the_promise_part_and_grows_to_twice_what_was_se
     assert await budget.send(1, within_s=-0.5) is None
 
 
+async def test_a_newcomer_may_not_take_the_time_a_waiting_prompt_has_left(store, clock):
+    """At 20,000 tokens/s, a 4,000-token prompt sent with 0.25 s of its promise left must
+    be prefilled by then: a fresh prompt, though its own promise leaves it a second, may
+    join it only while the two take no longer than 0.25 s (5,000 tokens), and less as
+    that time runs. Past its due time it holds nobody (it is late whatever follows, and
+    a prompt that never gets its first token must not stop the deployment)."""
+    budget = Budget(store)
+    first = await budget.sent(3_000)
+    clock.advance(0.15)
+    await budget.first_tokens(*first)
+    late = await budget.send(4_000, within_s=0.25)
+    assert late
+    assert await budget.send(1_010) is None
+    fresh = await budget.send(990)
+    assert fresh
+    await budget.dropped(fresh)
+    clock.advance(0.1)
+    assert await budget.send(1_000) is None, "0.15 s left: 3,000 tokens"
+    clock.advance(0.2)
+    assert await budget.send(1_000)
+    assert await budget.send(1_010) is None, "twice the 3,000 seen together"
+
+
 async def test_first_tokens_of_one_step_that_arrive_apart_are_still_one_measure(store, clock):
     """Ten prompts prefilled in one 1 s step, their first tokens handled 0.1 ms apart
     (each stream's relay in its own turn of the event loop): 20,000 tokens/s, not the
@@ -197,11 +220,15 @@ async def test_a_prompt_whose_sender_never_reports_lapses_with_the_lease_ttl(sha
     """A replica that died mid-prefill does not hold the budget for ever: on the shared
     store its prompt stops counting once the lease's TTL has passed unrenewed. (One
     process always reports its own prompts' ends, so the in-memory store needs no
-    lapse.)"""
+    lapse.) Its due time goes with it: it does not hold the prompts sent after it."""
     budget = Budget(shared)
+    first = await budget.sent(3_000)
+    clock.advance(0.15)
+    await budget.first_tokens(*first)
     assert await budget.sent(3_000)
     clock.advance(TTL_S + 0.1)
     assert await budget.send(3_000)
+    assert await budget.send(1_000)
 
 
 async def test_a_prompt_is_renewed_with_its_lease_and_lapses_once_that_is_not_held(shared, clock):

@@ -43,11 +43,12 @@ def prefill(deployment: str) -> str:
     return f"{POOLS}prefill:{deployment}"
 
 
-def prefill_parts(budget: str) -> tuple[str, str, str]:
+def prefill_parts(budget: str) -> tuple[str, str, str, str]:
     """A prefill budget as a shared store keeps it: each prompt's tokens (under the
-    budget's own key, which is what its release announces), when each lapses, and what
-    was learnt; the same hash tag as the budget."""
-    return budget, f"{budget}:lapse", f"{budget}:learnt"
+    budget's own key, which is what its release announces), when each lapses, what was
+    learnt, and when each must have its first token by; the same hash tag as the
+    budget."""
+    return budget, f"{budget}:lapse", f"{budget}:learnt", f"{budget}:due"
 
 
 def pool_cooldown(pool: str) -> str:

@@ -14,7 +14,12 @@ together so far (a slow start), since an engine prefilling one prompt beside a f
 decodes is faster per token than one prefilling twenty beside a full batch (measured:
 one 2,600-token prompt at 18,800 tokens/s, then twelve sent together on that estimate
 at 14,000, their first tokens 0.4 s past the estimate). And a request that already
-waited is allowed only what its own promise has left.
+waited is allowed only what its own promise has left; each counted prompt keeps that
+time as its due time, and no prompt is admitted that, prefilled with those waiting,
+would push one of them past it (a prompt sent near the end of its wait was let go on
+what it had left; one sent a moment later into the same engine step would take it). A
+prompt already past its due time holds nobody: it is late whatever follows, and one
+that never gets its first token (a hung upstream) must not stop the deployment.
 
 The budget is the deployment's, whichever replica sends to it: it lives in the limit
 store beside the pools' slots and is decided with them (`Ask.prefill`), so replicas
@@ -45,6 +50,8 @@ class PrefillBudget:
     def __init__(self, now_s: float) -> None:
         self._sent: dict[str, int] = {}
         """Prompt tokens of each request waiting for its first token."""
+        self._due: dict[str, float] = {}
+        """When each of them must have its first token by (its send, plus its `within_s`)."""
         self.pending = 0
         """Prompt tokens sent and not yet at their first token."""
         self._tokens = 0.0
@@ -72,16 +79,18 @@ class PrefillBudget:
             return None
         return min(rate * within_s, GROWTH * self.proven)
 
-    def admits(self, tokens: int, within_s: float) -> bool:
+    def admits(self, tokens: int, within_s: float, now_s: float) -> bool:
         if not self._sent:
             return True
-        limit = self.limit(within_s)
+        due_s = min((due for due in self._due.values() if due > now_s), default=math.inf)
+        limit = self.limit(min(within_s, due_s - now_s))
         return limit is not None and self.pending + tokens <= limit
 
-    def sent(self, key: str, tokens: int, now_s: float) -> None:
+    def sent(self, key: str, tokens: int, within_s: float, now_s: float) -> None:
         if not self._sent:
             self._since_s = now_s
         self._sent[key] = tokens
+        self._due[key] = now_s + within_s
         self.pending += tokens
 
     def first_token(self, key: str, now_s: float) -> None:
@@ -89,6 +98,7 @@ class PrefillBudget:
         tokens = self._sent.pop(key, None)
         if tokens is None:
             return
+        del self._due[key]
         self.proven = max(self.proven, self.pending)
         busy_s = now_s - self._since_s
         if busy_s > 0:
@@ -105,4 +115,5 @@ class PrefillBudget:
         period the next first token is measured over (the engine may have spent it)."""
         tokens = self._sent.pop(key, None)
         if tokens is not None:
+            del self._due[key]
             self.pending -= tokens

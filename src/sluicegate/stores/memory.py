@@ -56,13 +56,13 @@ class MemoryLimitStore:
             budget = self._prefills.get(prefill.key)
             if budget is None:
                 budget = self._prefills[prefill.key] = PrefillBudget(now)
-            if not budget.admits(prefill.tokens, prefill.within_s):
+            if not budget.admits(prefill.tokens, prefill.within_s, now):
                 return Refused(Part.PREFILL, 0, None)
         if tats:
             self._tats.update(tats)
         lease_id, keys = lease
         if prefill is not None:
-            self._prefills[prefill.key].sent(lease_id, prefill.tokens, now)
+            self._prefills[prefill.key].sent(lease_id, prefill.tokens, prefill.within_s, now)
         until = now + ttl_s
         for key in keys:
             held = held_by.get(key)

@@ -31,17 +31,21 @@ local function hand_on(line, owed, now, claim_s)
   end
 end
 
--- The prompts a prefill budget counts (keys.prefill: tokens by lease id, and when each
--- lapses), after dropping those lapsed: how many, and their tokens.
-local function prefill_pending(sent, lapse, now)
+-- The prompts a prefill budget counts (keys.prefill: tokens by lease id, when each
+-- lapses, when each is due), after dropping those lapsed: how many, their tokens, and
+-- the earliest due time still to come (nil when none is).
+local function prefill_pending(sent, lapse, due, now)
   local lapsed = redis.call('ZRANGEBYSCORE', lapse, '-inf', exact('', now))
   if #lapsed > 0 then
     redis.call('HDEL', sent, unpack(lapsed))
+    redis.call('ZREM', due, unpack(lapsed))
     redis.call('ZREMRANGEBYSCORE', lapse, '-inf', exact('', now))
   end
   local count, pending = 0, 0
   for _, tokens in ipairs(redis.call('HVALS', sent)) do
     count, pending = count + 1, pending + tonumber(tokens)
   end
-  return count, pending
+  local earliest = redis.call('ZRANGEBYSCORE', due, exact('(', now), '+inf', 'WITHSCORES',
+    'LIMIT', 0, 1)[2]
+  return count, pending, earliest and tonumber(earliest)
 end

@@ -11,14 +11,15 @@
 local now = now_s()
 local channel, keep_s, horizon = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local states = {}
-for e = 1, #KEYS / 3 do
-  local sent, lapse, learnt = KEYS[3 * e - 2], KEYS[3 * e - 1], KEYS[3 * e]
+for e = 1, #KEYS / 4 do
+  local sent, lapse, learnt, due = KEYS[4 * e - 3], KEYS[4 * e - 2], KEYS[4 * e - 1], KEYS[4 * e]
   local id, first = ARGV[3 + 2 * e], ARGV[4 + 2 * e] == '1'
-  local _, pending = prefill_pending(sent, lapse, now)
+  local _, pending = prefill_pending(sent, lapse, due, now)
   local tokens = tonumber(redis.call('HGET', sent, id) or '-1')
   if tokens >= 0 then
     redis.call('HDEL', sent, id)
     redis.call('ZREM', lapse, id)
+    redis.call('ZREM', due, id)
     local state = redis.call('HMGET', learnt, 'tokens', 'busy', 'since', 'proven', 'waited')
     if first then
       local done, busy = tonumber(state[1] or '0'), tonumber(state[2] or '0')

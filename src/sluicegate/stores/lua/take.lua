@@ -19,8 +19,9 @@
 -- announces it again, rather than let it idle until it lapses; refused by anything else
 -- first (a cooldown, another slot, a rate, the prefill budget) it keeps it until then.
 -- The prefill part (core/prefill.py) admits a prompt when none is counted, else when
--- the counted ones and it fit what the learnt rate prefills within `within_s` and
--- `growth` times the most seen prefilled together; granted, it is counted under the
+-- the counted ones and it fit what the learnt rate prefills within `within_s` (and
+-- before the earliest counted one is due) and `growth` times the most seen prefilled
+-- together; granted, it is counted, and due `within_s` from now, under the
 -- lease id until prefilled.lua ends it or it lapses unrenewed after the ttl (renew.lua
 -- extends it with its lease; the budget's keys themselves are kept as long as what was
 -- learnt), and the busy period starts if none was counted. A prefill refusal marks the
@@ -38,7 +39,7 @@ for i = 1, nslot do
 end
 local before_prefill = #KEYS
 if prefilling then
-  before_prefill = #KEYS - 3
+  before_prefill = #KEYS - 4
 end
 local first_line = before_prefill - 2 * nlined
 local who = string.match(id, '^(.*):') or id
@@ -116,18 +117,18 @@ for i = 1, first_line - first_charge do
   tats[key] = new_tat
 end
 
-local sent, lapse, learnt, tokens, counted
+local sent, lapse, learnt, due, tokens, within, counted
 if prefilling then
-  sent, lapse, learnt = KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]
-  tokens = tonumber(ARGV[at + 1])
-  local pending
-  counted, pending = prefill_pending(sent, lapse, now)
+  sent, lapse, learnt, due = KEYS[#KEYS - 3], KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]
+  tokens, within = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
+  local pending, earliest
+  counted, pending, earliest = prefill_pending(sent, lapse, due, now)
   if counted > 0 then
     local state = redis.call('HMGET', learnt, 'tokens', 'busy', 'proven')
     local done, busy = tonumber(state[1] or '0'), tonumber(state[2] or '0')
     local fits = false
     if done > 0 and busy > 0 then
-      local limit = math.min(done / busy * tonumber(ARGV[at + 2]),
+      local limit = math.min(done / busy * math.min(within, (earliest or math.huge) - now),
         tonumber(ARGV[at + 3]) * tonumber(state[3] or '0'))
       fits = pending + tokens <= limit
     end
@@ -160,7 +161,9 @@ if prefilling then
   end
   redis.call('HSET', sent, id, tokens)
   redis.call('ZADD', lapse, exact('', now + ttl), id)
-  keep_for(sent, tonumber(ARGV[at + 4]))
-  keep_for(lapse, tonumber(ARGV[at + 4]))
+  redis.call('ZADD', due, exact('', now + within), id)
+  for _, key in ipairs({sent, lapse, due}) do
+    keep_for(key, tonumber(ARGV[at + 4]))
+  end
 end
 return nil
