@@ -59,15 +59,20 @@ class Budget:
 
     def __init__(self, store: LimitStore) -> None:
         self.store = store
+        self.look_again_s: float | None = None
+        """When the last refusal may lift with time alone (a due time passing)."""
 
-    async def send(self, tokens: int, within_s: float = 1.0) -> str | None:
+    async def send(self, tokens: int, within_s: float = 1.0, due: bool = False) -> str | None:
         """The lease id counting the prompt, or None when the budget refused it."""
         lease = Lease(f"test:{next(_ids)}", ("slots",))
-        ask = Ask(slots=(Slot("slots", 1_000),), prefill=Prefill(BUDGET, tokens, within_s))
-        refused = await self.store.take(ask, lease, TTL_S)
+        prefill = Prefill(BUDGET, tokens, within_s, due)
+        refused = await self.store.take(
+            Ask(slots=(Slot("slots", 1_000),), prefill=prefill), lease, TTL_S
+        )
         if refused is None:
             return lease.id
-        assert refused == Refused(Part.PREFILL, 0, None)
+        assert (refused.part, refused.index) == (Part.PREFILL, 0)
+        self.look_again_s = refused.retry_after_s
         return None
 
     async def sent(self, *tokens: int) -> list[str]:
@@ -134,26 +139,34 @@ async def test_the_limit_follows_the_promise_part_and_grows_to_twice_what_was_se
 
 
 async def test_a_newcomer_may_not_take_the_time_a_waiting_prompt_has_left(store, clock):
-    """At 20,000 tokens/s, a 4,000-token prompt sent with 0.25 s of its promise left must
-    be prefilled by then: a fresh prompt, though its own promise leaves it a second, may
-    join it only while the two take no longer than 0.25 s (5,000 tokens), and less as
-    that time runs. Past its due time it holds nobody (it is late whatever follows, and
-    a prompt that never gets its first token must not stop the deployment)."""
+    """At 20,000 tokens/s, a 4,000-token prompt sent on the 0.25 s its promise has left
+    is due by then: a fresh prompt, though its own promise leaves it a second, may join
+    it only while the two take no longer than 0.25 s (5,000 tokens), and less as that
+    time runs; a refusal says when the due time passes. Past it, the prompt holds nobody
+    (it is late whatever follows, and one that never gets its first token must not hold
+    the others). A prompt sent on the budget's own part is due nowhere."""
     budget = Budget(store)
     first = await budget.sent(3_000)
     clock.advance(0.15)
     await budget.first_tokens(*first)
-    late = await budget.send(4_000, within_s=0.25)
+    late = await budget.send(4_000, within_s=0.25, due=True)
     assert late
     assert await budget.send(1_010) is None
+    assert budget.look_again_s == pytest.approx(0.25)
     fresh = await budget.send(990)
     assert fresh
     await budget.dropped(fresh)
     clock.advance(0.1)
     assert await budget.send(1_000) is None, "0.15 s left: 3,000 tokens"
+    assert budget.look_again_s == pytest.approx(0.15)
     clock.advance(0.2)
-    assert await budget.send(1_000)
+    joined = await budget.send(1_000)
+    assert joined
     assert await budget.send(1_010) is None, "twice the 3,000 seen together"
+    assert budget.look_again_s is None
+    await budget.first_tokens(late, joined)
+    assert await budget.send(4_000, within_s=0.25)
+    assert await budget.send(1_010), "not due: limited by the rate and the growth only"
 
 
 async def test_first_tokens_of_one_step_that_arrive_apart_are_still_one_measure(store, clock):
@@ -220,15 +233,16 @@ async def test_a_prompt_whose_sender_never_reports_lapses_with_the_lease_ttl(sha
     """A replica that died mid-prefill does not hold the budget for ever: on the shared
     store its prompt stops counting once the lease's TTL has passed unrenewed. (One
     process always reports its own prompts' ends, so the in-memory store needs no
-    lapse.) Its due time goes with it: it does not hold the prompts sent after it."""
+    lapse.) Its due time goes with it, even one still to come (a promise longer than the
+    lease's TTL): it does not hold the prompts sent after it."""
     budget = Budget(shared)
     first = await budget.sent(3_000)
     clock.advance(0.15)
     await budget.first_tokens(*first)
-    assert await budget.sent(3_000)
+    assert await budget.send(3_000, within_s=TTL_S + 0.3, due=True)
     clock.advance(TTL_S + 0.1)
     assert await budget.send(3_000)
-    assert await budget.send(1_000)
+    assert await budget.send(1_500), "with the lapsed one's due time, 4,000 tokens"
 
 
 async def test_a_prompt_is_renewed_with_its_lease_and_lapses_once_that_is_not_held(shared, clock):

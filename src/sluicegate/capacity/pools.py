@@ -66,7 +66,7 @@ class Pool:
         self._requests_key = keys.pool_requests(name)
         self._tokens_key = keys.pool_tokens(name)
         self._listeners: list[Callable[[], None]] = []
-        self._look_again: Timer | None = None
+        self._look_again: tuple[float, Timer] | None = None
 
     @property
     def name(self) -> str:
@@ -114,13 +114,19 @@ class Pool:
         for listener in self._listeners:
             listener()
 
-    def set_aside_elsewhere(self, lapse_s: float) -> None:
-        """A slot is free but set aside for another replica first in the shared line,
-        until `lapse_s` from now: whoever waits looks again then, in case it never came
-        (it is told if it did)."""
-        if self._look_again is None:
-            clock = self.leases.clock
-            self._look_again = clock.call_at(clock.now() + lapse_s, self._lapsed)
+    def look_again(self, in_s: float) -> None:
+        """A refusal may lift with time alone, `in_s` from now: a slot set aside for
+        another replica first in the shared line lapses unclaimed (it is told if it is
+        claimed), a prompt holding the prefill budget passes its due time without a
+        first token. Whoever waits looks again then."""
+        clock = self.leases.clock
+        when = clock.now() + in_s
+        pending = self._look_again
+        if pending is not None:
+            if pending[0] <= when:
+                return
+            pending[1].cancel()
+        self._look_again = (when, clock.call_at(when, self._lapsed))
 
     def _lapsed(self) -> None:
         self._look_again = None
@@ -190,8 +196,8 @@ class PoolGroup:
             return store_unavailable()
         if isinstance(decision, Refused):
             lapse_s = decision.retry_after_s
-            if decision.part is Part.SLOT and lapse_s is not None:
-                self.pools[decision.index].set_aside_elsewhere(lapse_s)
+            if lapse_s is not None and decision.part in (Part.SLOT, Part.PREFILL):
+                self.pools[decision.index].look_again(lapse_s)
             return _refusal(decision, self.pools, self._owners)
         for pool in self.pools:
             pool._taken(tokens)

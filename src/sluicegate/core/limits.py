@@ -72,11 +72,13 @@ class Prefill(NamedTuple):
     """A streamed prompt of `tokens` sent to the deployment whose prefill budget is `key`
     (`core.prefill`), which must be prefilled, with those already waiting, within
     `within_s`: counted under the decision's lease id until its first token or its end
-    (`PrefillEnd`)."""
+    (`PrefillEnd`). `due`: `within_s` is what the prompt's own promise has left (it
+    waited), so it is due by then and holds later prompts that would make it late."""
 
     key: str
     tokens: int
     within_s: float
+    due: bool = False
 
 
 class Ask(NamedTuple):
@@ -105,7 +107,8 @@ class Refused:
     """Which part of an `Ask` refused (`index` into that part's tuple), and when it
     may pass: a cooldown's end or a rate's next slot; None for a full slot. A slot free
     but set aside for another replica first in its line (`RedisLimitStore`) gives when
-    that lapses, which is no promise: the replica may come."""
+    that lapses, and the prefill budget when the earliest prompt due passes its due
+    time: no promise either way (the replica may come, the limit may still hold)."""
 
     part: Part
     index: int

@@ -14,12 +14,12 @@ together so far (a slow start), since an engine prefilling one prompt beside a f
 decodes is faster per token than one prefilling twenty beside a full batch (measured:
 one 2,600-token prompt at 18,800 tokens/s, then twelve sent together on that estimate
 at 14,000, their first tokens 0.4 s past the estimate). And a request that already
-waited is allowed only what its own promise has left; each counted prompt keeps that
-time as its due time, and no prompt is admitted that, prefilled with those waiting,
-would push one of them past it (a prompt sent near the end of its wait was let go on
-what it had left; one sent a moment later into the same engine step would take it). A
-prompt already past its due time holds nobody: it is late whatever follows, and one
-that never gets its first token (a hung upstream) must not stop the deployment.
+waited is allowed only what its own promise has left, and is due by then: no prompt is
+admitted that, prefilled with those waiting, would push it past that time (it was let
+go on what it had left; a fresh prompt sent a moment later into the same engine step
+would take it). A refusal says when the earliest due time passes, so that whoever
+waits looks again then: a prompt past its due time holds nobody (it is late whatever
+follows, and one that never gets its first token must not hold the others for long).
 
 The budget is the deployment's, whichever replica sends to it: it lives in the limit
 store beside the pools' slots and is decided with them (`Ask.prefill`), so replicas
@@ -51,7 +51,7 @@ class PrefillBudget:
         self._sent: dict[str, int] = {}
         """Prompt tokens of each request waiting for its first token."""
         self._due: dict[str, float] = {}
-        """When each of them must have its first token by (its send, plus its `within_s`)."""
+        """When those sent on what their own promise had left must have their first token."""
         self.pending = 0
         """Prompt tokens sent and not yet at their first token."""
         self._tokens = 0.0
@@ -82,15 +82,22 @@ class PrefillBudget:
     def admits(self, tokens: int, within_s: float, now_s: float) -> bool:
         if not self._sent:
             return True
-        due_s = min((due for due in self._due.values() if due > now_s), default=math.inf)
-        limit = self.limit(min(within_s, due_s - now_s))
+        due_in_s = self.due_in_s(now_s)
+        limit = self.limit(within_s if due_in_s is None else min(within_s, due_in_s))
         return limit is not None and self.pending + tokens <= limit
 
-    def sent(self, key: str, tokens: int, within_s: float, now_s: float) -> None:
+    def due_in_s(self, now_s: float) -> float | None:
+        """How long until the earliest due time still to come; None when none is."""
+        due_s = min((due for due in self._due.values() if due > now_s), default=None)
+        return None if due_s is None else due_s - now_s
+
+    def sent(self, key: str, tokens: int, due_s: float | None, now_s: float) -> None:
+        """`key`'s prompt is counted from `now_s`, due by `due_s` if its promise sets one."""
         if not self._sent:
             self._since_s = now_s
         self._sent[key] = tokens
-        self._due[key] = now_s + within_s
+        if due_s is not None:
+            self._due[key] = due_s
         self.pending += tokens
 
     def first_token(self, key: str, now_s: float) -> None:
@@ -98,7 +105,7 @@ class PrefillBudget:
         tokens = self._sent.pop(key, None)
         if tokens is None:
             return
-        del self._due[key]
+        self._due.pop(key, None)
         self.proven = max(self.proven, self.pending)
         busy_s = now_s - self._since_s
         if busy_s > 0:
@@ -115,5 +122,5 @@ class PrefillBudget:
         period the next first token is measured over (the engine may have spent it)."""
         tokens = self._sent.pop(key, None)
         if tokens is not None:
-            del self._due[key]
+            self._due.pop(key, None)
             self.pending -= tokens

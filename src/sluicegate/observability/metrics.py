@@ -278,7 +278,8 @@ class CapacityCollector(Collector):
         )
         abandoned = CounterMetricFamily(
             "sluicegate_queue_abandoned",
-            "Queued requests whose caller left before their turn.",
+            "Queued requests cancelled before their turn (the caller left, a hedge's other "
+            "attempt won, a job was stopped).",
             labels=labels,
         )
         correction = GaugeMetricFamily(

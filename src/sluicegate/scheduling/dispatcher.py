@@ -65,7 +65,8 @@ class LaneStats:
     """Queued requests answered before their wait ended: every deployment named a time
     past it (an open circuit, a rate limit's next slot)."""
     abandoned: int = 0
-    """Queued requests whose caller left before their turn."""
+    """Queued requests cancelled before their turn: the caller left, a hedge's other
+    attempt won, a job was stopped."""
     wait_s_total: float = 0.0
     in_flight: int = 0
 
@@ -727,15 +728,17 @@ class Dispatcher:
 
     def _prefill_ask(self, attempt: Attempt, target: Target) -> Prefill | None:
         """A streamed `attempt`'s part in `target`'s prefill budget: its prompt, to be
-        prefilled with those waiting within the budget's part of the promise, or within
-        what its own promise has left since it arrived if less."""
-        call, within_s = attempt.call, self._prefill_within_s
-        if within_s is None or not call.stream:
+        prefilled with those waiting within the budget's part of the promise, or, due by
+        then, within what its own promise has left since it arrived if less."""
+        call, part_s = attempt.call, self._prefill_within_s
+        if part_s is None or not call.stream:
             return None
-        promise = attempt.lane.ttft_slo_s
+        key, promise = self._prefill[target.deployment.name].key, attempt.lane.ttft_slo_s
         if promise is not None:
-            within_s = min(within_s, promise - (self.clock.now() - call.arrived_s))
-        return Prefill(self._prefill[target.deployment.name].key, call.prompt_tokens, within_s)
+            left_s = promise - (self.clock.now() - call.arrived_s)
+            if left_s < part_s:
+                return Prefill(key, call.prompt_tokens, left_s, due=True)
+        return Prefill(key, call.prompt_tokens, part_s)
 
     def _prefilling_at(self, attempt: Attempt) -> _Prefilling | None:
         """The budget `attempt`'s prompt still counts in, if any."""

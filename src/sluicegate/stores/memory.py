@@ -57,12 +57,13 @@ class MemoryLimitStore:
             if budget is None:
                 budget = self._prefills[prefill.key] = PrefillBudget(now)
             if not budget.admits(prefill.tokens, prefill.within_s, now):
-                return Refused(Part.PREFILL, 0, None)
+                return Refused(Part.PREFILL, 0, budget.due_in_s(now))
         if tats:
             self._tats.update(tats)
         lease_id, keys = lease
         if prefill is not None:
-            self._prefills[prefill.key].sent(lease_id, prefill.tokens, prefill.within_s, now)
+            due_s = now + prefill.within_s if prefill.due else None
+            self._prefills[prefill.key].sent(lease_id, prefill.tokens, due_s, now)
         until = now + ttl_s
         for key in keys:
             held = held_by.get(key)

@@ -210,7 +210,7 @@ class RedisLimitStore:
         keys += lined
         if prefill is not None:
             keys += self._prefill(prefill.key)
-            args += [prefill.tokens, prefill.within_s, GROWTH, LEARNT_KEPT_S]
+            args += [prefill.tokens, prefill.within_s, GROWTH, LEARNT_KEPT_S, int(prefill.due)]
         refused = await self._run("take", keys, args)
         if refused is None:
             if prefill is not None:

@@ -1013,6 +1013,34 @@ async def test_a_prompt_that_waited_is_held_to_what_its_promise_has_left(clock):
         runner.cancel()
 
 
+async def test_a_prompt_sent_on_what_its_promise_left_holds_newcomers_until_it_is_due(clock):
+    """Measured: 16,000 tokens/s, up to 4,000 tokens together. A 1,000-token prompt that
+    arrived 0.8 s before (0.2 s of its 1 s promise left) goes alone and is due 0.2 s
+    later: a fresh 2,500-token prompt, which with it would take 0.22 s, waits. Its first
+    token never comes; once its due time passes the fresh one goes, with nothing else
+    happening to wake the queue."""
+    lane = Lane("promised", queue_size=20, max_queue_age_s=5, ttft_slo_s=1.0)
+    dispatcher = dispatcher_for([lane], Pool(PoolSpec("p", 20), leases(clock)), clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        first = await measure_prefill(dispatcher, clock, lane)
+        late = streamed(clock, lane, 1_000)
+        late.call = late.call._replace(arrived_s=clock.now() - 0.8)
+        await granted(dispatcher, late)
+        fresh = asyncio.create_task(granted(dispatcher, streamed(clock, lane, 2_500)))
+        await settle()
+        clock.advance(0.19)
+        await settle()
+        assert not fresh.done()
+        clock.advance(0.02)
+        await settle()
+        assert fresh.done()
+        for grant in (first, late, fresh.result()):
+            await dispatcher.release(grant)
+    finally:
+        runner.cancel()
+
+
 ONE_SECOND = Lane("promised", queue_size=20, max_queue_age_s=5, ttft_slo_s=1.0)
 """A 1 s promise: half of it, 0.5 s, for the prompts being prefilled."""
 

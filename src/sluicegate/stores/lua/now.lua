@@ -32,8 +32,9 @@ local function hand_on(line, owed, now, claim_s)
 end
 
 -- The prompts a prefill budget counts (keys.prefill: tokens by lease id, when each
--- lapses, when each is due), after dropping those lapsed: how many, their tokens, and
--- the earliest due time still to come (nil when none is).
+-- lapses, when those sent on what their promise had left are due), after dropping
+-- those lapsed and the due times passed: how many, their tokens, and the earliest due
+-- time still to come (nil when none is).
 local function prefill_pending(sent, lapse, due, now)
   local lapsed = redis.call('ZRANGEBYSCORE', lapse, '-inf', exact('', now))
   if #lapsed > 0 then
@@ -41,11 +42,11 @@ local function prefill_pending(sent, lapse, due, now)
     redis.call('ZREM', due, unpack(lapsed))
     redis.call('ZREMRANGEBYSCORE', lapse, '-inf', exact('', now))
   end
+  redis.call('ZREMRANGEBYSCORE', due, '-inf', exact('', now))
   local count, pending = 0, 0
   for _, tokens in ipairs(redis.call('HVALS', sent)) do
     count, pending = count + 1, pending + tonumber(tokens)
   end
-  local earliest = redis.call('ZRANGEBYSCORE', due, exact('(', now), '+inf', 'WITHSCORES',
-    'LIMIT', 0, 1)[2]
+  local earliest = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')[2]
   return count, pending, earliest and tonumber(earliest)
 end

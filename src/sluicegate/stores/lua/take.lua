@@ -7,9 +7,10 @@
 --       1 when the ask has a prefill part (else 0), then per slot: its limit and 1 when
 --       it is lined (else 0), then per charge: emission interval, tolerance, cost,
 --       burst, then the prefill part's: prompt tokens, within_s, growth, how long a
---       learnt rate is kept unused.
+--       learnt rate is kept unused, 1 when the prompt is due within_s from now (else 0).
 -- Returns nil when granted (the lease id added to every slot's set, scored by its
--- expiry), else {part, index from 0, seconds until it may pass or ''}.
+-- expiry), else {part, index from 0, seconds until it may pass or ''}; the prefill
+-- part gives the time until the earliest due time passes, if one is to come.
 -- A lined slot is one replicas queue for. Its slots set aside for other replicas (by
 -- give_back, for the head of the line) count as held; a queued replica refused one joins
 -- the line (keeping its place if in it); any refused only by set-asides is told when the
@@ -20,8 +21,8 @@
 -- first (a cooldown, another slot, a rate, the prefill budget) it keeps it until then.
 -- The prefill part (core/prefill.py) admits a prompt when none is counted, else when
 -- the counted ones and it fit what the learnt rate prefills within `within_s` (and
--- before the earliest counted one is due) and `growth` times the most seen prefilled
--- together; granted, it is counted, and due `within_s` from now, under the
+-- before the earliest due time still to come) and `growth` times the most seen
+-- prefilled together; granted, it is counted (and, if due, its due time kept) under the
 -- lease id until prefilled.lua ends it or it lapses unrenewed after the ttl (renew.lua
 -- extends it with its lease; the budget's keys themselves are kept as long as what was
 -- learnt), and the busy period starts if none was counted. A prefill refusal marks the
@@ -135,7 +136,7 @@ if prefilling then
     if not fits then
       redis.call('HSETNX', learnt, 'waited', '1')
       keep_for(learnt, tonumber(ARGV[at + 4]))
-      return {'prefill', 0, ''}
+      return {'prefill', 0, earliest and exact('', earliest - now) or ''}
     end
   end
 end
@@ -161,9 +162,11 @@ if prefilling then
   end
   redis.call('HSET', sent, id, tokens)
   redis.call('ZADD', lapse, exact('', now + ttl), id)
-  redis.call('ZADD', due, exact('', now + within), id)
-  for _, key in ipairs({sent, lapse, due}) do
-    keep_for(key, tonumber(ARGV[at + 4]))
+  keep_for(sent, tonumber(ARGV[at + 4]))
+  keep_for(lapse, tonumber(ARGV[at + 4]))
+  if ARGV[at + 5] == '1' then
+    redis.call('ZADD', due, exact('', now + within), id)
+    keep_for(due, tonumber(ARGV[at + 4]))
   end
 end
 return nil
