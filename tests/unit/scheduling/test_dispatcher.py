@@ -941,6 +941,13 @@ def streamed(clock: FakeClock, lane: Lane, prompt_tokens: int, stream: bool = Tr
     )
 
 
+def arrived_before(clock: FakeClock, lane: Lane, prompt_tokens: int, ago_s: float) -> Attempt:
+    """A streamed prompt that arrived `ago_s` before now: its promise has that much less left."""
+    late = streamed(clock, lane, prompt_tokens)
+    late.call = late.call._replace(arrived_s=clock.now() - ago_s)
+    return late
+
+
 async def test_long_prompts_go_one_at_a_time_until_a_first_token_measures_the_prefill(clock):
     """A promise of 1 s leaves half of it to the prompts waiting for their first token.
     Before any first token one goes at a time; the first, 2,000 tokens in 0.125 s,
@@ -1001,41 +1008,11 @@ async def test_a_prompt_that_waited_is_held_to_what_its_promise_has_left(clock):
         first = await measure_prefill(dispatcher, clock, lane)
         waiting = await granted(dispatcher, streamed(clock, lane, 1_000))
         fresh = await granted(dispatcher, streamed(clock, lane, 1_000))
-        late = streamed(clock, lane, 1_000)
-        late.call = late.call._replace(arrived_s=clock.now() - 0.9)
-        held = asyncio.create_task(granted(dispatcher, late))
+        held = asyncio.create_task(granted(dispatcher, arrived_before(clock, lane, 1_000, 0.9)))
         await settle()
         assert not held.done()
         held.cancel()
         for grant in (first, waiting, fresh):
-            await dispatcher.release(grant)
-    finally:
-        runner.cancel()
-
-
-async def test_a_prompt_sent_on_what_its_promise_left_holds_newcomers_until_it_is_due(clock):
-    """Measured: 16,000 tokens/s, up to 4,000 tokens together. A 1,000-token prompt that
-    arrived 0.8 s before (0.2 s of its 1 s promise left) goes alone and is due 0.2 s
-    later: a fresh 2,500-token prompt, which with it would take 0.22 s, waits. Its first
-    token never comes; once its due time passes the fresh one goes, with nothing else
-    happening to wake the queue."""
-    lane = Lane("promised", queue_size=20, max_queue_age_s=5, ttft_slo_s=1.0)
-    dispatcher = dispatcher_for([lane], Pool(PoolSpec("p", 20), leases(clock)), clock)
-    runner = asyncio.create_task(dispatcher.run())
-    try:
-        first = await measure_prefill(dispatcher, clock, lane)
-        late = streamed(clock, lane, 1_000)
-        late.call = late.call._replace(arrived_s=clock.now() - 0.8)
-        await granted(dispatcher, late)
-        fresh = asyncio.create_task(granted(dispatcher, streamed(clock, lane, 2_500)))
-        await settle()
-        clock.advance(0.19)
-        await settle()
-        assert not fresh.done()
-        clock.advance(0.02)
-        await settle()
-        assert fresh.done()
-        for grant in (first, late, fresh.result()):
             await dispatcher.release(grant)
     finally:
         runner.cancel()
@@ -1057,6 +1034,32 @@ async def full_after_a_measure(clock: FakeClock) -> AsyncIterator[Dispatcher]:
         full = await granted(dispatcher, streamed(clock, ONE_SECOND, 10, stream=False))
         yield dispatcher
         for grant in (first, full):
+            await dispatcher.release(grant)
+    finally:
+        runner.cancel()
+
+
+async def test_a_prompt_sent_on_what_its_promise_left_holds_newcomers_until_it_is_due(clock):
+    """Measured: 16,000 tokens/s, up to 4,000 tokens together. A 1,000-token prompt that
+    arrived 0.8 s before (0.2 s of its 1 s promise left) goes alone and is due 0.2 s
+    later: a fresh 2,500-token prompt, which with it would take 0.22 s, waits. Its first
+    token never comes; once its due time passes the fresh one goes, with nothing else
+    happening to wake the queue."""
+    lane = ONE_SECOND
+    dispatcher = dispatcher_for([lane], Pool(PoolSpec("p", 20), leases(clock)), clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        first = await measure_prefill(dispatcher, clock, lane)
+        late = await granted(dispatcher, arrived_before(clock, lane, 1_000, 0.8))
+        fresh = asyncio.create_task(granted(dispatcher, streamed(clock, lane, 2_500)))
+        await settle()
+        clock.advance(0.19)
+        await settle()
+        assert not fresh.done()
+        clock.advance(0.02)
+        await settle()
+        assert fresh.done()
+        for grant in (first, late, fresh.result()):
             await dispatcher.release(grant)
     finally:
         runner.cancel()
