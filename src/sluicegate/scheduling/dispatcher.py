@@ -368,8 +368,11 @@ class Dispatcher:
         if prefilling is not None:
             prefilling.pending -= attempt.call.prompt_tokens
         if attempt.call.stream and attempt.first_byte_s is not None and attempt.completion_tokens:
+            sequences = sum(stats.in_flight for stats in self.stats.values())
             span_s = self.clock.now() - attempt.first_byte_s
-            self.unit.decoded(attempt.completion_tokens, span_s, self._sequences())
+            self.unit.decoded(
+                attempt.completion_tokens, span_s, math.ceil(sequences / len(self.targets))
+            )
         self.stats[lane.name].in_flight -= 1
         produced = attempt.completion_tokens
         if produced is None and attempt.used_tokens is not None:
@@ -499,24 +502,14 @@ class Dispatcher:
         return min(lane.max_queue_age_s, budget_s)
 
     def _own_prefill_s(self, call: Call) -> float:
-        """How long `call`'s prompt alone takes from dispatch to its first token at the
-        least: the engine step under way when it arrives (measured: a 3,414-token prompt
-        let go at the end of its wait was 23 ms late by it), then its own prefill at the
-        fastest rate its deployments' budgets learnt; 0 when no rate is learnt, when its
-        first token is not seen (not streamed), or when the top lane has no promise (then
-        there is no prefill budget to learn a rate)."""
+        """How long `call`'s prompt alone takes to prefill at the fastest rate its
+        deployments' budgets learnt; 0 when nothing is learnt, when its first token is
+        not seen (not streamed), or when the top lane has no promise (then there is no
+        prefill budget to learn a rate)."""
         if not call.stream:
             return 0.0
         rates = self._prefill_rates()
-        if not rates:
-            return 0.0
-        decode_s = self.unit.decode_s_per_token or 0.0
-        return call.prompt_tokens / max(rates) + decode_s * self._sequences()
-
-    def _sequences(self) -> int:
-        """Sequences in each deployment's engine step, about: those in flight, spread."""
-        in_flight = sum(stats.in_flight for stats in self.stats.values())
-        return math.ceil(in_flight / len(self.targets))
+        return call.prompt_tokens / max(rates) if rates else 0.0
 
     def _prefill_rates(self) -> list[float]:
         """The deployments' learnt prefill rates, as last heard, where learnt."""

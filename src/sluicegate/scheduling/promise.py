@@ -26,9 +26,8 @@ both would fit neither. The time from dispatch to the first token (the backend's
 queue and prefill) is measured per lane too, its mean and its 95th percentile, and a
 request is queued only when the wait and that percentile together fit its lane's
 `ttft_slo_s`; a streamed prompt whose own prefill, at the fastest rate its deployments'
-prefill budgets learnt and after the engine step under way, takes longer than that
-percentile is judged by its prefill instead, and may wait only what the promise leaves
-beyond it.
+prefill budgets learnt, takes longer than that percentile is judged by its prefill
+instead, and may wait only what the promise leaves beyond it.
 
 Shedding is the second line: CoDel (RFC 8289) on each lane's queue, with the lane's
 whole queue budget (the promise less the time after dispatch) as its target. A backend

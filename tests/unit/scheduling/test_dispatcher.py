@@ -1065,39 +1065,6 @@ async def test_a_prompt_sent_on_what_its_promise_left_holds_newcomers_until_it_i
         runner.cancel()
 
 
-async def test_a_long_prompt_leaves_room_for_the_engine_step_under_way(clock):
-    """Learnt: 16,000 tokens/s of prefill, and 0.05 s a sequence per decode step (11
-    tokens streamed over 0.5 s, alone). With two sequences in flight a step takes 0.1 s,
-    and a prompt sent mid-step waits for its end: an 8,000-token prompt (0.5 s alone)
-    may wait 0.4 s of its 1 s promise, not 0.5 s."""
-    dispatcher = dispatcher_for([ONE_SECOND], Pool(PoolSpec("p", 2), leases(clock)), clock)
-    runner = asyncio.create_task(dispatcher.run())
-    try:
-        first = await measure_prefill(dispatcher, clock, ONE_SECOND)
-        clock.advance(0.5)
-        first.completion_tokens = 11
-        await dispatcher.release(first)
-        held = [
-            await granted(dispatcher, streamed(clock, ONE_SECOND, 10, stream=False))
-            for _ in range(2)
-        ]
-        long = asyncio.create_task(granted(dispatcher, streamed(clock, ONE_SECOND, 8_000)))
-        await settle()
-        clock.advance(0.39)
-        await settle()
-        assert not long.done()
-        clock.advance(0.02)
-        await settle()
-        assert long.done()
-        with pytest.raises(GatewayError) as info:
-            await long
-        assert info.value.code == "expired"
-        for grant in held:
-            await dispatcher.release(grant)
-    finally:
-        runner.cancel()
-
-
 async def test_a_long_prompt_waits_only_what_its_promise_leaves_beyond_its_own_prefill(clock):
     """A 1,000-token prompt (its prefill 0.0625 s) may wait the 0.875 s the lane's time
     after dispatch leaves of a 1 s promise; a 12,000-token one needs 0.75 s alone, so it
