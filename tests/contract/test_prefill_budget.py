@@ -157,7 +157,7 @@ async def test_a_newcomer_may_not_take_the_time_a_waiting_prompt_has_left(store,
     assert fresh
     await budget.dropped(fresh)
     clock.advance(0.1)
-    assert await budget.send(1_000) is None, "0.15 s left: 3,000 tokens"
+    assert await budget.send(990) is None, "0.15 s left: 3,000 tokens"
     assert budget.look_again_s == pytest.approx(0.15)
     clock.advance(0.2)
     joined = await budget.send(1_000)
@@ -167,6 +167,20 @@ async def test_a_newcomer_may_not_take_the_time_a_waiting_prompt_has_left(store,
     await budget.first_tokens(late, joined)
     assert await budget.send(4_000, within_s=0.25)
     assert await budget.send(1_010), "not due: limited by the rate and the growth only"
+
+
+async def test_a_due_prompt_that_ends_holds_nobody(store, clock):
+    """Its due time goes with it: with it gone, 5,490 tokens may wait together (twice
+    the 3,000 seen), where its due time would have allowed 5,000."""
+    budget = Budget(store)
+    first = await budget.sent(3_000)
+    clock.advance(0.15)
+    await budget.first_tokens(*first)
+    late = await budget.send(4_000, within_s=0.25, due=True)
+    assert late
+    assert await budget.send(990)
+    await budget.dropped(late)
+    assert await budget.send(4_500)
 
 
 async def test_first_tokens_of_one_step_that_arrive_apart_are_still_one_measure(store, clock):

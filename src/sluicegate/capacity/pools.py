@@ -196,8 +196,10 @@ class PoolGroup:
             return store_unavailable()
         if isinstance(decision, Refused):
             lapse_s = decision.retry_after_s
-            if lapse_s is not None and decision.part in (Part.SLOT, Part.PREFILL):
+            if lapse_s is not None and decision.part is Part.SLOT:
                 self.pools[decision.index].look_again(lapse_s)
+            elif lapse_s is not None and decision.part is Part.PREFILL:
+                self.pools[0].look_again(lapse_s)
             return _refusal(decision, self.pools, self._owners)
         for pool in self.pools:
             pool._taken(tokens)

@@ -138,6 +138,25 @@ async def test_waiters_look_again_when_a_slot_set_aside_elsewhere_lapses():
     assert told == [pytest.approx(1000.25)]
 
 
+async def test_a_sooner_time_to_look_again_replaces_a_later_one():
+    """A refusal that may lift sooner (a prompt's due time, a set-aside about to lapse)
+    moves the wake-up earlier; waiters are told once, then."""
+    clock = FakeClock()
+    store = SetAsideElsewhere(clock, 0.25)
+    p = Pool(PoolSpec("p", 1), Leases(store, clock))
+    told: list[float] = []
+    p.on_release(lambda: told.append(clock.now()))
+    await refused([p], 0)
+    clock.advance(0.1)
+    store.lapse_s = 0.05
+    await refused([p], 0)
+    clock.advance(0.04)
+    assert told == []
+    clock.advance(0.02)
+    clock.advance(1.0)
+    assert told == [pytest.approx(1000.16)]
+
+
 async def test_a_deployment_behind_two_pools_takes_both_or_neither():
     clock = FakeClock()
     leases = Leases(MemoryLimitStore(clock), clock)

@@ -27,7 +27,8 @@
 -- extends it with its lease; the budget's keys themselves are kept as long as what was
 -- learnt), and the busy period starts if none was counted. A prefill refusal marks the
 -- budget as waited for, so that the next prompt's end is announced. Apart from that, a
--- refusal writes only the removal of lapsed set-asides and lapsed prompts.
+-- refusal writes only the removal of lapsed set-asides, lapsed prompts and due times
+-- passed.
 local now = now_s()
 local id, ttl = ARGV[2], tonumber(ARGV[3])
 local ncool, nslot = tonumber(ARGV[4]), tonumber(ARGV[5])
