@@ -138,6 +138,17 @@ async def test_the_limit_follows_the_promise_part_and_grows_to_twice_what_was_se
     assert await budget.send(1, within_s=-0.5) is None
 
 
+async def due_after_a_measure(budget: Budget, clock: FakeClock) -> str:
+    """Learn 20,000 tokens/s with 3,000 tokens seen together, then send a 4,000-token
+    prompt on the 0.25 s its promise has left: due then. Its lease id."""
+    first = await budget.sent(3_000)
+    clock.advance(0.15)
+    await budget.first_tokens(*first)
+    late = await budget.send(4_000, within_s=0.25, due=True)
+    assert late
+    return late
+
+
 async def test_a_newcomer_may_not_take_the_time_a_waiting_prompt_has_left(store, clock):
     """At 20,000 tokens/s, a 4,000-token prompt sent on the 0.25 s its promise has left
     is due by then: a fresh prompt, though its own promise leaves it a second, may join
@@ -146,11 +157,7 @@ async def test_a_newcomer_may_not_take_the_time_a_waiting_prompt_has_left(store,
     (it is late whatever follows, and one that never gets its first token must not hold
     the others). A prompt sent on the budget's own part is due nowhere."""
     budget = Budget(store)
-    first = await budget.sent(3_000)
-    clock.advance(0.15)
-    await budget.first_tokens(*first)
-    late = await budget.send(4_000, within_s=0.25, due=True)
-    assert late
+    late = await due_after_a_measure(budget, clock)
     assert await budget.send(1_010) is None
     assert budget.look_again_s == pytest.approx(0.25)
     fresh = await budget.send(990)
@@ -173,11 +180,7 @@ async def test_a_due_prompt_that_ends_holds_nobody(store, clock):
     """Its due time goes with it: with it gone, 5,490 tokens may wait together (twice
     the 3,000 seen), where its due time would have allowed 5,000."""
     budget = Budget(store)
-    first = await budget.sent(3_000)
-    clock.advance(0.15)
-    await budget.first_tokens(*first)
-    late = await budget.send(4_000, within_s=0.25, due=True)
-    assert late
+    late = await due_after_a_measure(budget, clock)
     assert await budget.send(990)
     await budget.dropped(late)
     assert await budget.send(4_500)
