@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sluicegate.core import keys
-from sluicegate.core.clock import Timer
+from sluicegate.core.clock import Wakeup
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.leases import Leases, store_unavailable, unheard
 from sluicegate.core.limits import (
@@ -66,7 +66,7 @@ class Pool:
         self._requests_key = keys.pool_requests(name)
         self._tokens_key = keys.pool_tokens(name)
         self._listeners: list[Callable[[], None]] = []
-        self._look_again: tuple[float, Timer] | None = None
+        self._look_again = Wakeup(leases.clock, self.freed)
 
     @property
     def name(self) -> str:
@@ -119,18 +119,7 @@ class Pool:
         another replica first in the shared line lapses unclaimed (it is told if it is
         claimed), a prompt holding the prefill budget passes its due time without a
         first token. Whoever waits looks again then."""
-        clock = self.leases.clock
-        when = clock.now() + in_s
-        pending = self._look_again
-        if pending is not None:
-            if pending[0] <= when:
-                return
-            pending[1].cancel()
-        self._look_again = (when, clock.call_at(when, self._lapsed))
-
-    def _lapsed(self) -> None:
-        self._look_again = None
-        self.freed()
+        self._look_again.in_s(in_s)
 
     def _taken(self, tokens: int) -> None:
         self.counters.active += 1

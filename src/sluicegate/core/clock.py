@@ -44,6 +44,31 @@ class MonotonicClock:
         return asyncio.get_running_loop().call_later(delay, callback)
 
 
+class Wakeup:
+    """One pending call of `callback`, at the earliest of the times asked for: asked for
+    a later time while one is pending, nothing changes; for a sooner one, it moves."""
+
+    __slots__ = ("_callback", "_clock", "_pending")
+
+    def __init__(self, clock: Clock, callback: Callable[[], None]) -> None:
+        self._clock = clock
+        self._callback = callback
+        self._pending: tuple[float, Timer] | None = None
+
+    def in_s(self, delay_s: float) -> None:
+        when = self._clock.now() + delay_s
+        pending = self._pending
+        if pending is not None:
+            if pending[0] <= when:
+                return
+            pending[1].cancel()
+        self._pending = (when, self._clock.call_at(when, self._due))
+
+    def _due(self) -> None:
+        self._pending = None
+        self._callback()
+
+
 async def sleep_until(clock: Clock, when_s: float) -> None:
     """Wait until `clock` reads `when_s`; cancelling the wait cancels its timer."""
     future: asyncio.Future[None] = asyncio.get_running_loop().create_future()

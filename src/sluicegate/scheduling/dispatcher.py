@@ -27,7 +27,7 @@ from sluicegate.capacity.breaker import BreakerView
 from sluicegate.capacity.gates import GateState
 from sluicegate.core import keys
 from sluicegate.core.call import Call
-from sluicegate.core.clock import Clock, Timer
+from sluicegate.core.clock import Clock, Wakeup
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.limits import Prefill, PrefillState
 from sluicegate.core.refusals import Refusal
@@ -215,9 +215,8 @@ class Dispatcher:
         self._paused = paused
         self._next_dispatch_s: dict[str, float] = {}
         self._kicked = asyncio.Event()
-        self._retry: tuple[float, Timer] | None = None
-        """The pending wake-up for a rate limit's next slot: (clock time, timer), cleared
-        when it fires."""
+        self._retry = Wakeup(clock, self.kick)
+        """The wake-up for a rate limit's next slot or a cooldown's end."""
         for target in self.targets:
             target.gate.on_change(self.kick)
             for pool in target.pools:
@@ -832,19 +831,8 @@ class Dispatcher:
 
     def _retry_after(self, delay_s: float | None) -> None:
         """Wake when a rate limit's next slot or a cooldown's end comes."""
-        if delay_s is None or math.isinf(delay_s):
-            return
-        when = self.clock.now() + delay_s
-        pending = self._retry
-        if pending is not None and pending[0] <= when:
-            return
-        if pending is not None:
-            pending[1].cancel()
-        self._retry = (when, self.clock.call_at(when, self._retry_due))
-
-    def _retry_due(self) -> None:
-        self._retry = None
-        self.kick()
+        if delay_s is not None and not math.isinf(delay_s):
+            self._retry.in_s(delay_s)
 
 
 def _first_refusal(checks: tuple[DispatchCheck, ...], target: Target, lane: Lane) -> NotNow | None:
