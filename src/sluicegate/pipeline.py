@@ -41,6 +41,13 @@ from sluicegate.core.types import Deployment, Endpoint, Lane, Model, OverloadSta
 from sluicegate.hedging import Hedging
 from sluicegate.observability.metrics import UNKNOWN_MODEL, GatewayMetrics
 from sluicegate.providers.base import Provider, UpstreamResponse, timed_out
+from sluicegate.providers.resume import (
+    answered_so_far,
+    at_event_end,
+    continuation,
+    resumable,
+    without_opening,
+)
 from sluicegate.scheduling.attempt import Attempt, Target, patience_s
 from sluicegate.scheduling.dispatcher import Dispatcher
 from sluicegate.scheduling.ladder import degrade
@@ -126,18 +133,19 @@ class Pipeline:
                     call, permits, tally, inbound.interactive, tenant_slot=not arriving
                 )
                 started = await self._first_answer(call, inbound.avoid)
-                attempt, answer = started.attempt, started.answer
+                answer = started.answer
+                answer.part = started
                 try:
-                    async with started.stack:
-                        self._metrics.attempts(attempt.number)
+                    async with answer:
+                        self._metrics.attempts(started.attempt.number)
                         try:
                             yield answer
                         except BaseException as err:
-                            attempt.end(err)
+                            answer.attempt.end(err)
                             raise
-                        attempt.end(None)
+                        answer.attempt.end(None)
                 finally:
-                    tally.used_tokens = attempt.used_tokens
+                    tally.used_tokens = answer.used_tokens
         except BaseException as err:
             self._record(inbound, call, answer, err)
             raise
@@ -207,7 +215,7 @@ class Pipeline:
         call = attempt.call
         if attempt.first_byte_s is not None:
             ttft_s = attempt.first_byte_s - call.arrived_s
-            if call.lane is self._scheduling.top:
+            if call.lane is self._scheduling.top and not call.resumed:
                 self.ttft.add(ttft_s)
             self._dispatchers[call.model.name].first_token(attempt, ttft_s)
 
@@ -261,6 +269,7 @@ class Pipeline:
             target = attempt.target
             assert target is not None
             tried.add(target.deployment.name)
+            attempt.resumable = not call.resumed and resumable(call, target.deployment)
             try:
                 answer = await self._first_bytes(stack, attempt, target)
             except GatewayError as err:
@@ -285,7 +294,7 @@ class Pipeline:
                 upstream = await stack.enter_async_context(
                     self._open(attempt, deployment, self._budget_s(call))
                 )
-                answer = Answer(upstream, attempt, self._clock, self._first_token)
+                answer = Answer(upstream, attempt, self._clock, self._first_token, self._resume)
                 await answer.prime()
         except TimeoutError:
             raise timed_out(deployment.name) from None
@@ -294,6 +303,16 @@ class Pipeline:
                 raise _cut_by_deadline(err, call, self._clock.now(), started + wait) from None
             raise
         return answer
+
+    async def _resume(self, call: Call, text: str, produced: int) -> _Started:
+        """The rest of `call`'s answer after `text` (`produced` tokens), whose stream gave
+        its slot away: a request of its own, first among those beyond their share."""
+        rest = call._replace(
+            payload=continuation(call.payload, text, produced),
+            prompt_tokens=call.prompt_tokens + produced,
+            resumed=True,
+        )
+        return await self._first_answer(rest, frozenset())
 
     async def _worth_another(self, attempt: Attempt, err: GatewayError, tried: set[str]) -> bool:
         """Act on a failed attempt (throttling cools the pools) and say whether another
@@ -379,7 +398,7 @@ class Pipeline:
         self._metrics.answered(route, model, status)
         if call is None or answer is None or error is not None:
             return
-        attempt = answer.attempt
+        attempt = answer.opened
         dispatched, first_byte = attempt.dispatched_s, attempt.first_byte_s
         if dispatched is None or first_byte is None:
             return
@@ -478,10 +497,25 @@ class _Failed(Exception):
 
 
 class Answer:
-    """An upstream answer whose first bytes are in hand: from here on its provider is
-    fixed, and no retry can happen without the client seeing it."""
+    """An upstream answer whose first bytes are in hand: from here on no retry can happen
+    without the client seeing it. A stream asked to give its slot away (`Attempt.
+    preempted`) goes on from a new attempt, its caller seeing a pause between two whole
+    events (`providers.resume`); `part` holds the current attempt's permits and
+    upstream, released when the answer ends."""
 
-    __slots__ = ("_body", "_clock", "_first", "_on_first", "_rest", "_upstream", "attempt")
+    __slots__ = (
+        "_body",
+        "_clock",
+        "_first",
+        "_on_first",
+        "_rest",
+        "_resume",
+        "_upstream",
+        "_used_before",
+        "attempt",
+        "opened",
+        "part",
+    )
 
     def __init__(
         self,
@@ -489,14 +523,27 @@ class Answer:
         attempt: Attempt,
         clock: Clock,
         on_first: Callable[[Attempt], None],
+        resume: Callable[[Call, str, int], Awaitable[_Started]],
     ) -> None:
         self._upstream = upstream
         self.attempt = attempt
+        self.opened = attempt
+        """The attempt whose first bytes the caller got: the request's timings are its."""
         self._clock = clock
         self._on_first = on_first
+        self._resume = resume
         self._body = b""
         self._first = b""
         self._rest: AsyncIterator[bytes] | None = None
+        self._used_before = 0
+        self.part: _Started | None = None
+
+    async def __aenter__(self) -> Answer:
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        assert self.part is not None
+        return await self.part.stack.__aexit__(*exc_info)
 
     @property
     def call(self) -> Call:
@@ -505,6 +552,12 @@ class Answer:
     @property
     def upstream(self) -> UpstreamResponse:
         return self._upstream
+
+    @property
+    def used_tokens(self) -> int | None:
+        """Tokens used by every part of the answer; None while the last part's is unknown."""
+        used = self.attempt.used_tokens
+        return None if used is None else self._used_before + used
 
     async def prime(self) -> None:
         if self.attempt.call.stream:
@@ -518,10 +571,47 @@ class Answer:
         return self._body
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The stream as it arrives; its first byte is timed as it is handed over."""
-        assert self._rest is not None, "chunks() of a non-streamed answer"
+        """The stream as it arrives; its first byte is timed as it is handed over. The
+        bytes of a stream that may give its slot away are kept, to be read back only
+        if it does."""
         self.attempt.first_byte_s = self._clock.now()
         self._on_first(self.attempt)
-        yield self._first
-        async for chunk in self._rest:
-            yield chunk
+        first = self._first
+        while True:
+            rest = self._rest
+            assert rest is not None, "chunks() of a non-streamed answer"
+            relayed = [first] if self.attempt.resumable else None
+            yield first
+            async for chunk in rest:
+                if relayed is None:
+                    yield chunk
+                    continue
+                relayed.append(chunk)
+                yield chunk
+                if self.attempt.preempted and at_event_end(chunk):
+                    break
+            else:
+                return
+            first = await self._go_on(relayed or [])
+
+    async def _go_on(self, relayed: list[bytes]) -> bytes:
+        """End this part where the caller's stream stands and continue in a new attempt:
+        the first bytes of its stream, less the opening the caller already had."""
+        text, produced = answered_so_far(relayed)
+        attempt, upstream, part = self.attempt, self._upstream, self.part
+        assert part is not None
+        assert self._rest is not None
+        upstream.used_tokens = attempt.call.prompt_tokens + produced
+        upstream.completion_tokens = produced
+        upstream.hand_over()
+        await self._rest.aclose()
+        attempt.end(asyncio.CancelledError())
+        await part.stack.aclose()
+        self._used_before += attempt.call.prompt_tokens + produced
+        started = await self._resume(attempt.call, text, produced)
+        rest = started.answer
+        self.part, self.attempt = started, started.attempt
+        self._upstream, self._rest = rest._upstream, rest._rest
+        self.attempt.first_byte_s = self._clock.now()
+        self._on_first(self.attempt)
+        return without_opening(rest._first)

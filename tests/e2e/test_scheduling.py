@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from types import FrameType
 
 import aiohttp
+import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -106,6 +107,53 @@ async def test_a_queued_request_that_expires_or_whose_caller_leaves_never_reache
     }
     ended = {"dispatched": 0, "expired": 1, "shed": 0, "unavailable": 0, "abandoned": 1}
     assert {name: queue.get(name) for name in ended} == ended
+
+
+async def test_a_request_within_its_share_takes_the_slot_of_a_stream_beyond_it(sim, http):
+    """A pool of 2 held by two long streams of `a`, then `b` asks: `b` is within its share
+    (one of two) and `a` beyond its own, so one of a's streams gives its slot away and
+    continues once `b` is done. `b` ends before either of a's streams (without the
+    hand-over it would wait for one of them to end), and both of a's answers reach the
+    `openai` SDK whole: 300 content tokens each, one opening, one finish."""
+    lanes = [{"name": "default", "queue_size": 10, "max_queue_age_s": 10}]
+    raw = config(sim, lanes, pool=2, resumable=True)
+    async with inprocess_gateway(raw, ENV) as gw:
+        client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="sk-a", max_retries=0)
+        ended: list[str] = []
+
+        async def stream(name: str) -> list[openai.types.chat.ChatCompletionChunk]:
+            chunks = await client.chat.completions.create(
+                model="chat",
+                messages=[{"role": "user", "content": "tell me a long story"}],
+                max_tokens=300,
+                stream=True,
+            )
+            got = [chunk async for chunk in chunks]
+            ended.append(name)
+            return got
+
+        long = [asyncio.ensure_future(stream(f"a{n}")) for n in range(2)]
+        await asyncio.sleep(0.3)
+        status, _ = await chat(http, gw.url, "b", max_tokens=4)
+        ended.append("b")
+        answers = await asyncio.gather(*long)
+        async with http.get(f"{gw.url}/metrics") as resp:
+            page = await resp.text()
+    assert status == 200
+    assert ended[0] == "b", ended
+    for chunks in answers:
+        deltas = [chunk.choices[0].delta for chunk in chunks if chunk.choices]
+        assert sum(bool(delta.content) for delta in deltas) == 300
+        assert sum(delta.role == "assistant" for delta in deltas) == 1
+        finished = [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices]
+        assert [reason for reason in finished if reason] == ["length"]
+    preempted = [
+        sample.value
+        for family in text_string_to_metric_families(page)
+        for sample in family.samples
+        if sample.name == "sluicegate_preempted_total"
+    ]
+    assert preempted == [1]
 
 
 async def test_background_waits_for_an_empty_backend_queue_while_interactive_does_not(

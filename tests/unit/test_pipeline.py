@@ -8,6 +8,7 @@ loser's reservation with the winner's usage, and a cancelled probe closed a circ
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -277,3 +278,90 @@ async def test_a_whole_body_costs_one_decision_at_the_edge(body_in: bool, takes:
     async with running(raw, {}, store) as h:
         await h.ask(h.inbound(max_tokens=10)._replace(body_in=lambda: body_in))
         assert store.takes == takes
+
+
+def event(delta: dict[str, Any], finish: str | None = None) -> bytes:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return b"data: " + json.dumps({"id": "x", "choices": [choice]}).encode() + b"\n\n"
+
+
+class ContinuedStream:
+    """The first call's stream: an opening, two words, then nothing more until it is
+    ended; a later call's: an opening, three words, the finish."""
+
+    def __init__(self, provider: ContinuingProvider, first: bool) -> None:
+        self._provider = provider
+        self._first = first
+        self.used_tokens: int | None = None
+        self.completion_tokens: int | None = None
+
+    async def read(self) -> bytes:
+        raise AssertionError("a stream is never read whole")
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        yield event({"role": "assistant", "content": ""})
+        for word in ("w0 ", "w1 ") if self._first else ("w2 ", "w3 ", "w4 "):
+            yield event({"content": word})
+        if self._first:
+            await asyncio.Event().wait()
+        yield event({}, "length") + b"data: [DONE]\n\n"
+        self.used_tokens = 20
+
+    def hand_over(self) -> None:
+        self._provider.handed_over += 1
+
+
+class ContinuingProvider(ScriptedProvider):
+    """A `ScriptedProvider` whose streams are `ContinuedStream`s."""
+
+    def __init__(self, deployment: Any) -> None:
+        super().__init__(deployment)
+        self.handed_over = 0
+
+    @asynccontextmanager
+    async def open(
+        self, endpoint: Endpoint, payload: dict[str, Any], budget_s: float
+    ) -> AsyncIterator[ContinuedStream]:
+        self.bodies.append(payload)
+        yield ContinuedStream(self, first=len(self.bodies) == 1)
+
+
+async def test_a_stream_that_gives_its_slot_away_goes_on_from_where_its_caller_stands():
+    """Asked to give its slot away (as the dispatcher asks) after two words, the stream
+    ends at that event's end, without the grace an abandoned call keeps, and goes on from
+    a second attempt that continues the answer so far with what is left of its output
+    cap. The caller gets one stream: one opening, the words of both parts, one finish,
+    and every permit is back once it has ended."""
+    raw = config({"name": "a", "resumable": True})
+    clock = FakeClock()
+    settings = parse_settings(raw, "test", ENV)
+    (deployment,) = settings.models["chat"].deployments
+    provider = ContinuingProvider(deployment)
+    runtime = build(settings, clock, {"a": provider})
+    tasks = [asyncio.create_task(d.run()) for d in runtime.dispatchers.values()]
+    harness = Harness(runtime, clock, {"a": provider})
+    try:
+        got: list[bytes] = []
+        async with runtime.pipeline.run(harness.inbound(stream=True, max_tokens=10)) as answer:
+            async for chunk in answer.chunks():
+                got.append(chunk)
+                if len(got) == 2:
+                    answer.attempt.preempted = True
+        stream = b"".join(got)
+        assert stream.count(b'"role"') == 1
+        words = [
+            json.loads(line[6:])["choices"][0]["delta"].get("content")
+            for line in stream.split(b"\n\n")
+            if line.startswith(b"data: {")
+        ]
+        assert [w for w in words if w] == ["w0 ", "w2 ", "w3 ", "w4 "]
+        assert stream.endswith(b"data: [DONE]\n\n")
+        first, rest = provider.bodies
+        assert rest["messages"] == [*first["messages"], {"role": "assistant", "content": "w0 "}]
+        assert (rest["continue_final_message"], rest["add_generation_prompt"]) == (True, False)
+        assert rest["max_tokens"] == 9
+        assert provider.handed_over == 1
+        assert harness.active("a") == 0
+    finally:
+        for task in tasks:
+            task.cancel()

@@ -299,6 +299,7 @@ def _deployment(
         metrics=_backend_metrics(spec, base_url),
         adaptive=_adaptive(spec),
         pass_priority=spec.pass_priority,
+        resumable=spec.resumable,
         breaker=BreakerPolicy(**spec.breaker.model_dump()),
         throttle_cooldown_s=spec.throttle_cooldown_s,
         max_cooldown_s=spec.max_cooldown_s,

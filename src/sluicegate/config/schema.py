@@ -230,6 +230,12 @@ class DeploymentConfig(Strict):
     pass_priority: bool = Field(
         default=False, description="send the lane's priority as vLLM's `priority` field"
     )
+    resumable: bool = Field(
+        default=False,
+        description="the backend continues a partial assistant message (vLLM's "
+        "`continue_final_message`): a stream beyond its share may give its slot to a "
+        "request within its share and resume after",
+    )
     breaker: BreakerConfig = BreakerConfig()
     throttle_cooldown_s: Seconds = Field(
         default=5.0, description="cooldown after a 429 that names no Retry-After"

@@ -112,6 +112,7 @@ class Deployment:
     metrics: BackendMetrics | None = None
     adaptive: AdaptiveLimit | None = None
     pass_priority: bool = False
+    resumable: bool = False
     breaker: BreakerPolicy = BreakerPolicy()
     throttle_cooldown_s: float = 5.0
     max_cooldown_s: float = 300.0

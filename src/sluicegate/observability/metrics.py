@@ -282,6 +282,12 @@ class CapacityCollector(Collector):
             "attempt won, a job was stopped).",
             labels=labels,
         )
+        preempted = CounterMetricFamily(
+            "sluicegate_preempted",
+            "Streams of the lane beyond their share (or below the top lane) that gave their "
+            "engine slot to a top-lane request within its share and continued later.",
+            labels=labels,
+        )
         correction = GaugeMetricFamily(
             "sluicegate_queue_wait_correction",
             "Learnt ratio of real to predicted queue waits (1: the predictor is right), of "
@@ -339,13 +345,14 @@ class CapacityCollector(Collector):
                 shed.add_metric(key, lane.shed)
                 unavailable.add_metric(key, lane.unavailable)
                 abandoned.add_metric(key, lane.abandoned)
+                preempted.add_metric(key, lane.preempted)
                 correction.add_metric([*key, "beyond"], lane.wait_correction)
                 correction.add_metric([*key, "within"], lane.wait_correction_within_share)
                 tail.add_metric(key, lane.wait_tail)
                 for tenant, counter in lane.service.items():
                     service.add_metric([*key, tenant], counter)
         yield from (depth, oldest, dispatched, queue_dispatched, expired, shed, unavailable)
-        yield from (abandoned, correction, tail)
+        yield from (abandoned, preempted, correction, tail)
         yield from (service, yield_rate, yield_cuts, reserved, protected)
 
     def _gate_families(self) -> Iterator[Metric]:

@@ -28,6 +28,7 @@ def snapshot(
                 "shed": lane.shed,
                 "unavailable": lane.unavailable,
                 "abandoned": lane.abandoned,
+                "preempted": lane.preempted,
                 "wait_correction": round(lane.wait_correction, 3),
                 "wait_correction_within_share": round(lane.wait_correction_within_share, 3),
                 "wait_tail": round(lane.wait_tail, 3),

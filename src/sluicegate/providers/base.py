@@ -30,6 +30,11 @@ class UpstreamResponse(Protocol):
         """The body as it arrives, unparsed; failures surface as `GatewayError`."""
         ...
 
+    def hand_over(self) -> None:
+        """We are about to end this answer to give its engine slot to another request:
+        its call ends at once, without the grace an abandoned call keeps its permits."""
+        ...
+
 
 class Provider(Protocol):
     deployment: Deployment

@@ -29,7 +29,7 @@ class UpstreamBody:
     """A started upstream answer (status < 300), its read failures already normalised
     and its size bounded by the deployment's `max_response_bytes`."""
 
-    __slots__ = ("_deployment", "_limit", "_response", "ended")
+    __slots__ = ("_deployment", "_limit", "_response", "ended", "handed_over")
 
     def __init__(self, response: aiohttp.ClientResponse, deployment: str, limit: int) -> None:
         self._response = response
@@ -37,6 +37,8 @@ class UpstreamBody:
         self._limit = limit
         self.ended = False
         """True once the upstream itself finished or broke the response, not we."""
+        self.handed_over = False
+        """We end it to give its engine slot to another request (`providers.resume`)."""
 
     async def read(self) -> bytes:
         """The whole body; one over the bound is refused, not buffered."""
@@ -121,7 +123,9 @@ class Transport:
 
         Closing the connection is all a client can do to stop an upstream call, and it
         proves nothing: an attempt abandoned mid-way (cancelled, timed out) keeps its
-        caller's permits for `cancel_grace_s` more, the time a server takes to notice."""
+        caller's permits for `cancel_grace_s` more, the time a server takes to notice.
+        One ended to hand its slot over does not: its successor is the very request the
+        slot is for, and the engine holds it at most one step while it notices."""
         assert self._session is not None, "provider used before start()"
         name = self.deployment.name
         upstream: UpstreamBody | None = None
@@ -147,7 +151,7 @@ class Transport:
                 self._check(response, streamed)
                 yield upstream
         finally:
-            if not (ended or (upstream is not None and upstream.ended)):
+            if not (ended or (upstream is not None and (upstream.ended or upstream.handed_over))):
                 await asyncio.sleep(self.deployment.cancel_grace_s)
 
     def _check(self, response: aiohttp.ClientResponse, streamed: bool) -> None:
@@ -186,6 +190,9 @@ class AdapterResponse:
     def ended(self) -> bool:
         """True once the upstream itself finished or broke the response, not we."""
         return self._body.ended
+
+    def hand_over(self) -> None:
+        self._body.handed_over = True
 
 
 class HttpProvider:

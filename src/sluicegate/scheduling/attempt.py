@@ -89,6 +89,11 @@ class Attempt:
     """Prompt + completion, as the provider reported them; None when it did not."""
     completion_tokens: int | None = None
     outcome: Outcome | None = None
+    resumable: bool = False
+    """Its stream may be cut and continued on another slot (`providers.resume`)."""
+    preempted: bool = False
+    """Asked to give its slot to a request within its share: its relay ends it at the
+    next event's end and continues the answer in a new attempt."""
 
     @property
     def first_byte_after_s(self) -> float | None:

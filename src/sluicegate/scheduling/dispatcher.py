@@ -67,6 +67,8 @@ class LaneStats:
     abandoned: int = 0
     """Queued requests cancelled before their turn: the caller left, a hedge's other
     attempt won, a job was stopped."""
+    preempted: int = 0
+    """Streams asked to give their slot to a request within its share and continue later."""
     wait_s_total: float = 0.0
     in_flight: int = 0
 
@@ -85,6 +87,7 @@ class LaneView:
     shed: int
     unavailable: int
     abandoned: int
+    preempted: int
     wait_correction: float
     """Real over predicted queue waits of requests beyond their tenant's share, as learnt:
     1 when the predictor is right."""
@@ -202,6 +205,10 @@ class Dispatcher:
         token to what it prefills within part of the promise; none without a promise."""
         self._spares = _SpareSplit(self.targets)
         """Each deployment's part of the reserve, in proportion to its capacity."""
+        self._resumable: dict[int, Attempt] = {}
+        """Streams past their first token that may give their slot away and continue
+        later (`providers.resume`), not yet asked to: the slots a request within its
+        share may take from work beyond a share or below its lane."""
         self._arrived_s = {lane.name: started for lane in self.lanes}
         """Each lane's latest arrival: a lane's share caps it only while one above is busy.
         A lane counts as busy at the start: a batch submitted before anyone else arrives
@@ -245,6 +252,7 @@ class Dispatcher:
                     shed=stats.shed,
                     unavailable=stats.unavailable,
                     abandoned=stats.abandoned,
+                    preempted=stats.preempted,
                     wait_correction=forecast.correction(within_share=False),
                     wait_correction_within_share=forecast.correction(within_share=True),
                     wait_tail=forecast.tail(now),
@@ -279,8 +287,11 @@ class Dispatcher:
         )
 
     def first_token(self, attempt: Attempt, ttft_s: float) -> None:
-        """A streamed request got its first token `ttft_s` after arrival."""
-        if attempt.dispatched_s is not None and attempt.first_byte_s is not None:
+        """A streamed request got its first token `ttft_s` after arrival. The rest of an
+        answer that gave its slot away came long after its arrival, and after a prefill
+        of the answer so far too: nothing is learnt from it but its prefill's end."""
+        resumed = attempt.call.resumed
+        if attempt.dispatched_s is not None and attempt.first_byte_s is not None and not resumed:
             after = attempt.first_byte_s - attempt.dispatched_s
             self.predictor.first_token(attempt.lane.name, after)
         prefilling = self._prefilling_at(attempt)
@@ -288,6 +299,11 @@ class Dispatcher:
             prefilling.pending -= attempt.call.prompt_tokens
             assert attempt.permit is not None
             attempt.permit.first_token(prefilling.heard)
+        if resumed:
+            self._prefilled(attempt)
+            return
+        if attempt.resumable:
+            self._resumable[id(attempt)] = attempt
         if self.yielding is not None and attempt.lane is self.protected:
             self.yielding.observe(ttft_s)
             self._prefilled(attempt)
@@ -319,6 +335,9 @@ class Dispatcher:
         ahead = self._queued_ahead(lane)
         if protected:
             ahead = self.queues[lane.name].protected
+        elif call.resumed:
+            own = self.queues[lane.name]
+            ahead += own.protected + len(own.resumed) - own.size
         if not ahead and not self._paused(lane):
             refusal = await self._try(attempt, self._spare(protected), queued=False)
             if refusal is None:
@@ -330,9 +349,9 @@ class Dispatcher:
             )
         if lane.queue_size == 0 or self._outlasts(refusal, call, self.clock.now()):
             raise refusal
-        predicted_s = self._promise(call, protected)
+        predicted_s = None if call.resumed else self._promise(call, protected)
         queue = self.queues[lane.name]
-        if queue.full:
+        if queue.full and not call.resumed:
             raise Refusal.QUEUE_FULL.error(f"the {lane.name} queue of {self.model} is full")
         waiter = Waiter(attempt, self.clock.now(), predicted_s, protected)
         queue.push(waiter)
@@ -372,6 +391,7 @@ class Dispatcher:
             self.unit.decoded(
                 attempt.completion_tokens, span_s, math.ceil(sequences / len(self.targets))
             )
+        self._resumable.pop(id(attempt), None)
         self.stats[lane.name].in_flight -= 1
         produced = attempt.completion_tokens
         if produced is None and attempt.used_tokens is not None:
@@ -495,7 +515,7 @@ class Dispatcher:
         time."""
         lane = call.lane
         promise = lane.ttft_slo_s
-        if promise is None:
+        if promise is None or call.resumed:
             return lane.max_queue_age_s
         budget_s = self.predictor.budget_s(lane.name, promise, self._own_prefill_s(call))
         return min(lane.max_queue_age_s, budget_s)
@@ -579,12 +599,18 @@ class Dispatcher:
                     continue
                 queue = self.queues[lane.name]
                 self._shed_late(queue)
-                waiter = queue.protected_head(self._asked_lately) or queue.head()
+                waiter = (
+                    queue.protected_head(self._asked_lately)
+                    or (queue.resumed[0] if queue.resumed else None)
+                    or queue.head()
+                )
                 if waiter is None:
                     continue
                 attempt = waiter.attempt
                 refusal = await self._try(attempt, self._spare(waiter.protected), queued=True)
                 if refusal is not None:
+                    if waiter.protected and refusal.code == Refusal.POOL_CONCURRENCY:
+                        self._preempt_for(waiter)
                     if not self._outlasts(refusal, waiter.call, waiter.enqueued_s):
                         continue
                     if queue.remove(waiter) and not waiter.future.done():
@@ -606,6 +632,46 @@ class Dispatcher:
                 break
             else:
                 return
+
+    def _preempt_for(self, waiter: Waiter) -> None:
+        """Free a slot for `waiter`, within its share and refused only because every slot
+        is taken: ask one stream of a lower lane, or of another tenant at or beyond its
+        share now (a newcomer of it would not come within), to give its slot away and
+        continue later; one per waiter. Lower lanes go first, then the tenant with the
+        most service counted, then the stream that began last (the least answer to
+        prefill again, the longest hold on its slot to come)."""
+        if waiter.preempting or not self._resumable:
+            return
+        lane, tenant = waiter.lane, waiter.flow
+        queue = self.queues[lane.name]
+        beyond: dict[str, bool] = {}
+
+        def may_yield(running: Attempt) -> bool:
+            if not running.lane.queue_size:
+                return False
+            if running.lane.priority < lane.priority:
+                return True
+            other = running.call.tenant.name
+            if other == tenant:
+                return False
+            if other not in beyond:
+                beyond[other] = not queue.fairness.within_share(other, queue.queued, self._batch)
+            return beyond[other]
+
+        candidates = [running for running in self._resumable.values() if may_yield(running)]
+        if not candidates:
+            return
+        services = {name: self.queues[name].fairness.service() for name in self.queues}
+
+        def cheapest(running: Attempt) -> tuple[int, float, float]:
+            served = services[running.lane.name].get(running.call.tenant.name, 0.0)
+            return (-running.lane.priority, served, running.first_byte_s or 0.0)
+
+        victim = max(candidates, key=cheapest)
+        del self._resumable[id(victim)]
+        victim.preempted = True
+        waiter.preempting = True
+        self.stats[victim.lane.name].preempted += 1
 
     def _lanes_in_turn(self) -> list[Lane]:
         """Priority order, except that a starving lane (its oldest request waited past the
@@ -643,7 +709,7 @@ class Dispatcher:
         would take the reserve from the requests within their share while its tenant's
         backoff hides its demand)."""
         lane, call = attempt.lane, attempt.call
-        if lane is not self.protected or call.client_retries or attempt.number > 1:
+        if lane is not self.protected or call.client_retries or attempt.number > 1 or call.resumed:
             return False
         self._note_asked(call)
         queue = self.queues[lane.name]

@@ -6,9 +6,11 @@ first attempts, then the retries its clients announce (the `openai` SDKs send
 promised the next slot: behind its tenant's older requests from beyond the share,
 which must leave the reserve free, it would wait as long as they do. Under overload a
 retry has already spent part of its caller's patience, so of two requests the fresh
-one is likelier to be answered in time. Bounded by size here and by age through each
-waiter's own timeout; a waiter that leaves (deadline, age, caller gone) is removed at
-once and never dispatched.
+one is likelier to be answered in time. The rest of an answer that gave its slot to
+a request within its share (`Call.resumed`) waits outside the fair order, first come
+first served, behind the requests within their share only: its caller is mid-answer.
+Bounded by size here and by age through each waiter's own timeout; a waiter that leaves
+(deadline, age, caller gone) is removed at once and never dispatched.
 """
 
 from __future__ import annotations
@@ -30,7 +32,16 @@ class Waiter:
     frame, which can reach this future, would leave a reference cycle (raise
     `renewed()` instead)."""
 
-    __slots__ = ("attempt", "call", "enqueued_s", "future", "lane", "predicted_s", "protected")
+    __slots__ = (
+        "attempt",
+        "call",
+        "enqueued_s",
+        "future",
+        "lane",
+        "predicted_s",
+        "preempting",
+        "protected",
+    )
 
     def __init__(
         self,
@@ -48,6 +59,8 @@ class Waiter:
         self.protected = protected
         """It came within its tenant's share: it may take the dispatcher's reserve, and
         it is not shed (it is first in line for the next slot)."""
+        self.preempting = False
+        """A stream beyond its share was asked to give its slot to this waiter."""
         self.future: asyncio.Future[GatewayError | None] = (
             asyncio.get_running_loop().create_future()
         )
@@ -113,12 +126,18 @@ class LaneQueue:
         self.protected = 0
         """Waiters that came within their tenant's share: they go before the others,
         which may not take the slots kept free for them anyway."""
+        self.resumed: deque[Waiter] = deque()
+        """The rest of answers whose streams gave their slots away, in arrival order."""
 
     @property
     def full(self) -> bool:
         return self.size >= self.lane.queue_size
 
     def push(self, waiter: Waiter) -> None:
+        self.size += 1
+        if waiter.call.resumed:
+            self.resumed.append(waiter)
+            return
         flow = self._flows.get(waiter.flow)
         if flow is None:
             flow = self._flows[waiter.flow] = _Flow()
@@ -127,7 +146,6 @@ class LaneQueue:
             flow.since_s = waiter.enqueued_s
         flow.part(waiter).append(waiter)
         self.fairness.waiting(waiter.flow, 1)
-        self.size += 1
         self.fresh += not waiter.call.client_retries
         self.protected += waiter.protected
 
@@ -138,6 +156,12 @@ class LaneQueue:
 
     def remove(self, waiter: Waiter) -> bool:
         """Take `waiter` out (dispatched or leaving); False if it was not queued."""
+        if waiter.call.resumed:
+            if waiter not in self.resumed:
+                return False
+            self.resumed.remove(waiter)
+            self.size -= 1
+            return True
         flow = self._flows.get(waiter.flow)
         if not flow:
             return False
@@ -229,4 +253,6 @@ class LaneQueue:
 
     def oldest_enqueued_s(self) -> float | None:
         heads = [flow.oldest_enqueued_s() for flow in self._flows.values() if flow]
+        if self.resumed:
+            heads.append(self.resumed[0].enqueued_s)
         return min(heads, default=None)

@@ -1175,3 +1175,148 @@ async def test_the_prefill_budget_is_the_deployments_whoever_sends_to_it(clock):
     finally:
         for runner in runners:
             runner.cancel()
+
+
+async def streaming(dispatcher: Dispatcher, clock: FakeClock, tenant: str, lane: Lane) -> Attempt:
+    """A stream of `tenant` granted now and past its first token, one that may give its
+    slot away; the clock then moves on 0.1 s."""
+    running = Attempt(call(clock, tenant=tenant, lane=lane)._replace(stream=True))
+    await granted(dispatcher, running)
+    running.resumable = True
+    running.first_byte_s = clock.now()
+    dispatcher.first_token(running, 0.0)
+    clock.advance(0.1)
+    return running
+
+
+async def test_a_request_within_its_share_takes_the_slot_of_a_stream_beyond_it(clock):
+    """`a` alone holds both slots with two streams (each within its share when it came).
+    `b` then asks: one of two is within its share, so the stream of a's that began last
+    is asked to give its slot away (once: a second look does not ask the other), and
+    b gets the slot when it does. a's own next request, beyond its share, asks nothing."""
+    pool = Pool(PoolSpec("p", 2), leases(clock))
+    dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        first, last = [await streaming(dispatcher, clock, "a", INTERACTIVE) for _ in range(2)]
+        more = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="a")))
+        await settle()
+        assert (first.preempted, last.preempted) == (False, False)
+        waiting = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b")))
+        await settle()
+        dispatcher.kick()
+        await settle()
+        assert (first.preempted, last.preempted) == (False, True)
+        assert not waiting.done()
+        assert dispatcher.view().lanes[0].preempted == 1
+        await dispatcher.release(last)
+        await settle()
+        assert waiting.done()
+        assert not more.done()
+        more.cancel()
+        for grant in (first, waiting.result()):
+            await dispatcher.release(grant)
+    finally:
+        runner.cancel()
+
+
+async def test_a_lower_lane_gives_its_slot_before_a_tenant_beyond_its_share(clock):
+    """Both slots taken, one by a background stream and one by `a`'s interactive stream
+    beyond its share: for `b`'s request within its share the background one goes, though
+    it began first."""
+    pool = Pool(PoolSpec("p", 2), leases(clock))
+    dispatcher = dispatcher_for([INTERACTIVE, HEAVY], pool, clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        low = await streaming(dispatcher, clock, "batch", HEAVY)
+        high = await streaming(dispatcher, clock, "a", INTERACTIVE)
+        waiting = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b")))
+        await settle()
+        assert (low.preempted, high.preempted) == (True, False)
+        waiting.cancel()
+        for grant in (low, high):
+            await dispatcher.release(grant)
+    finally:
+        runner.cancel()
+
+
+async def test_the_rest_of_an_answer_waits_ahead_of_new_work_and_is_not_judged_by_the_promise(
+    clock,
+):
+    """A promised lane with no measure of its service queues at most one batch (here
+    one request): `x`'s second newcomer is refused, but the rest of an answer of x's
+    that gave its slot away is its caller's answer already, so it queues, goes before
+    the newcomer queued earlier, and never gives its own slot away again."""
+    pool = Pool(PoolSpec("p", 1), leases(clock))
+    dispatcher = dispatcher_for([PROMISED], pool, clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        holder = await granted(dispatcher, attempt(clock, tenant="x", lane=PROMISED))
+        fresh = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="x", lane=PROMISED)))
+        await settle()
+        with pytest.raises(GatewayError) as refused:
+            await dispatcher.acquire(attempt(clock, tenant="x", lane=PROMISED))
+        assert refused.value.code == "overloaded"
+        rest = Attempt(call(clock, tenant="x", lane=PROMISED)._replace(stream=True, resumed=True))
+        resumed = asyncio.create_task(granted(dispatcher, rest))
+        await settle()
+        assert not resumed.done()
+        await dispatcher.release(holder)
+        await settle()
+        assert resumed.done()
+        assert not fresh.done()
+        rest.resumable = True
+        rest.first_byte_s = clock.now()
+        dispatcher.first_token(rest, 0.0)
+        protected = asyncio.create_task(
+            granted(dispatcher, attempt(clock, tenant="b", lane=PROMISED))
+        )
+        await settle()
+        assert not rest.preempted
+        for task in (fresh, protected):
+            task.cancel()
+        await dispatcher.release(rest)
+    finally:
+        runner.cancel()
+
+
+async def test_a_tenant_within_its_share_never_takes_a_slot_from_its_own_stream(clock):
+    """`a` holds one slot and `b` two, all within their shares when they came; `a`'s next
+    request is within its share (1.5 of 3). Both tenants now hold as much as their share
+    or more, and a has the most service counted, yet b's stream is the one asked: a's
+    request would only take its own tenant's slot."""
+    pool = Pool(PoolSpec("p", 3), leases(clock))
+    dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        own = await streaming(dispatcher, clock, "a", INTERACTIVE)
+        others = [await streaming(dispatcher, clock, "b", INTERACTIVE) for _ in range(2)]
+        dispatcher.queues["interactive"].fairness.charge("a", 10_000, 0)
+        waiting = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="a")))
+        await settle()
+        assert [own.preempted, *(other.preempted for other in others)] == [False, False, True]
+        waiting.cancel()
+        for grant in (own, *others):
+            await dispatcher.release(grant)
+    finally:
+        runner.cancel()
+
+
+async def test_of_tenants_beyond_their_share_the_one_served_most_gives_its_slot(clock):
+    """`a` and `c` hold a slot each, both beyond their share once `b` asks; a began first,
+    but has the most service counted, so a's stream is the one asked."""
+    pool = Pool(PoolSpec("p", 2), leases(clock))
+    dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        most = await streaming(dispatcher, clock, "a", INTERACTIVE)
+        least = await streaming(dispatcher, clock, "c", INTERACTIVE)
+        dispatcher.queues["interactive"].fairness.charge("a", 10_000, 0)
+        waiting = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b")))
+        await settle()
+        assert (most.preempted, least.preempted) == (True, False)
+        waiting.cancel()
+        for grant in (most, least):
+            await dispatcher.release(grant)
+    finally:
+        runner.cancel()

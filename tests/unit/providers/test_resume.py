@@ -1,0 +1,124 @@
+"""Reading back a relayed stream, and the body that continues it (`providers.resume`)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+
+import orjson
+import pytest
+from aiohttp import web
+
+from sluicegate.core.call import Call
+from sluicegate.core.types import Deployment, Endpoint, Lane, Model, RoutePolicy, Tenant, Timeouts
+from sluicegate.providers.base import classify_status
+from sluicegate.providers.resume import (
+    answered_so_far,
+    at_event_end,
+    continuation,
+    resumable,
+    without_opening,
+)
+from sluicegate.providers.transport import Transport
+
+DEPLOYMENT = Deployment(
+    "d", "openai", "http://127.0.0.1:9/v1", "m", None, Timeouts(1, 1, 1), 8, ("p",), resumable=True
+)
+
+
+def event(delta: dict, finish: str | None = None) -> bytes:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return b"data: " + orjson.dumps({"choices": [choice]}) + b"\n\n"
+
+
+def call(**payload) -> Call:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **payload}
+    return Call(
+        Endpoint.CHAT, Tenant("t", None), Model("m", (DEPLOYMENT,)), RoutePolicy(), Lane("l"),
+        body, True, 0.0, 10.0, 5, 20,
+    )  # fmt: skip
+
+
+def test_the_answer_so_far_is_read_back_from_events_cut_anywhere():
+    stream = event({"role": "assistant", "content": ""}) + event({"content": "Hel"})
+    stream += event({"content": "lo"}) + event({"content": ""}) + b": keep-alive\n\n"
+    relayed = [stream[i : i + 7] for i in range(0, len(stream), 7)]
+    assert answered_so_far(relayed) == ("Hello", 2)
+
+
+def test_the_continuation_asks_for_what_is_left_of_each_cap():
+    payload = call(max_tokens=10, max_completion_tokens=8).payload
+    body = continuation(payload, "Hello", 3)
+    assert body["messages"][-1] == {"role": "assistant", "content": "Hello"}
+    assert (body["max_tokens"], body["max_completion_tokens"]) == (7, 5)
+    assert (body["continue_final_message"], body["add_generation_prompt"]) == (True, False)
+    assert len(payload["messages"]) == 1, "the caller's payload is not written to"
+
+
+@pytest.mark.parametrize(
+    ("change", "may"),
+    [
+        ({}, True),
+        ({"n": 2}, False),
+        ({"tools": [{"type": "function"}]}, False),
+        ({"logprobs": True}, False),
+        ({"continue_final_message": True}, False),
+    ],
+)
+def test_only_a_plain_streamed_chat_answer_on_a_resumable_deployment_may_be_resumed(change, may):
+    assert resumable(call(**change), DEPLOYMENT) is may
+
+
+def test_not_on_a_deployment_that_cannot_continue_nor_for_a_whole_answer():
+    assert not resumable(call(), dataclasses.replace(DEPLOYMENT, resumable=False))
+    assert not resumable(call()._replace(stream=False), DEPLOYMENT)
+
+
+def test_a_stream_stops_only_after_a_whole_event_that_does_not_finish_it():
+    assert at_event_end(event({"content": "a"}))
+    assert not at_event_end(event({"content": "a"})[:-1])
+    assert not at_event_end(event({}, "stop"))
+    assert not at_event_end(b"data: [DONE]\n\n")
+
+
+def test_the_continued_stream_drops_only_its_opening():
+    opening, word = event({"role": "assistant", "content": ""}), event({"content": "x"})
+    assert without_opening(opening + word) == word
+    assert without_opening(word + opening) == word + opening
+
+
+async def test_a_call_ended_to_hand_its_slot_over_keeps_no_grace():
+    """An abandoned call keeps its permits `cancel_grace_s` (here 30 s) more; one whose
+    slot is handed over ends at once."""
+
+    stop = asyncio.Event()
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(event({"content": "x"}))
+        await stop.wait()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", endless)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    deployment = dataclasses.replace(DEPLOYMENT, cancel_grace_s=30.0)
+    transport = Transport(deployment, {})
+    await transport.start()
+    try:
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        async with asyncio.timeout(5):
+            async with transport.post(url, b"{}", 10, classify_status, True) as body:
+                chunks: AsyncIterator[bytes] = body.chunks()
+                assert await anext(chunks) == event({"content": "x"})
+                body.handed_over = True
+    finally:
+        stop.set()
+        await transport.close()
+        await runner.cleanup()
