@@ -578,17 +578,19 @@ class Answer:
         self._on_first(self.attempt)
         first = self._first
         while True:
-            rest = self._rest
+            rest, attempt = self._rest, self.attempt
             assert rest is not None, "chunks() of a non-streamed answer"
-            relayed = [first] if self.attempt.resumable else None
-            yield first
+            relayed = [first] if attempt.resumable else None
+            if first:
+                yield first
             async for chunk in rest:
                 if relayed is None:
                     yield chunk
                     continue
                 relayed.append(chunk)
+                attempt.relayed_events += chunk.count(b"\n\n")
                 yield chunk
-                if self.attempt.preempted and at_event_end(chunk):
+                if attempt.preempted and at_event_end(chunk):
                     break
             else:
                 return

@@ -91,6 +91,9 @@ class Attempt:
     outcome: Outcome | None = None
     resumable: bool = False
     """Its stream may be cut and continued on another slot (`providers.resume`)."""
+    relayed_events: int = 0
+    """Events of its stream relayed so far, about a token each: what it would prefill
+    again after its prompt if it gave its slot away."""
     preempted: bool = False
     """Asked to give its slot to a request within its share: its relay ends it at the
     next event's end and continues the answer in a new attempt."""

@@ -637,9 +637,9 @@ class Dispatcher:
         """Free a slot for `waiter`, within its share and refused only because every slot
         is taken: ask one stream of a lower lane, or of another tenant at or beyond its
         share now (a newcomer of it would not come within), to give its slot away and
-        continue later; one per waiter. Lower lanes go first, then the tenant with the
-        most service counted, then the stream that began last (the least answer to
-        prefill again, the longest hold on its slot to come)."""
+        continue later; one per waiter. Lower lanes go first, then the stream with the
+        least to prefill again (its prompt and the answer so far): that prefill is the
+        engine time the hand-over costs everyone."""
         if waiter.preempting or not self._resumable:
             return
         lane, tenant = waiter.lane, waiter.flow
@@ -661,13 +661,11 @@ class Dispatcher:
         candidates = [running for running in self._resumable.values() if may_yield(running)]
         if not candidates:
             return
-        services = {name: self.queues[name].fairness.service() for name in self.queues}
 
-        def cheapest(running: Attempt) -> tuple[int, float, float]:
-            served = services[running.lane.name].get(running.call.tenant.name, 0.0)
-            return (-running.lane.priority, served, running.first_byte_s or 0.0)
+        def cheapest(running: Attempt) -> tuple[int, int]:
+            return (running.lane.priority, running.call.prompt_tokens + running.relayed_events)
 
-        victim = max(candidates, key=cheapest)
+        victim = min(candidates, key=cheapest)
         del self._resumable[id(victim)]
         victim.preempted = True
         waiter.preempting = True

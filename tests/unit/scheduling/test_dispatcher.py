@@ -1177,10 +1177,13 @@ async def test_the_prefill_budget_is_the_deployments_whoever_sends_to_it(clock):
             runner.cancel()
 
 
-async def streaming(dispatcher: Dispatcher, clock: FakeClock, tenant: str, lane: Lane) -> Attempt:
+async def streaming(
+    dispatcher: Dispatcher, clock: FakeClock, tenant: str, lane: Lane, prompt_tokens: int = 10
+) -> Attempt:
     """A stream of `tenant` granted now and past its first token, one that may give its
     slot away; the clock then moves on 0.1 s."""
-    running = Attempt(call(clock, tenant=tenant, lane=lane)._replace(stream=True))
+    request = call(clock, tenant=tenant, lane=lane)
+    running = Attempt(request._replace(stream=True, prompt_tokens=prompt_tokens))
     await granted(dispatcher, running)
     running.resumable = True
     running.first_byte_s = clock.now()
@@ -1191,14 +1194,16 @@ async def streaming(dispatcher: Dispatcher, clock: FakeClock, tenant: str, lane:
 
 async def test_a_request_within_its_share_takes_the_slot_of_a_stream_beyond_it(clock):
     """`a` alone holds both slots with two streams (each within its share when it came).
-    `b` then asks: one of two is within its share, so the stream of a's that began last
-    is asked to give its slot away (once: a second look does not ask the other), and
-    b gets the slot when it does. a's own next request, beyond its share, asks nothing."""
+    `b` then asks: one of two is within its share, so the stream of a's with less
+    answered so far is asked to give its slot away (once: a second look does not ask
+    the other), and b gets the slot when it does. a's own next request, beyond its
+    share, asks nothing."""
     pool = Pool(PoolSpec("p", 2), leases(clock))
     dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
         first, last = [await streaming(dispatcher, clock, "a", INTERACTIVE) for _ in range(2)]
+        first.relayed_events, last.relayed_events = 30, 20
         more = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="a")))
         await settle()
         assert (first.preempted, last.preempted) == (False, False)
@@ -1283,18 +1288,18 @@ async def test_the_rest_of_an_answer_waits_ahead_of_new_work_and_is_not_judged_b
 async def test_a_tenant_within_its_share_never_takes_a_slot_from_its_own_stream(clock):
     """`a` holds one slot and `b` two, all within their shares when they came; `a`'s next
     request is within its share (1.5 of 3). Both tenants now hold as much as their share
-    or more, and a has the most service counted, yet b's stream is the one asked: a's
-    request would only take its own tenant's slot."""
+    or more, and a's stream is the cheapest to prefill again, yet b's is the one asked:
+    a's request would only take its own tenant's slot."""
     pool = Pool(PoolSpec("p", 3), leases(clock))
     dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
         own = await streaming(dispatcher, clock, "a", INTERACTIVE)
-        others = [await streaming(dispatcher, clock, "b", INTERACTIVE) for _ in range(2)]
-        dispatcher.queues["interactive"].fairness.charge("a", 10_000, 0)
+        others = [await streaming(dispatcher, clock, "b", INTERACTIVE, 20) for _ in range(2)]
         waiting = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="a")))
         await settle()
-        assert [own.preempted, *(other.preempted for other in others)] == [False, False, True]
+        assert not own.preempted
+        assert [other.preempted for other in others].count(True) == 1
         waiting.cancel()
         for grant in (own, *others):
             await dispatcher.release(grant)
@@ -1302,21 +1307,23 @@ async def test_a_tenant_within_its_share_never_takes_a_slot_from_its_own_stream(
         runner.cancel()
 
 
-async def test_of_tenants_beyond_their_share_the_one_served_most_gives_its_slot(clock):
-    """`a` and `c` hold a slot each, both beyond their share once `b` asks; a began first,
-    but has the most service counted, so a's stream is the one asked."""
-    pool = Pool(PoolSpec("p", 2), leases(clock))
+async def test_of_the_streams_that_may_give_their_slot_the_cheapest_to_prefill_again_does(clock):
+    """`a`, `c` and `d` hold a slot each, all beyond their share once `b` asks. c's prompt
+    of 100 tokens with 50 answered (150 to prefill again) costs the engine least, less
+    than a's 10 with 200 answered and d's 1,000-token prompt just begun."""
+    pool = Pool(PoolSpec("p", 3), leases(clock))
     dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
-        most = await streaming(dispatcher, clock, "a", INTERACTIVE)
-        least = await streaming(dispatcher, clock, "c", INTERACTIVE)
-        dispatcher.queues["interactive"].fairness.charge("a", 10_000, 0)
+        a = await streaming(dispatcher, clock, "a", INTERACTIVE)
+        c = await streaming(dispatcher, clock, "c", INTERACTIVE, prompt_tokens=100)
+        d = await streaming(dispatcher, clock, "d", INTERACTIVE, prompt_tokens=1_000)
+        a.relayed_events, c.relayed_events = 200, 50
         waiting = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b")))
         await settle()
-        assert (most.preempted, least.preempted) == (True, False)
+        assert (a.preempted, c.preempted, d.preempted) == (False, True, False)
         waiting.cancel()
-        for grant in (most, least):
+        for grant in (a, c, d):
             await dispatcher.release(grant)
     finally:
         runner.cancel()
