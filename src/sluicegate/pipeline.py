@@ -145,7 +145,7 @@ class Pipeline:
                             raise
                         answer.attempt.end(None)
                 finally:
-                    tally.used_tokens = answer.used_tokens
+                    tally.used_tokens = answer.attempt.used_tokens
         except BaseException as err:
             self._record(inbound, call, answer, err)
             raise
@@ -501,7 +501,9 @@ class Answer:
     without the client seeing it. A stream asked to give its slot away (`Attempt.
     preempted`) goes on from a new attempt, its caller seeing a pause between two whole
     events (`providers.resume`); `part` holds the current attempt's permits and
-    upstream, released when the answer ends."""
+    upstream, released when the answer ends. The last attempt's usage is the request's
+    own (the answer before the pause counted as its prompt), what its quotas settle on;
+    the prefill again is the hand-over's cost, not the caller's."""
 
     __slots__ = (
         "_body",
@@ -511,7 +513,6 @@ class Answer:
         "_rest",
         "_resume",
         "_upstream",
-        "_used_before",
         "attempt",
         "opened",
         "part",
@@ -535,7 +536,6 @@ class Answer:
         self._body = b""
         self._first = b""
         self._rest: AsyncIterator[bytes] | None = None
-        self._used_before = 0
         self.part: _Started | None = None
 
     async def __aenter__(self) -> Answer:
@@ -552,12 +552,6 @@ class Answer:
     @property
     def upstream(self) -> UpstreamResponse:
         return self._upstream
-
-    @property
-    def used_tokens(self) -> int | None:
-        """Tokens used by every part of the answer; None while the last part's is unknown."""
-        used = self.attempt.used_tokens
-        return None if used is None else self._used_before + used
 
     async def prime(self) -> None:
         if self.attempt.call.stream:
@@ -609,7 +603,6 @@ class Answer:
         await self._rest.aclose()
         attempt.end(asyncio.CancelledError())
         await part.stack.aclose()
-        self._used_before += attempt.call.prompt_tokens + produced
         started = await self._resume(attempt.call, text, produced)
         rest = started.answer
         self.part, self.attempt = started, started.attempt

@@ -88,6 +88,10 @@ def test_interpolation_default_and_typed_values():
             lambda c: c["models"][0]["deployments"][0].update(max_response_bytes=10),
             "models[0].deployments[0].max_response_bytes: Input should be greater than",
         ),
+        (
+            lambda c: c["models"][0]["deployments"][0].update(provider="anthropic", resumable=True),
+            "'resumable' needs an OpenAI-compatible server",
+        ),
         (lambda c: c["models"][0].update(deployments=[]), "models[0].deployments"),
         (lambda c: c["models"][0].update(colour="red"), "models[0].colour: Extra inputs"),
         (lambda c: c["tenants"][0]["keys"][0].update(sha256="abc"), "tenants[0].keys[0]"),

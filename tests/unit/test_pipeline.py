@@ -331,7 +331,8 @@ async def test_a_stream_that_gives_its_slot_away_goes_on_from_where_its_caller_s
     ends at that event's end, without the grace an abandoned call keeps, and goes on from
     a second attempt that continues the answer so far with what is left of its output
     cap. The caller gets one stream: one opening, the words of both parts, one finish,
-    and every permit is back once it has ended."""
+    and every permit is back once it has ended, the pool's tokens settled on both parts:
+    the first's prompt and its word, the second's reported usage."""
     raw = config({"name": "a", "resumable": True})
     clock = FakeClock()
     settings = parse_settings(raw, "test", ENV)
@@ -362,6 +363,9 @@ async def test_a_stream_that_gives_its_slot_away_goes_on_from_where_its_caller_s
         assert rest["max_tokens"] == 9
         assert provider.handed_over == 1
         assert harness.active("a") == 0
+        counters = runtime.pools["a"].counters
+        continued = answer.attempt.call.prompt_tokens
+        assert (counters.tokens_used, counters.tokens_unsettled) == (continued + 20, 0)
     finally:
         for task in tasks:
             task.cancel()

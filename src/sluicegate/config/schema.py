@@ -255,6 +255,16 @@ class DeploymentConfig(Strict):
         default_factory=list, description="pools gating this deployment; default: its own"
     )
 
+    @model_validator(mode="after")
+    def _resumable_speaks_openai(self) -> DeploymentConfig:
+        if self.resumable and self.provider != "openai":
+            raise ValueError(
+                "'resumable' needs an OpenAI-compatible server that continues a final "
+                "assistant message (vLLM's continue_final_message), not provider "
+                f"{self.provider!r}"
+            )
+        return self
+
 
 class ModelConfig(Strict):
     name: Name

@@ -792,12 +792,13 @@ class Dispatcher:
     def _prefill_ask(self, attempt: Attempt, target: Target) -> Prefill | None:
         """A streamed `attempt`'s part in `target`'s prefill budget: its prompt, to be
         prefilled with those waiting within the budget's part of the promise, or, due by
-        then, within what its own promise has left since it arrived if less."""
+        then, within what its own promise has left since it arrived if less (the rest
+        of an answer has its first token: no promise is left to keep)."""
         call, part_s = attempt.call, self._prefill_within_s
         if part_s is None or not call.stream:
             return None
         key, promise = self._prefill[target.deployment.name].key, attempt.lane.ttft_slo_s
-        if promise is not None:
+        if promise is not None and not call.resumed:
             left_s = promise - (self.clock.now() - call.arrived_s)
             if left_s < part_s:
                 return Prefill(key, call.prompt_tokens, left_s, due=True)

@@ -1327,3 +1327,23 @@ async def test_of_the_streams_that_may_give_their_slot_the_cheapest_to_prefill_a
             await dispatcher.release(grant)
     finally:
         runner.cancel()
+
+
+async def test_the_rest_of_an_answer_is_prefilled_within_the_budget_not_by_its_promise(clock):
+    """Long after its arrival, the rest of an answer is no prompt due by its promise: it
+    joins a prompt waiting for its first token within the budget (4,000 tokens after a
+    2,000-token measure), as a fresh prompt would."""
+    dispatcher = dispatcher_for([PROMISED], Pool(PoolSpec("p", 20), leases(clock)), clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        measured = await measure_prefill(dispatcher, clock, PROMISED)
+        waiting = await granted(dispatcher, streamed(clock, PROMISED, 1_000))
+        rest = arrived_before(clock, PROMISED, 1_000, ago_s=30.0)
+        rest.call = rest.call._replace(resumed=True)
+        resumed = asyncio.create_task(granted(dispatcher, rest))
+        await settle()
+        assert resumed.done()
+        for grant in (measured, waiting, rest):
+            await dispatcher.release(grant)
+    finally:
+        runner.cancel()
