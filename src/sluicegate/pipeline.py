@@ -509,6 +509,7 @@ class Answer:
         "_body",
         "_clock",
         "_first",
+        "_handing_over",
         "_on_first",
         "_rest",
         "_resume",
@@ -536,6 +537,7 @@ class Answer:
         self._body = b""
         self._first = b""
         self._rest: AsyncIterator[bytes] | None = None
+        self._handing_over = False
         self.part: _Started | None = None
 
     async def __aenter__(self) -> Answer:
@@ -565,30 +567,63 @@ class Answer:
         return self._body
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The stream as it arrives; its first byte is timed as it is handed over. The
-        bytes of a stream that may give its slot away are kept, to be read back only
-        if it does."""
+        """The stream as it arrives; its first byte is timed as it is handed over."""
         self.attempt.first_byte_s = self._clock.now()
         self._on_first(self.attempt)
         first = self._first
         while True:
             rest, attempt = self._rest, self.attempt
             assert rest is not None, "chunks() of a non-streamed answer"
-            relayed = [first] if attempt.resumable else None
             if first:
                 yield first
-            async for chunk in rest:
-                if relayed is None:
+            if not attempt.resumable:
+                async for chunk in rest:
                     yield chunk
-                    continue
-                relayed.append(chunk)
-                attempt.relayed_events += chunk.count(b"\n\n")
-                yield chunk
-                if attempt.preempted and at_event_end(chunk):
-                    break
-            else:
                 return
-            first = await self._go_on(relayed or [])
+            relayed = [first]
+            self._handing_over = False
+            async for chunk in self._until_preempted(rest, attempt, relayed):
+                yield chunk
+            if not self._handing_over:
+                return
+            first = await self._go_on(relayed)
+
+    async def _until_preempted(
+        self, rest: AsyncIterator[bytes], attempt: Attempt, relayed: list[bytes]
+    ) -> AsyncIterator[bytes]:
+        """A stream that may give its slot away, until it ends or, asked to, reaches the
+        end of an event (`_handing_over`): at once if its bytes so far end one, the wait
+        for the upstream's next bytes (a long engine step) interrupted. Its bytes are
+        kept, to be read back only if it gives its slot away."""
+        reader: asyncio.Task[Any] | None = None
+        interrupted = False
+
+        def interrupt() -> None:
+            nonlocal interrupted
+            if reader is not None and not interrupted:
+                interrupted = True
+                reader.cancel()
+
+        attempt.on_preempt = interrupt
+        between = at_event_end(relayed[0])
+        while not (attempt.preempted and between):
+            if between:
+                reader = asyncio.current_task()
+            try:
+                chunk = await anext(rest)
+            except StopAsyncIteration:
+                return
+            except asyncio.CancelledError:
+                if not interrupted or (reader is not None and reader.uncancel()):
+                    raise
+                break
+            finally:
+                reader = None
+            relayed.append(chunk)
+            attempt.relayed_events += chunk.count(b"\n\n")
+            between = at_event_end(chunk)
+            yield chunk
+        self._handing_over = True
 
     async def _go_on(self, relayed: list[bytes]) -> bytes:
         """End this part where the caller's stream stands and continue in a new attempt:

@@ -287,7 +287,8 @@ def event(delta: dict[str, Any], finish: str | None = None) -> bytes:
 
 class ContinuedStream:
     """The first call's stream: an opening, two words, then nothing more until it is
-    ended; a later call's: an opening, three words, the finish."""
+    ended (or, when the provider says so, the finish); a later call's: an opening, three
+    words, the finish."""
 
     def __init__(self, provider: ContinuingProvider, first: bool) -> None:
         self._provider = provider
@@ -302,7 +303,7 @@ class ContinuedStream:
         yield event({"role": "assistant", "content": ""})
         for word in ("w0 ", "w1 ") if self._first else ("w2 ", "w3 ", "w4 "):
             yield event({"content": word})
-        if self._first:
+        if self._first and not self._provider.first_ends:
             await asyncio.Event().wait()
         yield event({}, "length") + b"data: [DONE]\n\n"
         self.used_tokens = 20
@@ -314,8 +315,9 @@ class ContinuedStream:
 class ContinuingProvider(ScriptedProvider):
     """A `ScriptedProvider` whose streams are `ContinuedStream`s."""
 
-    def __init__(self, deployment: Any) -> None:
+    def __init__(self, deployment: Any, first_ends: bool = False) -> None:
         super().__init__(deployment)
+        self.first_ends = first_ends
         self.handed_over = 0
 
     @asynccontextmanager
@@ -326,6 +328,32 @@ class ContinuingProvider(ScriptedProvider):
         yield ContinuedStream(self, first=len(self.bodies) == 1)
 
 
+@asynccontextmanager
+async def resumable(first_ends: bool = False) -> AsyncIterator[Harness]:
+    """A pipeline on one `resumable` deployment answered by a `ContinuingProvider`."""
+    clock = FakeClock()
+    settings = parse_settings(config({"name": "a", "resumable": True}), "test", ENV)
+    (deployment,) = settings.models["chat"].deployments
+    provider = ContinuingProvider(deployment, first_ends)
+    runtime = build(settings, clock, {"a": provider})
+    tasks = [asyncio.create_task(d.run()) for d in runtime.dispatchers.values()]
+    try:
+        yield Harness(runtime, clock, {"a": provider})
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def contents(stream: bytes) -> list[str]:
+    """The content of each event of `stream` that has any."""
+    found = []
+    for block in stream.split(b"\n\n"):
+        if block.startswith(b"data: {"):
+            delta = json.loads(block[6:])["choices"][0]["delta"]
+            found += [delta["content"]] if delta.get("content") else []
+    return found
+
+
 async def test_a_stream_that_gives_its_slot_away_goes_on_from_where_its_caller_stands():
     """Asked to give its slot away (as the dispatcher asks) after two words, the stream
     ends at that event's end, without the grace an abandoned call keeps, and goes on from
@@ -333,39 +361,76 @@ async def test_a_stream_that_gives_its_slot_away_goes_on_from_where_its_caller_s
     cap. The caller gets one stream: one opening, the words of both parts, one finish,
     and every permit is back once it has ended, the pool's tokens settled on both parts:
     the first's prompt and its word, the second's reported usage."""
-    raw = config({"name": "a", "resumable": True})
-    clock = FakeClock()
-    settings = parse_settings(raw, "test", ENV)
-    (deployment,) = settings.models["chat"].deployments
-    provider = ContinuingProvider(deployment)
-    runtime = build(settings, clock, {"a": provider})
-    tasks = [asyncio.create_task(d.run()) for d in runtime.dispatchers.values()]
-    harness = Harness(runtime, clock, {"a": provider})
-    try:
+    async with resumable() as h:
+        provider = h.providers["a"]
         got: list[bytes] = []
-        async with runtime.pipeline.run(harness.inbound(stream=True, max_tokens=10)) as answer:
+        async with h.runtime.pipeline.run(h.inbound(stream=True, max_tokens=10)) as answer:
             async for chunk in answer.chunks():
                 got.append(chunk)
                 if len(got) == 2:
-                    answer.attempt.preempted = True
+                    answer.attempt.preempt()
         stream = b"".join(got)
         assert stream.count(b'"role"') == 1
-        words = [
-            json.loads(line[6:])["choices"][0]["delta"].get("content")
-            for line in stream.split(b"\n\n")
-            if line.startswith(b"data: {")
-        ]
-        assert [w for w in words if w] == ["w0 ", "w2 ", "w3 ", "w4 "]
+        assert contents(stream) == ["w0 ", "w2 ", "w3 ", "w4 "]
         assert stream.endswith(b"data: [DONE]\n\n")
         first, rest = provider.bodies
         assert rest["messages"] == [*first["messages"], {"role": "assistant", "content": "w0 "}]
         assert (rest["continue_final_message"], rest["add_generation_prompt"]) == (True, False)
         assert rest["max_tokens"] == 9
         assert provider.handed_over == 1
-        assert harness.active("a") == 0
-        counters = runtime.pools["a"].counters
+        assert h.active("a") == 0
+        counters = h.runtime.pools["a"].counters
         continued = answer.attempt.call.prompt_tokens
         assert (counters.tokens_used, counters.tokens_unsettled) == (continued + 20, 0)
-    finally:
-        for task in tasks:
-            task.cancel()
+
+
+async def test_a_stream_waiting_for_its_next_tokens_gives_its_slot_away_at_once():
+    """The first stream has sent two words and the engine says nothing more: asked to
+    give its slot away, the relay does not wait for a next event to end on (here it
+    would never come) but stops the wait and continues after the two words."""
+    async with resumable() as h:
+        got: list[bytes] = []
+        async with h.runtime.pipeline.run(h.inbound(stream=True, max_tokens=10)) as answer:
+            chunks = answer.chunks()
+            got += [await anext(chunks) for _ in range(3)]
+            pending = asyncio.ensure_future(anext(chunks))
+            await settle()
+            assert not pending.done()
+            answer.attempt.preempt()
+            async with asyncio.timeout(5):
+                got.append(await pending)
+                got += [chunk async for chunk in chunks]
+        assert contents(b"".join(got)) == ["w0 ", "w1 ", "w2 ", "w3 ", "w4 "]
+        assert len(h.providers["a"].bodies) == 2
+
+
+async def test_a_stream_asked_as_it_finishes_ends_as_it_is():
+    """Asked to give its slot away only once its finish is on the way (the event that
+    ends its last word is followed by no other before the finish), a stream that ends
+    is not continued."""
+    async with resumable(first_ends=True) as h:
+        got: list[bytes] = []
+        async with h.runtime.pipeline.run(h.inbound(stream=True, max_tokens=10)) as answer:
+            async for chunk in answer.chunks():
+                got.append(chunk)
+                if b'"finish_reason": "length"' in chunk or b"[DONE]" in chunk:
+                    answer.attempt.preempt()
+        assert contents(b"".join(got)) == ["w0 ", "w1 "]
+        assert len(h.providers["a"].bodies) == 1
+
+
+async def test_a_caller_gone_as_its_stream_is_asked_for_its_slot_is_not_kept_waiting():
+    """The relay's own interruption never swallows a cancellation of the caller's that
+    comes with it: the request ends cancelled, and no second part is sent."""
+    async with resumable() as h:
+        async with h.runtime.pipeline.run(h.inbound(stream=True, max_tokens=10)) as answer:
+            chunks = answer.chunks()
+            for _ in range(3):
+                await anext(chunks)
+            pending = asyncio.ensure_future(anext(chunks))
+            await settle()
+            answer.attempt.preempt()
+            pending.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await pending
+        assert len(h.providers["a"].bodies) == 1

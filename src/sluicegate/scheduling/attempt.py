@@ -9,6 +9,7 @@ and its outcome is decided once, from how it ended.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,8 +96,9 @@ class Attempt:
     """Events of its stream relayed so far, about a token each: what it would prefill
     again after its prompt if it gave its slot away."""
     preempted: bool = False
-    """Asked to give its slot to a request within its share: its relay ends it at the
-    next event's end and continues the answer in a new attempt."""
+    """Asked to give its slot to a request within its share (`preempt`)."""
+    on_preempt: Callable[[], None] | None = None
+    """Set by the relay that owns its stream, to be told at once."""
 
     @property
     def first_byte_after_s(self) -> float | None:
@@ -107,6 +109,13 @@ class Attempt:
 
     def __post_init__(self) -> None:
         self.lane = self.call.lane
+
+    def preempt(self) -> None:
+        """Ask it to give its slot away: its relay ends it where the caller's stream
+        stands between two events and continues the answer in a new attempt."""
+        self.preempted = True
+        if self.on_preempt is not None:
+            self.on_preempt()
 
     def end(self, error: BaseException | None) -> None:
         """Decide the outcome from how the attempt ended; the first decision stands."""

@@ -610,7 +610,7 @@ class Dispatcher:
                 refusal = await self._try(attempt, self._spare(waiter.protected), queued=True)
                 if refusal is not None:
                     if waiter.protected and refusal.code == Refusal.POOL_CONCURRENCY:
-                        self._preempt_for(waiter)
+                        self._preempt_for(waiter, queue)
                     if not self._outlasts(refusal, waiter.call, waiter.enqueued_s):
                         continue
                     if queue.remove(waiter) and not waiter.future.done():
@@ -633,17 +633,24 @@ class Dispatcher:
             else:
                 return
 
-    def _preempt_for(self, waiter: Waiter) -> None:
-        """Free a slot for `waiter`, within its share and refused only because every slot
-        is taken: ask one stream of a lower lane, or of another tenant at or beyond its
-        share now (a newcomer of it would not come within), to give its slot away and
-        continue later; one per waiter. Lower lanes go first, then the stream with the
-        least to prefill again (its prompt and the answer so far): that prefill is the
-        engine time the hand-over costs everyone."""
-        if waiter.preempting or not self._resumable:
-            return
+    def _preempt_for(self, head: Waiter, queue: LaneQueue) -> None:
+        """Free slots for the requests within their share queued in the top lane, whose
+        `head` was refused only because every slot is taken: the head first, then the
+        others (they stand behind it for the same slots), as long as streams may give
+        theirs."""
+        for waiter in (head, *queue.protected_waiters()):
+            if not waiter.preempting and not self._preempt_one(waiter, queue):
+                return
+
+    def _preempt_one(self, waiter: Waiter, queue: LaneQueue) -> bool:
+        """Ask one stream of a lower lane, or of another tenant at or beyond its share now
+        (a newcomer of it would not come within), to give its slot to `waiter` and
+        continue later; False when none may. Lower lanes go first, then the stream with
+        the least to prefill again (its prompt and the answer so far): that prefill is
+        the engine time the hand-over costs everyone."""
+        if not self._resumable:
+            return False
         lane, tenant = waiter.lane, waiter.flow
-        queue = self.queues[lane.name]
         beyond: dict[str, bool] = {}
 
         def may_yield(running: Attempt) -> bool:
@@ -660,16 +667,17 @@ class Dispatcher:
 
         candidates = [running for running in self._resumable.values() if may_yield(running)]
         if not candidates:
-            return
+            return False
 
         def cheapest(running: Attempt) -> tuple[int, int]:
             return (running.lane.priority, running.call.prompt_tokens + running.relayed_events)
 
         victim = min(candidates, key=cheapest)
         del self._resumable[id(victim)]
-        victim.preempted = True
+        victim.preempt()
         waiter.preempting = True
         self.stats[victim.lane.name].preempted += 1
+        return True
 
     def _lanes_in_turn(self) -> list[Lane]:
         """Priority order, except that a starving lane (its oldest request waited past the

@@ -247,6 +247,10 @@ class LaneQueue:
         chosen = self.fairness.pick_from(name for name, level in levels.items() if level == least)
         return None if chosen is None else self._flows[chosen].head()
 
+    def protected_waiters(self) -> list[Waiter]:
+        """Every waiter within its share, in no particular order."""
+        return [waiter for flow in self._flows.values() for waiter in flow.protected]
+
     def heads(self) -> list[Waiter]:
         """Every backlogged flow's next waiter."""
         return [flow.head() for flow in self._flows.values() if flow]

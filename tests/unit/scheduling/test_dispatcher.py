@@ -1347,3 +1347,26 @@ async def test_the_rest_of_an_answer_is_prefilled_within_the_budget_not_by_its_p
             await dispatcher.release(grant)
     finally:
         runner.cancel()
+
+
+async def test_every_request_queued_within_its_share_has_a_slot_handed_over_at_once(clock):
+    """`a` alone holds all four slots; `b` then sends two requests, both within its share
+    (two of four). Both are answered by hand-overs asked together: the second does not
+    wait to reach the head of the queue before a stream is asked for it."""
+    pool = Pool(PoolSpec("p", 4), leases(clock))
+    dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        held = [await streaming(dispatcher, clock, "a", INTERACTIVE) for _ in range(4)]
+        waiting = [
+            asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b"))) for _ in range(2)
+        ]
+        await settle()
+        assert [running.preempted for running in held].count(True) == 2
+        assert dispatcher.queues["interactive"].protected == 2
+        for task in waiting:
+            task.cancel()
+        for grant in held:
+            await dispatcher.release(grant)
+    finally:
+        runner.cancel()
