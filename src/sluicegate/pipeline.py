@@ -41,10 +41,12 @@ from sluicegate.core.types import Deployment, Endpoint, Lane, Model, OverloadSta
 from sluicegate.hedging import Hedging
 from sluicegate.observability.metrics import UNKNOWN_MODEL, GatewayMetrics
 from sluicegate.providers.base import Provider, UpstreamResponse, timed_out
+from sluicegate.providers.base import interrupted as stream_interrupted
 from sluicegate.providers.resume import (
     answered_so_far,
-    at_event_end,
     continuation,
+    ends_event,
+    finishing,
     resumable,
     without_opening,
 )
@@ -134,7 +136,7 @@ class Pipeline:
                 )
                 started = await self._first_answer(call, inbound.avoid)
                 answer = started.answer
-                answer.part = started
+                answer.part = started.stack
                 try:
                     async with answer:
                         self._metrics.attempts(started.attempt.number)
@@ -538,14 +540,14 @@ class Answer:
         self._first = b""
         self._rest: AsyncIterator[bytes] | None = None
         self._handing_over = False
-        self.part: _Started | None = None
+        self.part: AsyncExitStack | None = None
 
     async def __aenter__(self) -> Answer:
         return self
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
         assert self.part is not None
-        return await self.part.stack.__aexit__(*exc_info)
+        return await self.part.__aexit__(*exc_info)
 
     @property
     def call(self) -> Call:
@@ -596,16 +598,19 @@ class Answer:
         for the upstream's next bytes (a long engine step) interrupted. Its bytes are
         kept, to be read back only if it gives its slot away."""
         reader: asyncio.Task[Any] | None = None
-        interrupted = False
+        interrupted = finished = False
 
-        def interrupt() -> None:
+        def interrupt() -> bool:
             nonlocal interrupted
+            if finished or answered_so_far(relayed) is None:
+                return False
             if reader is not None and not interrupted:
                 interrupted = True
                 reader.cancel()
+            return True
 
         attempt.on_preempt = interrupt
-        between = at_event_end(relayed[0])
+        between = ends_event(relayed[0])
         while not (attempt.preempted and between):
             if between:
                 reader = asyncio.current_task()
@@ -621,26 +626,34 @@ class Answer:
                 reader = None
             relayed.append(chunk)
             attempt.relayed_events += chunk.count(b"\n\n")
-            between = at_event_end(chunk)
+            finished = finished or finishing(chunk)
+            between = not finished and ends_event(chunk)
             yield chunk
         self._handing_over = True
 
     async def _go_on(self, relayed: list[bytes]) -> bytes:
         """End this part where the caller's stream stands and continue in a new attempt:
         the first bytes of its stream, less the opening the caller already had."""
-        text, produced = answered_so_far(relayed)
         attempt, upstream, part = self.attempt, self._upstream, self.part
         assert part is not None
         assert self._rest is not None
+        answered = answered_so_far(relayed)
+        if answered is None:
+            # Plain when the hand-over was agreed, it turned to more than text (a tool
+            # call, thinking) before the event it waited to end on: not continued.
+            assert attempt.target is not None
+            attempt.end(asyncio.CancelledError())
+            raise stream_interrupted(attempt.target.deployment.name)
+        text, produced = answered
         upstream.used_tokens = attempt.call.prompt_tokens + produced
         upstream.completion_tokens = produced
         upstream.hand_over()
         await self._rest.aclose()
         attempt.end(asyncio.CancelledError())
-        await part.stack.aclose()
+        await part.aclose()
         started = await self._resume(attempt.call, text, produced)
         rest = started.answer
-        self.part, self.attempt = started, started.attempt
+        self.part, self.attempt = started.stack, started.attempt
         self._upstream, self._rest = rest._upstream, rest._rest
         self.attempt.first_byte_s = self._clock.now()
         self._on_first(self.attempt)

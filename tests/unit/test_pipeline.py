@@ -286,9 +286,10 @@ def event(delta: dict[str, Any], finish: str | None = None) -> bytes:
 
 
 class ContinuedStream:
-    """The first call's stream: an opening, two words, then nothing more until it is
-    ended (or, when the provider says so, the finish); a later call's: an opening, three
-    words, the finish."""
+    """The first call's stream: an opening, two words (after some thinking, when the
+    provider says so), then nothing more until it is ended (or, when the provider says
+    so, the finish, the usage and the end, each apart); a later call's: an opening, three
+    words, the finish and the end."""
 
     def __init__(self, provider: ContinuingProvider, first: bool) -> None:
         self._provider = provider
@@ -300,10 +301,18 @@ class ContinuedStream:
         raise AssertionError("a stream is never read whole")
 
     async def chunks(self) -> AsyncIterator[bytes]:
+        provider = self._provider
         yield event({"role": "assistant", "content": ""})
+        if self._first and provider.thinking:
+            yield event({"reasoning_content": "hm"})
         for word in ("w0 ", "w1 ") if self._first else ("w2 ", "w3 ", "w4 "):
             yield event({"content": word})
-        if self._first and not self._provider.first_ends:
+        if self._first and provider.first_ends:
+            yield event({}, "length")
+            yield b'data: {"id":"x","choices":[],"usage":{"total_tokens":9}}\n\n'
+            yield b"data: [DONE]\n\n"
+            return
+        if self._first:
             await asyncio.Event().wait()
         yield event({}, "length") + b"data: [DONE]\n\n"
         self.used_tokens = 20
@@ -315,9 +324,10 @@ class ContinuedStream:
 class ContinuingProvider(ScriptedProvider):
     """A `ScriptedProvider` whose streams are `ContinuedStream`s."""
 
-    def __init__(self, deployment: Any, first_ends: bool = False) -> None:
+    def __init__(self, deployment: Any, first_ends: bool = False, thinking: bool = False):
         super().__init__(deployment)
         self.first_ends = first_ends
+        self.thinking = thinking
         self.handed_over = 0
 
     @asynccontextmanager
@@ -329,12 +339,12 @@ class ContinuingProvider(ScriptedProvider):
 
 
 @asynccontextmanager
-async def resumable(first_ends: bool = False) -> AsyncIterator[Harness]:
+async def resumable(**provider_options: bool) -> AsyncIterator[Harness]:
     """A pipeline on one `resumable` deployment answered by a `ContinuingProvider`."""
     clock = FakeClock()
     settings = parse_settings(config({"name": "a", "resumable": True}), "test", ENV)
     (deployment,) = settings.models["chat"].deployments
-    provider = ContinuingProvider(deployment, first_ends)
+    provider = ContinuingProvider(deployment, **provider_options)
     runtime = build(settings, clock, {"a": provider})
     tasks = [asyncio.create_task(d.run()) for d in runtime.dispatchers.values()]
     try:
@@ -348,9 +358,9 @@ def contents(stream: bytes) -> list[str]:
     """The content of each event of `stream` that has any."""
     found = []
     for block in stream.split(b"\n\n"):
-        if block.startswith(b"data: {"):
-            delta = json.loads(block[6:])["choices"][0]["delta"]
-            found += [delta["content"]] if delta.get("content") else []
+        choices = json.loads(block[6:])["choices"] if block.startswith(b"data: {") else []
+        if choices and choices[0]["delta"].get("content"):
+            found.append(choices[0]["delta"]["content"])
     return found
 
 
@@ -404,18 +414,31 @@ async def test_a_stream_waiting_for_its_next_tokens_gives_its_slot_away_at_once(
         assert len(h.providers["a"].bodies) == 2
 
 
-async def test_a_stream_asked_as_it_finishes_ends_as_it_is():
-    """Asked to give its slot away only once its finish is on the way (the event that
-    ends its last word is followed by no other before the finish), a stream that ends
-    is not continued."""
+async def test_a_stream_asked_once_it_finishes_ends_as_it_is():
+    """Asked to give its slot away as its usage event comes, after its finish (each a
+    whole event apart), a stream is left to end: it is not continued."""
     async with resumable(first_ends=True) as h:
         got: list[bytes] = []
         async with h.runtime.pipeline.run(h.inbound(stream=True, max_tokens=10)) as answer:
             async for chunk in answer.chunks():
                 got.append(chunk)
-                if b'"finish_reason": "length"' in chunk or b"[DONE]" in chunk:
-                    answer.attempt.preempt()
+                if b'"usage"' in chunk:
+                    assert answer.attempt.preempt() is False
         assert contents(b"".join(got)) == ["w0 ", "w1 "]
+        assert b"".join(got).endswith(b"data: [DONE]\n\n")
+        assert len(h.providers["a"].bodies) == 1
+
+
+async def test_a_stream_with_more_than_text_keeps_its_slot():
+    """A stream that carried some thinking declines to give its slot away: its answer
+    would not be continued as text."""
+    async with resumable(thinking=True) as h:
+        got: list[bytes] = []
+        async with h.runtime.pipeline.run(h.inbound(stream=True, max_tokens=10)) as answer:
+            chunks = answer.chunks()
+            got += [await anext(chunks) for _ in range(4)]
+            assert answer.attempt.preempt() is False
+            assert not answer.attempt.preempted
         assert len(h.providers["a"].bodies) == 1
 
 

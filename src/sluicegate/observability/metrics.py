@@ -284,8 +284,9 @@ class CapacityCollector(Collector):
         )
         preempted = CounterMetricFamily(
             "sluicegate_preempted",
-            "Streams of the lane beyond their share (or below the top lane) that gave their "
-            "engine slot to a top-lane request within its share and continued later.",
+            "Streams of the lane (of a tenant at or beyond its share, or below the top lane) "
+            "that agreed to give their engine slot to a top-lane request within its share, "
+            "to continue their answer later.",
             labels=labels,
         )
         correction = GaugeMetricFamily(

@@ -5,10 +5,12 @@ request within its tenant's share at once, the gateway may end the stream of a r
 beyond its share and send it again later with the answer so far as an assistant message
 to continue (vLLM's `continue_final_message`): the engine prefills that text and goes
 on where it stopped, and the caller's stream carries on after a pause. Only plain
-answers qualify: one choice, no tools or log-probabilities, nothing the caller itself
-asked to continue. The cut falls between two events, so the caller's stream stays well
-formed; the answer so far is read back from the events relayed, only when the cut
-happens.
+answers qualify: one choice, no tools, log-probabilities or constrained output (a
+grammar would start again on the continuation), nothing the caller itself asked to
+continue, and no delta but text so far (a reasoning model's thinking, a tool call or a
+refusal is not continued as text). The cut falls between two events, so the caller's
+stream stays well formed; the answer so far is read back from the events relayed, only
+when a hand-over is asked and when it happens.
 """
 
 from __future__ import annotations
@@ -21,8 +23,22 @@ from sluicegate.core.call import Call
 from sluicegate.core.types import Deployment, Endpoint
 from sluicegate.providers.sse import events
 
-_NOT_PLAIN = ("tools", "functions", "logprobs", "top_logprobs", "continue_final_message")
+_NOT_PLAIN = (
+    "tools",
+    "functions",
+    "logprobs",
+    "top_logprobs",
+    "continue_final_message",
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
+    "min_tokens",
+)
 _FINISHED = (b"[DONE]", b'"finish_reason":"', b'"finish_reason": "')
+_TEXT = frozenset(("role", "content"))
 
 
 def resumable(call: Call, deployment: Deployment) -> bool:
@@ -38,25 +54,37 @@ def resumable(call: Call, deployment: Deployment) -> bool:
     )
 
 
-def at_event_end(chunk: bytes) -> bool:
-    """Whether the bytes relayed so far may stop after `chunk`: it ends an event and the
-    answer is not already finishing."""
-    return chunk.endswith((b"\n\n", b"\r\n\r\n")) and not any(m in chunk for m in _FINISHED)
+def ends_event(chunk: bytes) -> bool:
+    """Whether `chunk` ends an event: the bytes relayed so far may stop after it."""
+    return chunk.endswith((b"\n\n", b"\r\n\r\n"))
 
 
-def answered_so_far(relayed: list[bytes]) -> tuple[str, int]:
+def finishing(chunk: bytes) -> bool:
+    """Whether `chunk` holds the answer's finish or the stream's end: from then on the
+    stream is left to end (a usage event may still follow)."""
+    return any(marker in chunk for marker in _FINISHED)
+
+
+def answered_so_far(relayed: list[bytes]) -> tuple[str, int] | None:
     """The assistant text the caller has received and how many content events carried it
-    (a token each from vLLM's and the simulator's streams)."""
+    (a token each from vLLM's and the simulator's streams); None when an event carried
+    anything but text (thinking, a tool call, a refusal): that answer is not continued."""
     parts: list[str] = []
-    block = b"".join(relayed)
-    for _, data in events(block):
+    for _, data in events(b"".join(relayed)):
         if data is None or data == b"[DONE]":
             continue
         try:
-            chunk = orjson.loads(data)
-            content = chunk["choices"][0]["delta"].get("content")
-        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
+            choices = orjson.loads(data)["choices"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
             continue
+        if not isinstance(choices, list) or not choices:
+            continue
+        delta = choices[0].get("delta") if isinstance(choices[0], dict) else None
+        if not isinstance(delta, dict):
+            continue
+        if any(value for key, value in delta.items() if key not in _TEXT):
+            return None
+        content = delta.get("content")
         if isinstance(content, str) and content:
             parts.append(content)
     return "".join(parts), len(parts)

@@ -96,9 +96,10 @@ class Attempt:
     """Events of its stream relayed so far, about a token each: what it would prefill
     again after its prompt if it gave its slot away."""
     preempted: bool = False
-    """Asked to give its slot to a request within its share (`preempt`)."""
-    on_preempt: Callable[[], None] | None = None
-    """Set by the relay that owns its stream, to be told at once."""
+    """Asked to give its slot to a request within its share, and agreed (`preempt`)."""
+    on_preempt: Callable[[], bool] | None = None
+    """Set by the relay that owns its stream once it relays it: told at once, it says
+    whether it can give the slot away."""
 
     @property
     def first_byte_after_s(self) -> float | None:
@@ -110,12 +111,13 @@ class Attempt:
     def __post_init__(self) -> None:
         self.lane = self.call.lane
 
-    def preempt(self) -> None:
+    def preempt(self) -> bool:
         """Ask it to give its slot away: its relay ends it where the caller's stream
-        stands between two events and continues the answer in a new attempt."""
-        self.preempted = True
-        if self.on_preempt is not None:
-            self.on_preempt()
+        stands between two events and continues the answer in a new attempt. False when
+        the relay declines: its answer is finishing or is not plain text."""
+        agreed = self.on_preempt is not None and self.on_preempt()
+        self.preempted = self.preempted or agreed
+        return agreed
 
     def end(self, error: BaseException | None) -> None:
         """Decide the outcome from how the attempt ended; the first decision stands."""

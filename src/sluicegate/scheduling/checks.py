@@ -139,9 +139,15 @@ class GateCheck:
     def released(self, target: Target, lane: Lane, attempt: Attempt) -> None:
         """Only a streamed attempt's first byte is the backend's latency: a non-streamed
         answer's comes with its whole body, whose time grows with the output asked for,
-        so long answers would shrink an adaptive limit for everyone."""
+        so long answers would shrink an adaptive limit for everyone; the rest of an
+        answer's comes after a prefill of the answer so far too."""
         outcome = attempt.outcome
-        evidence = attempt.call.stream and (outcome is Outcome.OK or outcome is Outcome.FAILED)
+        call = attempt.call
+        evidence = (
+            call.stream
+            and not call.resumed
+            and (outcome is Outcome.OK or outcome is Outcome.FAILED)
+        )
         target.gate.done(attempt.first_byte_after_s if evidence else None)
 
     def view(self) -> dict[str, Any]:

@@ -209,6 +209,10 @@ class Dispatcher:
         """Streams past their first token that may give their slot away and continue
         later (`providers.resume`), not yet asked to: the slots a request within its
         share may take from work beyond a share or below its lane."""
+        self._asked: dict[int, Waiter] = {}
+        """The waiter each stream that agreed to give its slot away gave it for: when the
+        stream ends, the waiter may ask again (the slot went elsewhere, or the stream
+        ended before it could give it)."""
         self._arrived_s = {lane.name: started for lane in self.lanes}
         """Each lane's latest arrival: a lane's share caps it only while one above is busy.
         A lane counts as busy at the start: a batch submitted before anyone else arrives
@@ -392,6 +396,9 @@ class Dispatcher:
                 attempt.completion_tokens, span_s, math.ceil(sequences / len(self.targets))
             )
         self._resumable.pop(id(attempt), None)
+        waiter = self._asked.pop(id(attempt), None)
+        if waiter is not None:
+            waiter.preempting = False
         self.stats[lane.name].in_flight -= 1
         produced = attempt.completion_tokens
         if produced is None and attempt.used_tokens is not None:
@@ -514,8 +521,10 @@ class Dispatcher:
         waited that long would be served late, on capacity that could serve one on
         time."""
         lane = call.lane
+        if call.resumed:
+            return math.inf
         promise = lane.ttft_slo_s
-        if promise is None or call.resumed:
+        if promise is None:
             return lane.max_queue_age_s
         budget_s = self.predictor.budget_s(lane.name, promise, self._own_prefill_s(call))
         return min(lane.max_queue_age_s, budget_s)
@@ -595,19 +604,21 @@ class Dispatcher:
         """Dispatch queued requests until nothing more can go."""
         while True:
             for lane in self._lanes_in_turn():
-                if self._paused(lane):
-                    continue
                 queue = self.queues[lane.name]
-                self._shed_late(queue)
-                waiter = (
-                    queue.protected_head(self._asked_lately)
-                    or (queue.resumed[0] if queue.resumed else None)
-                    or queue.head()
-                )
+                if self._paused(lane):
+                    waiter = queue.resumed_head()
+                else:
+                    self._shed_late(queue)
+                    waiter = (
+                        queue.protected_head(self._asked_lately)
+                        or queue.resumed_head()
+                        or queue.head()
+                    )
                 if waiter is None:
                     continue
                 attempt = waiter.attempt
-                refusal = await self._try(attempt, self._spare(waiter.protected), queued=True)
+                spare = self._spare(waiter.protected or waiter.call.resumed)
+                refusal = await self._try(attempt, spare, queued=True)
                 if refusal is not None:
                     if waiter.protected and refusal.code == Refusal.POOL_CONCURRENCY:
                         self._preempt_for(waiter, queue)
@@ -654,7 +665,7 @@ class Dispatcher:
         beyond: dict[str, bool] = {}
 
         def may_yield(running: Attempt) -> bool:
-            if not running.lane.queue_size:
+            if not running.lane.queue_size or running.on_preempt is None:
                 return False
             if running.lane.priority < lane.priority:
                 return True
@@ -665,19 +676,18 @@ class Dispatcher:
                 beyond[other] = not queue.fairness.within_share(other, queue.queued, self._batch)
             return beyond[other]
 
-        candidates = [running for running in self._resumable.values() if may_yield(running)]
-        if not candidates:
-            return False
-
         def cheapest(running: Attempt) -> tuple[int, int]:
             return (running.lane.priority, running.call.prompt_tokens + running.relayed_events)
 
-        victim = min(candidates, key=cheapest)
-        del self._resumable[id(victim)]
-        victim.preempt()
-        waiter.preempting = True
-        self.stats[victim.lane.name].preempted += 1
-        return True
+        candidates = [running for running in self._resumable.values() if may_yield(running)]
+        for victim in sorted(candidates, key=cheapest):
+            del self._resumable[id(victim)]
+            if victim.preempt():
+                self._asked[id(victim)] = waiter
+                waiter.preempting = True
+                self.stats[victim.lane.name].preempted += 1
+                return True
+        return False
 
     def _lanes_in_turn(self) -> list[Lane]:
         """Priority order, except that a starving lane (its oldest request waited past the
@@ -695,8 +705,12 @@ class Dispatcher:
         return sorted(self.lanes, key=lambda lane: not starving(lane))
 
     def _candidates(self, attempt: Attempt) -> list[Target]:
-        """The chain in order, or rotated; deployments that failed this request go last."""
+        """The chain in order, or rotated; deployments that failed this request go last.
+        The rest of an answer goes only where a final assistant message is continued
+        (one at least: its first part came from such a deployment of this model)."""
         targets = self.targets
+        if attempt.call.resumed:
+            targets = [target for target in targets if target.deployment.resumable]
         if not self._chain:
             start = next(self._turn) % len(targets)
             targets = targets[start:] + targets[:start]
@@ -759,9 +773,10 @@ class Dispatcher:
         the candidates come in, since a line entry whose replica took a slot elsewhere
         would have a slot set aside for nobody."""
         lane = attempt.lane
-        if self._prefilling and self._yielding_for(lane) is not None:
+        paced = not attempt.call.resumed
+        if paced and self._prefilling and self._yielding_for(lane) is not None:
             return Refusal.LANE_YIELDING.error(f"lane {lane.name} yields to first tokens due")
-        pace = self._pace_wait_s(lane)
+        pace = self._pace_wait_s(lane) if paced else 0.0
         if pace > 0:
             self._retry_after(pace)
             return Refusal.LANE_PACED.error(f"lane {lane.name} is paced", pace)
@@ -875,7 +890,7 @@ class Dispatcher:
         output = call.reserved_tokens - call.prompt_tokens
         attempt.charged_output = output
         fairness = self.queues[lane.name].fairness
-        fairness.charge(call.tenant.name, call.prompt_tokens, output)
+        fairness.charge(call.tenant.name, 0 if call.resumed else call.prompt_tokens, output)
         stats = self.stats[lane.name]
         stats.dispatched += 1
         stats.queue_dispatched += backlogged_since_s is not None
@@ -899,7 +914,7 @@ class Dispatcher:
         still_queued = any(queue.size for queue in self.queues.values())
         predictor = self.predictor
         predictor.dispatched(now, backlogged_since_s is not None, still_queued)
-        if backlogged_since_s is not None:
+        if backlogged_since_s is not None and not call.resumed:
             predictor.flow_dispatched(lane.name, call.tenant.name, now, backlogged_since_s)
 
     def _retry_after(self, delay_s: float | None) -> None:

@@ -60,7 +60,8 @@ class Waiter:
         """It came within its tenant's share: it may take the dispatcher's reserve, and
         it is not shed (it is first in line for the next slot)."""
         self.preempting = False
-        """A stream beyond its share was asked to give its slot to this waiter."""
+        """A stream (of a lower lane, or of another tenant at or beyond its share) agreed
+        to give its slot to this waiter; cleared when that stream ends."""
         self.future: asyncio.Future[GatewayError | None] = (
             asyncio.get_running_loop().create_future()
         )
@@ -128,6 +129,8 @@ class LaneQueue:
         which may not take the slots kept free for them anyway."""
         self.resumed: deque[Waiter] = deque()
         """The rest of answers whose streams gave their slots away, in arrival order."""
+        self._resumed_of: dict[str, int] = {}
+        """Of those, each tenant's: part of what it holds (`queued`)."""
 
     @property
     def full(self) -> bool:
@@ -137,6 +140,7 @@ class LaneQueue:
         self.size += 1
         if waiter.call.resumed:
             self.resumed.append(waiter)
+            self._resumed_of[waiter.flow] = self._resumed_of.get(waiter.flow, 0) + 1
             return
         flow = self._flows.get(waiter.flow)
         if flow is None:
@@ -161,6 +165,11 @@ class LaneQueue:
                 return False
             self.resumed.remove(waiter)
             self.size -= 1
+            left = self._resumed_of[waiter.flow] - 1
+            if left:
+                self._resumed_of[waiter.flow] = left
+            else:
+                del self._resumed_of[waiter.flow]
             return True
         flow = self._flows.get(waiter.flow)
         if not flow:
@@ -229,9 +238,12 @@ class LaneQueue:
         return own.since_s if own else None
 
     def queued(self, flow: str) -> int:
-        """`flow`'s waiters."""
+        """`flow`'s waiters, the rest of its answers included."""
         own = self._flows.get(flow)
-        return 0 if own is None else len(own)
+        return (0 if own is None else len(own)) + self._resumed_of.get(flow, 0)
+
+    def resumed_head(self) -> Waiter | None:
+        return self.resumed[0] if self.resumed else None
 
     def protected_head(self, asked: Callable[[str], float]) -> Waiter | None:
         """Of the tenants with requests queued within their share (standing first in
@@ -256,7 +268,7 @@ class LaneQueue:
         return [flow.head() for flow in self._flows.values() if flow]
 
     def oldest_enqueued_s(self) -> float | None:
+        """The oldest wait of the fair order's requests: what starvation and overload
+        read. The rest of an answer waits as long as its deadline allows by design."""
         heads = [flow.oldest_enqueued_s() for flow in self._flows.values() if flow]
-        if self.resumed:
-            heads.append(self.resumed[0].enqueued_s)
         return min(heads, default=None)

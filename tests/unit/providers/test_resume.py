@@ -15,8 +15,9 @@ from sluicegate.core.types import Deployment, Endpoint, Lane, Model, RoutePolicy
 from sluicegate.providers.base import classify_status
 from sluicegate.providers.resume import (
     answered_so_far,
-    at_event_end,
     continuation,
+    ends_event,
+    finishing,
     resumable,
     without_opening,
 )
@@ -47,6 +48,20 @@ def test_the_answer_so_far_is_read_back_from_events_cut_anywhere():
     assert answered_so_far(relayed) == ("Hello", 2)
 
 
+@pytest.mark.parametrize(
+    "delta",
+    [
+        {"reasoning_content": "let me think"},
+        {"tool_calls": [{"index": 0, "function": {"name": "f"}}]},
+        {"refusal": "no"},
+    ],
+)
+def test_an_answer_with_more_than_text_so_far_is_not_read_back(delta):
+    stream = event({"role": "assistant", "content": ""}) + event(delta) + event({"content": "x"})
+    assert answered_so_far([stream]) is None
+    assert answered_so_far([event({"content": "x", "reasoning_content": None})]) == ("x", 1)
+
+
 def test_the_continuation_asks_for_what_is_left_of_each_cap():
     payload = call(max_tokens=10, max_completion_tokens=8).payload
     body = continuation(payload, "Hello", 3)
@@ -64,6 +79,9 @@ def test_the_continuation_asks_for_what_is_left_of_each_cap():
         ({"tools": [{"type": "function"}]}, False),
         ({"logprobs": True}, False),
         ({"continue_final_message": True}, False),
+        ({"response_format": {"type": "json_object"}}, False),
+        ({"guided_json": {"type": "object"}}, False),
+        ({"min_tokens": 5}, False),
     ],
 )
 def test_only_a_plain_streamed_chat_answer_on_a_resumable_deployment_may_be_resumed(change, may):
@@ -75,11 +93,12 @@ def test_not_on_a_deployment_that_cannot_continue_nor_for_a_whole_answer():
     assert not resumable(call()._replace(stream=False), DEPLOYMENT)
 
 
-def test_a_stream_stops_only_after_a_whole_event_that_does_not_finish_it():
-    assert at_event_end(event({"content": "a"}))
-    assert not at_event_end(event({"content": "a"})[:-1])
-    assert not at_event_end(event({}, "stop"))
-    assert not at_event_end(b"data: [DONE]\n\n")
+def test_a_stream_stops_only_after_a_whole_event_and_never_once_it_finishes():
+    assert ends_event(event({"content": "a"}))
+    assert not ends_event(event({"content": "a"})[:-1])
+    assert not finishing(event({"content": "a"}))
+    assert finishing(event({}, "stop"))
+    assert finishing(b"data: [DONE]\n\n")
 
 
 def test_the_continued_stream_drops_only_its_opening():

@@ -42,6 +42,7 @@ HEAVY = Lane("heavy", priority=50, queue_size=100, max_queue_age_s=5, starvation
 BACKGROUND = Lane("background", priority=0, queue_size=100, max_queue_age_s=5, max_share=0.5)
 SHORT = Lane("short", priority=100, queue_size=10, max_queue_age_s=0.05)
 DEPLOYMENT = Deployment("d", "openai", "http://x/v1", "m", None, Timeouts(1, 1, 1), 8, ("p",))
+RESUMABLE = dataclasses.replace(DEPLOYMENT, resumable=True)
 
 
 class Gate:
@@ -80,10 +81,15 @@ def leases(clock: FakeClock) -> Leases:
 
 
 def dispatcher_for(
-    lanes: list[Lane], pool: Pool, clock: FakeClock, gate: Gate | None = None, **options
+    lanes: list[Lane],
+    pool: Pool,
+    clock: FakeClock,
+    gate: Gate | None = None,
+    deployment: Deployment = DEPLOYMENT,
+    **options,
 ):
     """One deployment behind `pool`, VTC fairness, on the test's clock."""
-    target = Target(DEPLOYMENT, (pool,), gate or Gate(), Breaker(BreakerPolicy(), clock))
+    target = Target(deployment, (pool,), gate or Gate(), Breaker(BreakerPolicy(), clock))
     return Dispatcher("m", lanes, [target], lambda lane: VirtualTokenCounter(), clock, **options)
 
 
@@ -1186,6 +1192,7 @@ async def streaming(
     running = Attempt(request._replace(stream=True, prompt_tokens=prompt_tokens))
     await granted(dispatcher, running)
     running.resumable = True
+    running.on_preempt = lambda: True
     running.first_byte_s = clock.now()
     dispatcher.first_token(running, 0.0)
     clock.advance(0.1)
@@ -1226,15 +1233,15 @@ async def test_a_request_within_its_share_takes_the_slot_of_a_stream_beyond_it(c
 
 
 async def test_a_lower_lane_gives_its_slot_before_a_tenant_beyond_its_share(clock):
-    """Both slots taken, one by a background stream and one by `a`'s interactive stream
-    beyond its share: for `b`'s request within its share the background one goes, though
-    it began first."""
+    """Both slots taken, one by `a`'s interactive stream beyond its share and one by a
+    lower lane's stream: for `b`'s request within its share the lower lane's goes, though
+    it began last and has more to prefill again."""
     pool = Pool(PoolSpec("p", 2), leases(clock))
     dispatcher = dispatcher_for([INTERACTIVE, HEAVY], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
-        low = await streaming(dispatcher, clock, "batch", HEAVY)
         high = await streaming(dispatcher, clock, "a", INTERACTIVE)
+        low = await streaming(dispatcher, clock, "batch", HEAVY, prompt_tokens=1_000)
         waiting = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b")))
         await settle()
         assert (low.preempted, high.preempted) == (True, False)
@@ -1253,7 +1260,7 @@ async def test_the_rest_of_an_answer_waits_ahead_of_new_work_and_is_not_judged_b
     that gave its slot away is its caller's answer already, so it queues, goes before
     the newcomer queued earlier, and never gives its own slot away again."""
     pool = Pool(PoolSpec("p", 1), leases(clock))
-    dispatcher = dispatcher_for([PROMISED], pool, clock)
+    dispatcher = dispatcher_for([PROMISED], pool, clock, deployment=RESUMABLE)
     runner = asyncio.create_task(dispatcher.run())
     try:
         holder = await granted(dispatcher, attempt(clock, tenant="x", lane=PROMISED))
@@ -1333,7 +1340,9 @@ async def test_the_rest_of_an_answer_is_prefilled_within_the_budget_not_by_its_p
     """Long after its arrival, the rest of an answer is no prompt due by its promise: it
     joins a prompt waiting for its first token within the budget (4,000 tokens after a
     2,000-token measure), as a fresh prompt would."""
-    dispatcher = dispatcher_for([PROMISED], Pool(PoolSpec("p", 20), leases(clock)), clock)
+    dispatcher = dispatcher_for(
+        [PROMISED], Pool(PoolSpec("p", 20), leases(clock)), clock, deployment=RESUMABLE
+    )
     runner = asyncio.create_task(dispatcher.run())
     try:
         measured = await measure_prefill(dispatcher, clock, PROMISED)
@@ -1368,5 +1377,173 @@ async def test_every_request_queued_within_its_share_has_a_slot_handed_over_at_o
             task.cancel()
         for grant in held:
             await dispatcher.release(grant)
+    finally:
+        runner.cancel()
+
+
+async def test_a_waiter_whose_stream_ended_without_its_slot_may_ask_again(clock):
+    """`b`'s request asks `a`'s stream for its slot; the stream ends, but the backend's
+    gate now holds b's request, so the slot is not taken. Once that stream has ended, b's
+    request is free to ask another (a slot taken meanwhile, elsewhere, would otherwise
+    leave it waiting for a completion)."""
+    gate = Gate()
+    pool = Pool(PoolSpec("p", 1), leases(clock))
+    dispatcher = dispatcher_for([INTERACTIVE], pool, clock, gate)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        stream = await streaming(dispatcher, clock, "a", INTERACTIVE)
+        waiting = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b")))
+        await settle()
+        assert stream.preempted
+        (waiter,) = dispatcher.queues["interactive"].protected_waiters()
+        assert waiter.preempting
+        gate.set(set())
+        await dispatcher.release(stream)
+        await settle()
+        assert not waiting.done()
+        assert not waiter.preempting
+        gate.set(None)
+        await settle()
+        assert waiting.done()
+        await dispatcher.release(waiting.result())
+    finally:
+        runner.cancel()
+
+
+async def test_the_rest_of_an_answer_goes_only_where_an_answer_is_continued(clock):
+    """Two deployments, only `r` resumable and its one slot held: the rest of an answer
+    waits for r although `plain` has room, and goes to r once it is free."""
+    store = MemoryLimitStore(clock)
+    pools = [Pool(PoolSpec(name, 1), Leases(store, clock)) for name in ("plain", "r")]
+    targets = [
+        Target(
+            dataclasses.replace(DEPLOYMENT, name=name, pools=(name,), resumable=name == "r"),
+            (pool,),
+            Gate(),
+            Breaker(BreakerPolicy(), clock),
+        )
+        for name, pool in zip(("plain", "r"), pools, strict=True)
+    ]
+    dispatcher = Dispatcher("m", [INTERACTIVE], targets, lambda lane: VirtualTokenCounter(), clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        holder = Attempt(call(clock, tenant="x"), avoid=frozenset({"plain"}))
+        await granted(dispatcher, holder)
+        assert holder.target is not None
+        assert holder.target.deployment.name == "r"
+        rest = Attempt(call(clock, tenant="a")._replace(stream=True, resumed=True))
+        resumed = asyncio.create_task(granted(dispatcher, rest))
+        await settle()
+        assert not resumed.done()
+        await dispatcher.release(holder)
+        await settle()
+        assert resumed.done()
+        assert rest.target is not None
+        assert rest.target.deployment.name == "r"
+        await dispatcher.release(rest)
+    finally:
+        runner.cancel()
+
+
+async def test_the_rest_of_an_answer_in_a_paused_lane_still_goes(clock):
+    """The overload ladder pauses the background lane; the rest of an answer of that lane
+    is its caller's answer already, mid-stream: it goes at once to a free slot, and
+    queued behind a full pool it goes when a slot frees, while the lane's fresh work
+    waits."""
+    bulk = Lane("bulk", priority=0, queue_size=100, max_queue_age_s=5)
+    pool = Pool(PoolSpec("p", 2), leases(clock))
+    dispatcher = dispatcher_for(
+        [INTERACTIVE, bulk], pool, clock, deployment=RESUMABLE, paused=lambda lane: lane is bulk
+    )
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        fresh = asyncio.create_task(granted(dispatcher, attempt(clock, lane=bulk)))
+        first = Attempt(call(clock, lane=bulk)._replace(stream=True, resumed=True))
+        await granted(dispatcher, first)
+        holder = await granted(dispatcher, attempt(clock, tenant="x"))
+        second = Attempt(call(clock, lane=bulk)._replace(stream=True, resumed=True))
+        queued = asyncio.create_task(granted(dispatcher, second))
+        await settle()
+        assert not queued.done()
+        await dispatcher.release(holder)
+        await settle()
+        assert queued.done()
+        assert not fresh.done()
+        fresh.cancel()
+        for grant in (first, second):
+            await dispatcher.release(grant)
+    finally:
+        runner.cancel()
+
+
+async def test_the_rest_of_an_answer_may_take_the_slots_kept_for_requests_within_a_share(clock):
+    """With one of four slots kept free (the reserve) and three held, a request that may
+    not take it (a retry its caller announces) waits, the rest of an answer goes: at
+    once, and, queued behind a full pool, when a slot frees into the reserve."""
+    pool = Pool(PoolSpec("p", 4), leases(clock))
+    dispatcher = dispatcher_for([INTERACTIVE], pool, clock, deployment=RESUMABLE)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        held = [await granted(dispatcher, attempt(clock, tenant="x")) for _ in range(3)]
+        reserving(dispatcher, 1)
+        retried = Attempt(call(clock, tenant="x")._replace(client_retries=1))
+        fresh = asyncio.create_task(granted(dispatcher, retried))
+        await settle()
+        assert not fresh.done()
+        fresh.cancel()
+        rest = Attempt(call(clock, tenant="x")._replace(stream=True, resumed=True))
+        held.append(await granted(dispatcher, rest))
+        later = Attempt(call(clock, tenant="x")._replace(stream=True, resumed=True))
+        queued = asyncio.create_task(granted(dispatcher, later))
+        await settle()
+        assert not queued.done()
+        await dispatcher.release(held.pop(0))
+        await settle()
+        assert queued.done()
+        for grant in (*held, later):
+            await dispatcher.release(grant)
+    finally:
+        runner.cancel()
+
+
+async def test_the_rest_of_an_answer_waits_past_a_full_queue_and_its_age_limit_until_its_deadline(
+    clock,
+):
+    """A lane of one queued request that may wait 0.05 s: with its queue full, the rest of
+    an answer still queues, outlives the age limit, and is answered only at its
+    deadline; it counts among what its tenant holds, not as the lane's oldest wait
+    (starvation, overload). Its tenant is charged its output, not its prompt again."""
+    tight = Lane("tight", priority=100, queue_size=1, max_queue_age_s=0.05)
+    pool = Pool(PoolSpec("p", 1), leases(clock))
+    dispatcher = dispatcher_for([tight], pool, clock, deployment=RESUMABLE)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        holder = await granted(dispatcher, attempt(clock, tenant="x", lane=tight))
+        full = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="x", lane=tight)))
+        await settle()
+        assert dispatcher.queues["tight"].full
+        rest = Attempt(
+            call(clock, tenant="a", lane=tight, deadline_in_s=1.0)._replace(resumed=True)
+        )
+        resumed = asyncio.create_task(granted(dispatcher, rest))
+        await settle()
+        clock.advance(0.5)
+        await settle()
+        assert full.exception() is not None
+        assert not resumed.done()
+        assert dispatcher.queues["tight"].queued("a") == 1
+        assert dispatcher.queues["tight"].oldest_enqueued_s() is None, "no starving, no overload"
+        clock.advance(0.5)
+        await settle()
+        with pytest.raises(GatewayError) as late:
+            resumed.result()
+        assert late.value.code == "deadline_exceeded"
+        await dispatcher.release(holder)
+        charged = Attempt(call(clock, tenant="b", lane=tight)._replace(resumed=True))
+        await granted(dispatcher, charged)
+        expected = VirtualTokenCounter()
+        expected.charge("b", 0, 10)
+        assert dispatcher.queues["tight"].fairness.service()["b"] == expected.service()["b"]
+        await dispatcher.release(charged)
     finally:
         runner.cancel()
