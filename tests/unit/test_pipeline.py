@@ -457,3 +457,26 @@ async def test_a_caller_gone_as_its_stream_is_asked_for_its_slot_is_not_kept_wai
             with pytest.raises(asyncio.CancelledError):
                 await pending
         assert len(h.providers["a"].bodies) == 1
+
+
+async def test_a_handed_over_request_is_timed_by_its_first_part():
+    """Five seconds pass between the first part's first token and the second's: the
+    request's time to first token and the overload monitor's window are the first
+    part's, not a five-second first token."""
+    async with resumable() as h:
+        async with h.runtime.pipeline.run(h.inbound(stream=True, max_tokens=10)) as answer:
+            chunks = answer.chunks()
+            for _ in range(3):
+                await anext(chunks)
+            h.clock.advance(5.0)
+            answer.attempt.preempt()
+            rest = [chunk async for chunk in chunks]
+        assert contents(b"".join(rest)) == ["w2 ", "w3 ", "w4 "]
+        page = (await h.runtime.metrics.page()).decode()
+        ttft_sum = next(
+            line
+            for line in page.splitlines()
+            if line.startswith("sluicegate_time_to_first_token_seconds_sum")
+        )
+        assert float(ttft_sum.split()[-1]) < 1.0
+        assert [seconds for _, seconds in h.runtime.pipeline.ttft._samples] == [0.0]
