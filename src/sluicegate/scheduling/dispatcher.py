@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -601,22 +601,11 @@ class Dispatcher:
             self.predictor.unserved(lane, waiter.protected, predicted_s, waited_s, now, how)
 
     async def _pump(self) -> None:
-        """Dispatch queued requests until nothing more can go."""
+        """Dispatch queued requests until nothing more can go, trying them in `_turns`."""
         while True:
-            for lane in self._lanes_in_turn():
+            for waiter in self._turns():
+                lane, attempt = waiter.lane, waiter.attempt
                 queue = self.queues[lane.name]
-                if self._paused(lane):
-                    waiter = queue.resumed_head()
-                else:
-                    self._shed_late(queue)
-                    waiter = (
-                        queue.protected_head(self._asked_lately)
-                        or queue.resumed_head()
-                        or queue.head()
-                    )
-                if waiter is None:
-                    continue
-                attempt = waiter.attempt
                 spare = self._spare(waiter.protected or waiter.call.resumed)
                 refusal = await self._try(attempt, spare, queued=True)
                 if refusal is not None:
@@ -644,11 +633,37 @@ class Dispatcher:
             else:
                 return
 
+    def _turns(self) -> Iterator[Waiter]:
+        """Who may take a slot, in order: requests within their share a stream is giving
+        its slot to (that slot is theirs); then the rest of answers, oldest first,
+        whatever their lane and whether it is paused (their callers are mid-answer,
+        and a hand-over must not starve the stream it took a slot from); then each
+        lane's head, by priority, its requests within their share first. Worked out
+        as the pump goes: each try may wait on the store."""
+
+        def oldest_first(waiters: Iterable[Waiter]) -> list[Waiter]:
+            return sorted(waiters, key=lambda waiter: waiter.enqueued_s)
+
+        top = self.queues[self.protected.name]
+        yield from oldest_first(w for w in top.protected_waiters() if w.given)
+        yield from oldest_first(w for q in self.queues.values() if (w := q.resumed_head()))
+        for lane in self._lanes_in_turn():
+            if self._paused(lane):
+                continue
+            queue = self.queues[lane.name]
+            self._shed_late(queue)
+            waiter = queue.protected_head(self._asked_lately) or queue.head()
+            if waiter is not None:
+                yield waiter
+
     def _preempt_for(self, head: Waiter, queue: LaneQueue) -> None:
         """Free slots for the requests within their share queued in the top lane, whose
         `head` was refused only because every slot is taken: the head first, then the
         others (they stand behind it for the same slots), as long as streams may give
-        theirs."""
+        theirs. Not while the rest of an answer waits: the next free slot is its, and
+        another hand-over would only add another behind it."""
+        if any(other.resumed for other in self.queues.values()):
+            return
         for waiter in (head, *queue.protected_waiters()):
             if not waiter.preempting and not self._preempt_one(waiter, queue):
                 return
@@ -684,7 +699,7 @@ class Dispatcher:
             del self._resumable[id(victim)]
             if victim.preempt():
                 self._asked[id(victim)] = waiter
-                waiter.preempting = True
+                waiter.preempting = waiter.given = True
                 self.stats[victim.lane.name].preempted += 1
                 return True
         return False

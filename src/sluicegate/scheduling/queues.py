@@ -37,6 +37,7 @@ class Waiter:
         "call",
         "enqueued_s",
         "future",
+        "given",
         "lane",
         "predicted_s",
         "preempting",
@@ -62,6 +63,8 @@ class Waiter:
         self.preempting = False
         """A stream (of a lower lane, or of another tenant at or beyond its share) agreed
         to give its slot to this waiter; cleared when that stream ends."""
+        self.given = False
+        """A stream gave, or is giving, its slot to this waiter: it goes first."""
         self.future: asyncio.Future[GatewayError | None] = (
             asyncio.get_running_loop().create_future()
         )

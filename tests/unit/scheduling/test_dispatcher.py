@@ -1547,3 +1547,60 @@ async def test_the_rest_of_an_answer_waits_past_a_full_queue_and_its_age_limit_u
         await dispatcher.release(charged)
     finally:
         runner.cancel()
+
+
+def rest_of_answer(clock: FakeClock, tenant: str, lane: Lane = INTERACTIVE) -> Attempt:
+    """The rest of an answer of `tenant` whose stream gave its slot away."""
+    return Attempt(call(clock, tenant=tenant, lane=lane)._replace(stream=True, resumed=True))
+
+
+async def test_the_rest_of_an_answer_goes_first_and_holds_back_further_hand_overs(clock):
+    """One slot, held by `x`'s stream; the rest of `a`'s answer and then a request of `b`
+    within its share wait. b's request asks no hand-over (the next free slot is the rest
+    of a's answer's, and another would only queue behind it), and the freed slot goes
+    to the rest of a's answer, then the next to b's."""
+    pool = Pool(PoolSpec("p", 1), leases(clock))
+    dispatcher = dispatcher_for([INTERACTIVE, HEAVY], pool, clock, deployment=RESUMABLE)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        holder = await streaming(dispatcher, clock, "x", INTERACTIVE)
+        rest = rest_of_answer(clock, "a", HEAVY)
+        resumed = asyncio.create_task(granted(dispatcher, rest))
+        protected = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b")))
+        await settle()
+        assert dispatcher.queues["interactive"].protected == 1
+        assert not holder.preempted
+        await dispatcher.release(holder)
+        await settle()
+        assert resumed.done()
+        assert not protected.done()
+        await dispatcher.release(rest)
+        await settle()
+        assert protected.done()
+        await dispatcher.release(protected.result())
+    finally:
+        runner.cancel()
+
+
+async def test_a_slot_handed_over_goes_to_the_request_it_was_given_for(clock):
+    """`b`'s request within its share has `a`'s stream give its slot; the rest of
+    another answer queued meanwhile does not take that slot."""
+    pool = Pool(PoolSpec("p", 1), leases(clock))
+    dispatcher = dispatcher_for([INTERACTIVE], pool, clock, deployment=RESUMABLE)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        stream = await streaming(dispatcher, clock, "a", INTERACTIVE)
+        protected = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b")))
+        await settle()
+        assert stream.preempted
+        other = rest_of_answer(clock, "c")
+        resumed = asyncio.create_task(granted(dispatcher, other))
+        await settle()
+        await dispatcher.release(stream)
+        await settle()
+        assert protected.done()
+        assert not resumed.done()
+        resumed.cancel()
+        await dispatcher.release(protected.result())
+    finally:
+        runner.cancel()
