@@ -41,7 +41,6 @@ from sluicegate.core.types import Deployment, Endpoint, Lane, Model, OverloadSta
 from sluicegate.hedging import Hedging
 from sluicegate.observability.metrics import UNKNOWN_MODEL, GatewayMetrics
 from sluicegate.providers.base import Provider, UpstreamResponse, timed_out
-from sluicegate.providers.base import interrupted as stream_interrupted
 from sluicegate.providers.resume import (
     answered_so_far,
     continuation,
@@ -250,7 +249,7 @@ class Pipeline:
     async def _race(self, call: Call, number: int, tried: set[str]) -> _Started:
         """One attempt, or two when the route hedges (see `Hedging`)."""
         hedge_after = call.route.hedge_after_s
-        if hedge_after is None or len(call.model.deployments) < 2:
+        if hedge_after is None or len(call.model.deployments) < 2 or call.resumed:
             return await self._start(call, number, tried)
         per_token = max(d.timeouts.output_token_s for d in call.model.deployments)
         return await self._hedging.race(
@@ -539,7 +538,7 @@ class Answer:
         self._body = b""
         self._first = b""
         self._rest: AsyncIterator[bytes] | None = None
-        self._handing_over = False
+        self._handing_over: tuple[str, int] | None = None
         self.part: AsyncExitStack | None = None
 
     async def __aenter__(self) -> Answer:
@@ -583,20 +582,22 @@ class Answer:
                     yield chunk
                 return
             relayed = [first]
-            self._handing_over = False
+            self._handing_over = None
             async for chunk in self._until_preempted(rest, attempt, relayed):
                 yield chunk
-            if not self._handing_over:
+            if self._handing_over is None:
                 return
-            first = await self._go_on(relayed)
+            first = await self._go_on(*self._handing_over)
 
     async def _until_preempted(
         self, rest: AsyncIterator[bytes], attempt: Attempt, relayed: list[bytes]
     ) -> AsyncIterator[bytes]:
         """A stream that may give its slot away, until it ends or, asked to, reaches the
-        end of an event (`_handing_over`): at once if its bytes so far end one, the wait
-        for the upstream's next bytes (a long engine step) interrupted. Its bytes are
-        kept, to be read back only if it gives its slot away."""
+        end of an event (`_handing_over`, the answer so far): at once if its bytes so
+        far end one, the wait for the upstream's next bytes (a long engine step)
+        interrupted. Its bytes are kept, to be read back only when asked and at the cut:
+        an answer that turned to more than text, or ended, meanwhile withdraws (read
+        back whole, an end is found even if its marker came split between two reads)."""
         reader: asyncio.Task[Any] | None = None
         interrupted = finished = False
 
@@ -611,17 +612,26 @@ class Answer:
 
         attempt.on_preempt = interrupt
         between = ends_event(relayed[0])
-        while not (attempt.preempted and between):
+        while True:
+            if attempt.preempted and between:
+                answered = answered_so_far(relayed)
+                if answered is not None:
+                    self._handing_over = answered
+                    return
+                attempt.preempted = False  # withdrawn, not read back at every event on
             if between:
                 reader = asyncio.current_task()
             try:
                 chunk = await anext(rest)
             except StopAsyncIteration:
+                attempt.preempted = False
                 return
             except asyncio.CancelledError:
                 if not interrupted or (reader is not None and reader.uncancel()):
                     raise
-                break
+                self._handing_over = answered_so_far(relayed)
+                assert self._handing_over is not None, "agreed on this very answer"
+                return
             finally:
                 reader = None
             relayed.append(chunk)
@@ -629,22 +639,14 @@ class Answer:
             finished = finished or finishing(chunk)
             between = not finished and ends_event(chunk)
             yield chunk
-        self._handing_over = True
 
-    async def _go_on(self, relayed: list[bytes]) -> bytes:
-        """End this part where the caller's stream stands and continue in a new attempt:
-        the first bytes of its stream, less the opening the caller already had."""
+    async def _go_on(self, text: str, produced: int) -> bytes:
+        """End this part where the caller's stream stands, after `text` (`produced`
+        tokens), and continue in a new attempt: the first bytes of its stream, less the
+        opening the caller already had."""
         attempt, upstream, part = self.attempt, self._upstream, self.part
         assert part is not None
         assert self._rest is not None
-        answered = answered_so_far(relayed)
-        if answered is None:
-            # Plain when the hand-over was agreed, it turned to more than text (a tool
-            # call, thinking) before the event it waited to end on: not continued.
-            assert attempt.target is not None
-            attempt.end(asyncio.CancelledError())
-            raise stream_interrupted(attempt.target.deployment.name)
-        text, produced = answered
         upstream.used_tokens = attempt.call.prompt_tokens + produced
         upstream.completion_tokens = produced
         upstream.hand_over()

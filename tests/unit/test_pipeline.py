@@ -19,6 +19,7 @@ import pytest
 from sluicegate.app import Runtime, build
 from sluicegate.capacity.breaker import BreakerState
 from sluicegate.config.loader import parse_settings
+from sluicegate.core.clock import sleep_until
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.limits import LimitStore
 from sluicegate.core.types import Endpoint
@@ -285,15 +286,23 @@ def event(delta: dict[str, Any], finish: str | None = None) -> bytes:
     return b"data: " + json.dumps({"id": "x", "choices": [choice]}).encode() + b"\n\n"
 
 
-class ContinuedStream:
-    """The first call's stream: an opening, two words (after some thinking, when the
-    provider says so), then nothing more until it is ended (or, when the provider says
-    so, the finish, the usage and the end, each apart); a later call's: an opening, three
-    words, the finish and the end."""
+OPENING = event({"role": "assistant", "content": ""})
+END = event({}, "length") + b"data: [DONE]\n\n"
+USAGE = b'data: {"id":"x","choices":[],"usage":{"total_tokens":9}}\n\n'
+HANG = b""
+"""In a script: nothing more comes until the stream is ended."""
 
-    def __init__(self, provider: ContinuingProvider, first: bool) -> None:
+
+def words(*texts: str) -> list[bytes]:
+    return [event({"content": text}) for text in texts]
+
+
+class ContinuedStream:
+    """A stream that relays its `script` (`HANG` waits until it is ended)."""
+
+    def __init__(self, provider: ContinuingProvider, script: list[bytes]) -> None:
         self._provider = provider
-        self._first = first
+        self._script = script
         self.used_tokens: int | None = None
         self.completion_tokens: int | None = None
 
@@ -301,20 +310,10 @@ class ContinuedStream:
         raise AssertionError("a stream is never read whole")
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        provider = self._provider
-        yield event({"role": "assistant", "content": ""})
-        if self._first and provider.thinking:
-            yield event({"reasoning_content": "hm"})
-        for word in ("w0 ", "w1 ") if self._first else ("w2 ", "w3 ", "w4 "):
-            yield event({"content": word})
-        if self._first and provider.first_ends:
-            yield event({}, "length")
-            yield b'data: {"id":"x","choices":[],"usage":{"total_tokens":9}}\n\n'
-            yield b"data: [DONE]\n\n"
-            return
-        if self._first:
-            await asyncio.Event().wait()
-        yield event({}, "length") + b"data: [DONE]\n\n"
+        for chunk in self._script:
+            if chunk is HANG:
+                await asyncio.Event().wait()
+            yield chunk
         self.used_tokens = 20
 
     def hand_over(self) -> None:
@@ -322,12 +321,16 @@ class ContinuedStream:
 
 
 class ContinuingProvider(ScriptedProvider):
-    """A `ScriptedProvider` whose streams are `ContinuedStream`s."""
+    """A `ScriptedProvider` whose first stream is `first` (by default an opening, two
+    words, then nothing until it is ended) and every later one an opening, three words
+    and the end, `later_s` after it was sent on `clock`."""
 
-    def __init__(self, deployment: Any, first_ends: bool = False, thinking: bool = False):
+    def __init__(
+        self, deployment: Any, first: list[bytes] | None = None, later_s: float = 0.0
+    ) -> None:
         super().__init__(deployment)
-        self.first_ends = first_ends
-        self.thinking = thinking
+        self.first = [OPENING, *words("w0 ", "w1 "), HANG] if first is None else first
+        self.later_s = later_s
         self.handed_over = 0
 
     @asynccontextmanager
@@ -335,20 +338,34 @@ class ContinuingProvider(ScriptedProvider):
         self, endpoint: Endpoint, payload: dict[str, Any], budget_s: float
     ) -> AsyncIterator[ContinuedStream]:
         self.bodies.append(payload)
-        yield ContinuedStream(self, first=len(self.bodies) == 1)
+        if len(self.bodies) == 1:
+            yield ContinuedStream(self, self.first)
+            return
+        if self.later_s:
+            assert self.clock is not None
+            await sleep_until(self.clock, self.clock.now() + self.later_s)
+        yield ContinuedStream(self, [OPENING, *words("w2 ", "w3 ", "w4 "), END])
 
 
 @asynccontextmanager
-async def resumable(**provider_options: bool) -> AsyncIterator[Harness]:
-    """A pipeline on one `resumable` deployment answered by a `ContinuingProvider`."""
+async def resumable(
+    first: list[bytes] | None = None, names: tuple[str, ...] = ("a",), **route: Any
+) -> AsyncIterator[Harness]:
+    """A pipeline on `resumable` deployments answered by `ContinuingProvider`s (the first
+    one's first stream is `first`), with the route's settings given."""
     clock = FakeClock()
-    settings = parse_settings(config({"name": "a", "resumable": True}), "test", ENV)
-    (deployment,) = settings.models["chat"].deployments
-    provider = ContinuingProvider(deployment, **provider_options)
-    runtime = build(settings, clock, {"a": provider})
+    raw = config(*({"name": name, "resumable": True} for name in names), route=route)
+    settings = parse_settings(raw, "test", ENV)
+    providers = {}
+    for deployment in settings.models["chat"].deployments:
+        providers[deployment.name] = ContinuingProvider(
+            deployment, first if not providers else None
+        )
+        providers[deployment.name].clock = clock
+    runtime = build(settings, clock, providers)
     tasks = [asyncio.create_task(d.run()) for d in runtime.dispatchers.values()]
     try:
-        yield Harness(runtime, clock, {"a": provider})
+        yield Harness(runtime, clock, providers)
     finally:
         for task in tasks:
             task.cancel()
@@ -417,7 +434,8 @@ async def test_a_stream_waiting_for_its_next_tokens_gives_its_slot_away_at_once(
 async def test_a_stream_asked_once_it_finishes_ends_as_it_is():
     """Asked to give its slot away as its usage event comes, after its finish (each a
     whole event apart), a stream is left to end: it is not continued."""
-    async with resumable(first_ends=True) as h:
+    first = [OPENING, *words("w0 ", "w1 "), event({}, "length"), USAGE, b"data: [DONE]\n\n"]
+    async with resumable(first) as h:
         got: list[bytes] = []
         async with h.runtime.pipeline.run(h.inbound(stream=True, max_tokens=10)) as answer:
             async for chunk in answer.chunks():
@@ -432,7 +450,9 @@ async def test_a_stream_asked_once_it_finishes_ends_as_it_is():
 async def test_a_stream_with_more_than_text_keeps_its_slot():
     """A stream that carried some thinking declines to give its slot away: its answer
     would not be continued as text."""
-    async with resumable(thinking=True) as h:
+    async with resumable(
+        [OPENING, event({"reasoning_content": "hm"}), *words("w0 ", "w1 "), HANG]
+    ) as h:
         got: list[bytes] = []
         async with h.runtime.pipeline.run(h.inbound(stream=True, max_tokens=10)) as answer:
             chunks = answer.chunks()
@@ -480,3 +500,52 @@ async def test_a_handed_over_request_is_timed_by_its_first_part():
         )
         assert float(ttft_sum.split()[-1]) < 1.0
         assert [seconds for _, seconds in h.runtime.pipeline.ttft._samples] == [0.0]
+
+
+async def test_a_stream_that_turns_to_more_than_text_after_agreeing_keeps_its_slot():
+    """Asked in the middle of an event, a plain stream agrees; the event it waited to end
+    on carries thinking, so it withdraws and relays on to its end, not continued."""
+    thinking = event({"reasoning_content": "hm"})
+    first = [OPENING, *words("w0 "), thinking[:10], thinking[10:], *words("w1 "), END]
+    async with resumable(first) as h:
+        got: list[bytes] = []
+        async with h.runtime.pipeline.run(h.inbound(stream=True, max_tokens=10)) as answer:
+            async for chunk in answer.chunks():
+                got.append(chunk)
+                if chunk == thinking[:10]:
+                    assert answer.attempt.preempt() is True
+            assert not answer.attempt.preempted
+        assert b"".join(got) == b"".join(first)
+        assert len(h.providers["a"].bodies) == 1
+
+
+async def test_an_end_split_between_two_reads_is_still_an_end():
+    """The finish event comes in two reads, split inside its marker, then the usage
+    event: asked then, the stream declines; it has ended."""
+    finish = event({}, "length")
+    cut = finish.index(b"finish_reason") + 5
+    first = [OPENING, *words("w0 "), finish[:cut], finish[cut:], USAGE, b"data: [DONE]\n\n"]
+    async with resumable(first) as h:
+        async with h.runtime.pipeline.run(h.inbound(stream=True, max_tokens=10)) as answer:
+            async for chunk in answer.chunks():
+                if chunk == USAGE:
+                    assert answer.attempt.preempt() is False
+        assert len(h.providers["a"].bodies) == 1
+
+
+async def test_the_rest_of_an_answer_is_never_hedged():
+    """On a hedged route of two deployments, the rest of an answer whose first bytes take
+    a second (past the hedge's delay) is sent once."""
+    async with resumable(names=("a", "b"), hedge_after_s=0.05) as h:
+        for provider in h.providers.values():
+            provider.later_s = 1.0
+        async with h.runtime.pipeline.run(h.inbound(stream=True, max_tokens=10)) as answer:
+            chunks = answer.chunks()
+            for _ in range(3):
+                await anext(chunks)
+            answer.attempt.preempt()
+            rest = asyncio.ensure_future(anext(chunks))
+            await driven(h.clock, rest)
+            got = [rest.result()] + [chunk async for chunk in chunks]
+        assert contents(b"".join(got)) == ["w2 ", "w3 ", "w4 "]
+        assert sum(len(provider.bodies) for provider in h.providers.values()) == 2

@@ -226,14 +226,15 @@ class PoolPermit:
         self.prefilling = prefilling
         """The prefill budget counting this attempt's prompt until its first token."""
 
-    def first_token(self, answered: Callable[[PrefillState], None]) -> None:
+    def first_token(self, answered: Callable[[PrefillState], None], learn: bool = True) -> None:
         """The prompt got its first token: it stops counting in its prefill budget, which
-        learns from it; whoever waits for the deployment may try again, and `answered`
+        learns from it unless told not to (a prompt whose prefill the engine may have
+        cached in part); whoever waits for the deployment may try again, and `answered`
         hears the budget's state, once the store has it (this cannot wait for it)."""
         budget = self.prefilling
         if budget is not None:
             self.prefilling = None
-            self._group._prefill_ended(PrefillEnd(budget, self._lease.id, True), answered)
+            self._group._prefill_ended(PrefillEnd(budget, self._lease.id, learn), answered)
 
     async def release(self, used_tokens: int | None) -> None:
         """Free the slots and give back what a finished attempt did not use, in one give-back;

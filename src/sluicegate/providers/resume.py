@@ -36,6 +36,7 @@ _NOT_PLAIN = (
     "guided_grammar",
     "structured_outputs",
     "min_tokens",
+    "echo",
 )
 _FINISHED = (b"[DONE]", b'"finish_reason":"', b'"finish_reason": "')
 _TEXT = frozenset(("role", "content"))
@@ -68,10 +69,13 @@ def finishing(chunk: bytes) -> bool:
 def answered_so_far(relayed: list[bytes]) -> tuple[str, int] | None:
     """The assistant text the caller has received and how many content events carried it
     (a token each from vLLM's and the simulator's streams); None when an event carried
-    anything but text (thinking, a tool call, a refusal): that answer is not continued."""
+    anything but text (thinking, a tool call, a refusal) or the answer ended: that
+    answer is not continued."""
     parts: list[str] = []
     for _, data in events(b"".join(relayed)):
-        if data is None or data == b"[DONE]":
+        if data == b"[DONE]":
+            return None
+        if data is None:
             continue
         try:
             choices = orjson.loads(data)["choices"]
@@ -79,7 +83,10 @@ def answered_so_far(relayed: list[bytes]) -> tuple[str, int] | None:
             continue
         if not isinstance(choices, list) or not choices:
             continue
-        delta = choices[0].get("delta") if isinstance(choices[0], dict) else None
+        choice = choices[0] if isinstance(choices[0], dict) else {}
+        delta = choice.get("delta")
+        if choice.get("finish_reason") is not None:
+            return None
         if not isinstance(delta, dict):
             continue
         if any(value for key, value in delta.items() if key not in _TEXT):

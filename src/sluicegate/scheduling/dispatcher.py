@@ -33,7 +33,7 @@ from sluicegate.core.limits import Prefill, PrefillState
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Lane
 from sluicegate.scheduling.attempt import Attempt, Target
-from sluicegate.scheduling.checks import DispatchCheck, NotNow, default_checks
+from sluicegate.scheduling.checks import DispatchCheck, NotNow, ShareCheck, default_checks
 from sluicegate.scheduling.demand import HORIZON_S, EngineUnit, RecentWork
 from sluicegate.scheduling.fairness import FairnessPolicy
 from sluicegate.scheduling.promise import QueueExit, Shedder, WaitPredictor
@@ -211,8 +211,8 @@ class Dispatcher:
         share may take from work beyond a share or below its lane."""
         self._asked: dict[int, Waiter] = {}
         """The waiter each stream that agreed to give its slot away gave it for: when the
-        stream ends, the waiter may ask again (the slot went elsewhere, or the stream
-        ended before it could give it)."""
+        stream ends without giving it (it withdrew: its answer ended or turned to more
+        than text), the waiter may ask again."""
         self._arrived_s = {lane.name: started for lane in self.lanes}
         """Each lane's latest arrival: a lane's share caps it only while one above is busy.
         A lane counts as busy at the start: a batch submitted before anyone else arrives
@@ -302,7 +302,7 @@ class Dispatcher:
         if prefilling is not None:
             prefilling.pending -= attempt.call.prompt_tokens
             assert attempt.permit is not None
-            attempt.permit.first_token(prefilling.heard)
+            attempt.permit.first_token(prefilling.heard, learn=not resumed)
         if resumed:
             self._prefilled(attempt)
             return
@@ -397,7 +397,7 @@ class Dispatcher:
             )
         self._resumable.pop(id(attempt), None)
         waiter = self._asked.pop(id(attempt), None)
-        if waiter is not None:
+        if waiter is not None and not attempt.preempted:
             waiter.preempting = False
         self.stats[lane.name].in_flight -= 1
         produced = attempt.completion_tokens
@@ -653,7 +653,7 @@ class Dispatcher:
             queue = self.queues[lane.name]
             self._shed_late(queue)
             waiter = queue.protected_head(self._asked_lately) or queue.head()
-            if waiter is not None:
+            if waiter is not None and not waiter.given:
                 yield waiter
 
     def _preempt_for(self, head: Waiter, queue: LaneQueue) -> None:
@@ -801,7 +801,7 @@ class Dispatcher:
         wakes: list[float] = []
         for target in self._candidates(attempt):
             checks = self._plan(target, lane)
-            verdict = _first_refusal(checks, target, lane)
+            verdict = _first_refusal(checks, target, lane, attempt.call.resumed)
             if verdict is not None:
                 refusals.append(verdict.error())
                 wakes += [] if verdict.wake_in_s is None else [verdict.wake_in_s]
@@ -938,8 +938,14 @@ class Dispatcher:
             self._retry.in_s(delay_s)
 
 
-def _first_refusal(checks: tuple[DispatchCheck, ...], target: Target, lane: Lane) -> NotNow | None:
+def _first_refusal(
+    checks: tuple[DispatchCheck, ...], target: Target, lane: Lane, resumed: bool
+) -> NotNow | None:
+    """The first check that refuses; the rest of an answer is not held to its lane's
+    share (it held its slot within it until it gave it away), though it counts in it."""
     for check in checks:
+        if resumed and isinstance(check, ShareCheck):
+            continue
         verdict = check.check(target, lane)
         if verdict is not None:
             return verdict

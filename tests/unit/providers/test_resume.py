@@ -82,6 +82,7 @@ def test_the_continuation_asks_for_what_is_left_of_each_cap():
         ({"response_format": {"type": "json_object"}}, False),
         ({"guided_json": {"type": "object"}}, False),
         ({"min_tokens": 5}, False),
+        ({"echo": True}, False),
     ],
 )
 def test_only_a_plain_streamed_chat_answer_on_a_resumable_deployment_may_be_resumed(change, may):

@@ -1278,6 +1278,7 @@ async def test_the_rest_of_an_answer_waits_ahead_of_new_work_and_is_not_judged_b
         assert resumed.done()
         assert not fresh.done()
         rest.resumable = True
+        rest.on_preempt = lambda: True
         rest.first_byte_s = clock.now()
         dispatcher.first_token(rest, 0.0)
         protected = asyncio.create_task(
@@ -1381,11 +1382,14 @@ async def test_every_request_queued_within_its_share_has_a_slot_handed_over_at_o
         runner.cancel()
 
 
-async def test_a_waiter_whose_stream_ended_without_its_slot_may_ask_again(clock):
-    """`b`'s request asks `a`'s stream for its slot; the stream ends, but the backend's
-    gate now holds b's request, so the slot is not taken. Once that stream has ended, b's
-    request is free to ask another (a slot taken meanwhile, elsewhere, would otherwise
-    leave it waiting for a completion)."""
+@pytest.mark.parametrize("gave", [True, False])
+async def test_a_waiter_whose_stream_withdrew_may_ask_again(clock, gave):
+    """`b`'s request has `a`'s stream agree to give its slot; the backend's gate then
+    holds b's request, so the freed slot is not taken at once. If the stream gave its
+    slot (`gave`), b's request keeps its ask: the rest of a's answer is on its way and
+    the slot is b's. If it withdrew (its answer ended first), b's request may ask
+    another stream; a slot taken meanwhile elsewhere would otherwise leave it waiting
+    for a completion."""
     gate = Gate()
     pool = Pool(PoolSpec("p", 1), leases(clock))
     dispatcher = dispatcher_for([INTERACTIVE], pool, clock, gate)
@@ -1398,10 +1402,11 @@ async def test_a_waiter_whose_stream_ended_without_its_slot_may_ask_again(clock)
         (waiter,) = dispatcher.queues["interactive"].protected_waiters()
         assert waiter.preempting
         gate.set(set())
+        stream.preempted = gave
         await dispatcher.release(stream)
         await settle()
         assert not waiting.done()
-        assert not waiter.preempting
+        assert waiter.preempting is gave
         gate.set(None)
         await settle()
         assert waiting.done()
@@ -1602,5 +1607,50 @@ async def test_a_slot_handed_over_goes_to_the_request_it_was_given_for(clock):
         assert not resumed.done()
         resumed.cancel()
         await dispatcher.release(protected.result())
+    finally:
+        runner.cancel()
+
+
+async def test_the_rest_of_an_answer_is_not_held_to_its_lanes_share(clock):
+    """The background lane may hold one of two slots while the lane above is busy: its
+    next fresh request waits, the rest of one of its answers takes the free slot."""
+    pool = Pool(PoolSpec("p", 2), leases(clock))
+    dispatcher = dispatcher_for([INTERACTIVE, BACKGROUND], pool, clock, deployment=RESUMABLE)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        held = await granted(dispatcher, attempt(clock, lane=BACKGROUND))
+        fresh = asyncio.create_task(granted(dispatcher, attempt(clock, lane=BACKGROUND)))
+        await settle()
+        assert not fresh.done()
+        fresh.cancel()
+        rest = await granted(dispatcher, rest_of_answer(clock, "a", BACKGROUND))
+        for grant in (held, rest):
+            await dispatcher.release(grant)
+    finally:
+        runner.cancel()
+
+
+async def test_the_prefill_budget_learns_nothing_from_the_rest_of_an_answer(clock):
+    """2,000 tokens prefilled in 0.125 s teach 16,000 tokens/s; the rest of an answer,
+    2,000 tokens whose first token comes 10 ms later (an engine that cached most of
+    them), does not teach 200,000."""
+    dispatcher = dispatcher_for(
+        [PROMISED], Pool(PoolSpec("p", 20), leases(clock)), clock, deployment=RESUMABLE
+    )
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        measured = await measure_prefill(dispatcher, clock, PROMISED)
+        rest = rest_of_answer(clock, "a", PROMISED)
+        rest.call = rest.call._replace(prompt_tokens=2_000, reserved_tokens=2_010)
+        await granted(dispatcher, rest)
+        clock.advance(0.01)
+        rest.first_byte_s = clock.now()
+        dispatcher.first_token(rest, 5.0)
+        await settle()
+        (deployment,) = dispatcher.view().targets
+        assert deployment.prefill_tokens_per_s == pytest.approx(16_000)
+        assert deployment.prefill_pending_tokens == 0
+        for grant in (measured, rest):
+            await dispatcher.release(grant)
     finally:
         runner.cancel()
