@@ -324,9 +324,6 @@ def gateway_config(variant: Variant) -> dict[str, Any]:
                         "base_url": "${SLUICEGATE_SIM_URL}/v1",
                         "pools": ["sim"],
                         "metrics": {"interval_s": 0.25, "max_num_seqs": variant.batch},
-                        # The simulator prefills a final assistant message as part of
-                        # the prompt and generates what is left: as vLLM continues it.
-                        "resumable": True,
                     }
                 ],
             }

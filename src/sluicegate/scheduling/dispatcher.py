@@ -45,6 +45,8 @@ CODEL_TARGET = 0.5
 """CoDel's target as a fraction of the queue budget. A request that waits the whole
 budget expires (`_age_limit_s`); a queue whose requests keep waiting past half of it
 for an interval is running late and sheds before they do."""
+RESUMING_PART = 0.25
+"""The part of the batch that may be handed over and not yet resumed at once."""
 PREFILL_PART = 0.5
 """The part of the top lane's promise the prompts waiting at a deployment for their
 first token may take to prefill together (`core.prefill`): the rest is for the wait in
@@ -209,6 +211,9 @@ class Dispatcher:
         """Streams past their first token that may give their slot away and continue
         later (`providers.resume`), not yet asked to: the slots a request within its
         share may take from work beyond a share or below its lane."""
+        self._resuming_at_most = max(1, math.floor(self._batch * RESUMING_PART))
+        """Hand-overs under way (asked, or their rest waiting for a slot) at most: each
+        rest takes the next free slot, so this many make it wait that many completions."""
         self._asked: dict[int, Waiter] = {}
         """The waiter each stream that agreed to give its slot away gave it for: when the
         stream ends without giving it (it withdrew: its answer ended or turned to more
@@ -660,13 +665,16 @@ class Dispatcher:
         """Free slots for the requests within their share queued in the top lane, whose
         `head` was refused only because every slot is taken: the head first, then the
         others (they stand behind it for the same slots), as long as streams may give
-        theirs. Not while the rest of an answer waits: the next free slot is its, and
-        another hand-over would only add another behind it."""
-        if any(other.resumed for other in self.queues.values()):
-            return
+        theirs and at most `RESUMING_PART` of the batch is handed over and not yet
+        resumed: each rest takes the next free slot, so more would each wait longer."""
+        pending = len(self._asked) + sum(len(other.resumed) for other in self.queues.values())
         for waiter in (head, *queue.protected_waiters()):
-            if not waiter.preempting and not self._preempt_one(waiter, queue):
+            if pending >= self._resuming_at_most:
                 return
+            if not waiter.preempting:
+                if not self._preempt_one(waiter, queue):
+                    return
+                pending += 1
 
     def _preempt_one(self, waiter: Waiter, queue: LaneQueue) -> bool:
         """Ask one stream of a lower lane, or of another tenant at or beyond its share now

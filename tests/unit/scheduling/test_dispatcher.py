@@ -1359,21 +1359,26 @@ async def test_the_rest_of_an_answer_is_prefilled_within_the_budget_not_by_its_p
         runner.cancel()
 
 
-async def test_every_request_queued_within_its_share_has_a_slot_handed_over_at_once(clock):
-    """`a` alone holds all four slots; `b` then sends two requests, both within its share
-    (two of four). Both are answered by hand-overs asked together: the second does not
-    wait to reach the head of the queue before a stream is asked for it."""
-    pool = Pool(PoolSpec("p", 4), leases(clock))
+@pytest.mark.parametrize(("asking", "asked"), [(2, 2), (3, 2)])
+async def test_requests_queued_within_their_share_have_slots_handed_over_at_once(
+    clock, asking, asked
+):
+    """`a` alone holds all eight slots; `b` then sends `asking` requests, all within its
+    share (four of eight). They ask together, not each once it reaches the head of the
+    queue, but at most a quarter of the batch (two) is handed over and not yet resumed
+    at once: each rest takes the next free slot, and more would wait more completions."""
+    pool = Pool(PoolSpec("p", 8), leases(clock))
     dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
-        held = [await streaming(dispatcher, clock, "a", INTERACTIVE) for _ in range(4)]
+        held = [await streaming(dispatcher, clock, "a", INTERACTIVE) for _ in range(8)]
         waiting = [
-            asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b"))) for _ in range(2)
+            asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b")))
+            for _ in range(asking)
         ]
         await settle()
-        assert [running.preempted for running in held].count(True) == 2
-        assert dispatcher.queues["interactive"].protected == 2
+        assert dispatcher.queues["interactive"].protected == asking
+        assert [running.preempted for running in held].count(True) == asked
         for task in waiting:
             task.cancel()
         for grant in held:
