@@ -156,6 +156,55 @@ async def test_a_request_within_its_share_takes_the_slot_of_a_stream_beyond_it(s
     assert preempted == [1]
 
 
+async def test_streams_that_hand_their_slots_over_again_and_again_all_end_whole(sim, http):
+    """A pool of 4 held by `a`'s four long streams while `b` keeps sending short requests
+    within its share, two at once: streams hand their slots over again and again, each
+    rest of an answer waiting for a slot while b's requests come and go. Every one of
+    a's answers reaches the `openai` SDK whole (120 content tokens, one finish), and
+    every one of b's is served. (Which waiter goes first is pinned by the dispatcher's
+    unit tests; this is the whole path, repeated.)"""
+    lanes = [{"name": "default", "queue_size": 50, "max_queue_age_s": 1}]
+    raw = config(sim, lanes, pool=4, resumable=True)
+    async with inprocess_gateway(raw, ENV) as gw:
+        client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="sk-a", max_retries=0)
+
+        async def long_answer() -> list[openai.types.chat.ChatCompletionChunk]:
+            chunks = await client.chat.completions.create(
+                model="chat",
+                messages=[{"role": "user", "content": "a long story"}],
+                max_tokens=120,
+                stream=True,
+            )
+            return [chunk async for chunk in chunks]
+
+        long = [asyncio.ensure_future(long_answer()) for _ in range(4)]
+        await asyncio.sleep(0.3)
+        statuses = []
+        for _ in range(12):
+            statuses += [
+                status
+                for status, _ in await asyncio.gather(
+                    *(chat(http, gw.url, "b", max_tokens=8) for _ in range(2))
+                )
+            ]
+        answers = await asyncio.gather(*long)
+        async with http.get(f"{gw.url}/metrics") as resp:
+            page = await resp.text()
+    assert statuses == [200] * 24
+    for chunks in answers:
+        deltas = [chunk.choices[0].delta for chunk in chunks if chunk.choices]
+        assert sum(bool(delta.content) for delta in deltas) == 120
+        finished = [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices]
+        assert [reason for reason in finished if reason] == ["length"]
+    handed_over = sum(
+        sample.value
+        for family in text_string_to_metric_families(page)
+        for sample in family.samples
+        if sample.name == "sluicegate_preempted_total"
+    )
+    assert handed_over >= 2
+
+
 async def test_background_waits_for_an_empty_backend_queue_while_interactive_does_not(
     small_sim, http
 ):
