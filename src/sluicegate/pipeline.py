@@ -599,14 +599,16 @@ class Answer:
         an answer that turned to more than text, or ended, meanwhile withdraws (read
         back whole, an end is found even if its marker came split between two reads)."""
         reader: asyncio.Task[Any] | None = None
-        interrupted = finished = False
+        interrupted: tuple[str, int] | None = None  # the answer the read was stopped for
+        finished = False
 
         def interrupt() -> bool:
             nonlocal interrupted
-            if finished or answered_so_far(relayed) is None:
+            answered = None if finished else answered_so_far(relayed)
+            if answered is None:
                 return False
-            if reader is not None and not interrupted:
-                interrupted = True
+            if reader is not None and interrupted is None:
+                interrupted = answered
                 reader.cancel()
             return True
 
@@ -627,10 +629,9 @@ class Answer:
                 attempt.preempted = False
                 return
             except asyncio.CancelledError:
-                if not interrupted or (reader is not None and reader.uncancel()):
+                if interrupted is None or (reader is not None and reader.uncancel()):
                     raise
-                self._handing_over = answered_so_far(relayed)
-                assert self._handing_over is not None, "agreed on this very answer"
+                self._handing_over = interrupted
                 return
             finally:
                 reader = None

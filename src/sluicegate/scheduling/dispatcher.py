@@ -207,6 +207,9 @@ class Dispatcher:
         token to what it prefills within part of the promise; none without a promise."""
         self._spares = _SpareSplit(self.targets)
         """Each deployment's part of the reserve, in proportion to its capacity."""
+        self._hands_over = any(target.deployment.resumable for target in self.targets)
+        """Whether any stream here may give its slot away: without, the pump's order is
+        the lanes' alone."""
         self._resumable: dict[int, Attempt] = {}
         """Streams past their first token that may give their slot away and continue
         later (`providers.resume`), not yet asked to: the slots a request within its
@@ -344,9 +347,6 @@ class Dispatcher:
         ahead = self._queued_ahead(lane)
         if protected:
             ahead = self.queues[lane.name].protected
-        elif call.resumed:
-            own = self.queues[lane.name]
-            ahead += own.protected + len(own.resumed) - own.size
         if not ahead and not self._paused(lane):
             refusal = await self._try(attempt, self._spare(protected), queued=False)
             if refusal is None:
@@ -649,16 +649,18 @@ class Dispatcher:
         def oldest_first(waiters: Iterable[Waiter]) -> list[Waiter]:
             return sorted(waiters, key=lambda waiter: waiter.enqueued_s)
 
-        top = self.queues[self.protected.name]
-        yield from oldest_first(w for w in top.protected_waiters() if w.given)
-        yield from oldest_first(w for q in self.queues.values() if (w := q.resumed_head()))
+        hands_over = self._hands_over
+        if hands_over:
+            top = self.queues[self.protected.name]
+            yield from oldest_first(w for w in top.protected_waiters() if w.given)
+            yield from oldest_first(w for q in self.queues.values() if (w := q.resumed_head()))
         for lane in self._lanes_in_turn():
             if self._paused(lane):
                 continue
             queue = self.queues[lane.name]
             self._shed_late(queue)
             waiter = queue.protected_head(self._asked_lately) or queue.head()
-            if waiter is not None and not waiter.given:
+            if waiter is not None and not (hands_over and waiter.given):
                 yield waiter
 
     def _preempt_for(self, head: Waiter, queue: LaneQueue) -> None:

@@ -132,9 +132,8 @@ class LaneQueue:
         """Waiters that came within their tenant's share: they go before the others,
         which may not take the slots kept free for them anyway."""
         self.resumed: deque[Waiter] = deque()
-        """The rest of answers whose streams gave their slots away, in arrival order."""
-        self._resumed_of: dict[str, int] = {}
-        """Of those, each tenant's: part of what it holds (`queued`)."""
+        """The rest of answers whose streams gave their slots away, in arrival order (a
+        few at most: the dispatcher bounds the hand-overs under way)."""
 
     @property
     def full(self) -> bool:
@@ -144,7 +143,6 @@ class LaneQueue:
         self.size += 1
         if waiter.call.resumed:
             self.resumed.append(waiter)
-            self._resumed_of[waiter.flow] = self._resumed_of.get(waiter.flow, 0) + 1
             return
         flow = self._flows.get(waiter.flow)
         if flow is None:
@@ -169,11 +167,6 @@ class LaneQueue:
                 return False
             self.resumed.remove(waiter)
             self.size -= 1
-            left = self._resumed_of[waiter.flow] - 1
-            if left:
-                self._resumed_of[waiter.flow] = left
-            else:
-                del self._resumed_of[waiter.flow]
             return True
         flow = self._flows.get(waiter.flow)
         if not flow:
@@ -244,7 +237,10 @@ class LaneQueue:
     def queued(self, flow: str) -> int:
         """`flow`'s waiters, the rest of its answers included."""
         own = self._flows.get(flow)
-        return (0 if own is None else len(own)) + self._resumed_of.get(flow, 0)
+        queued = 0 if own is None else len(own)
+        if self.resumed:
+            queued += sum(waiter.flow == flow for waiter in self.resumed)
+        return queued
 
     def resumed_head(self) -> Waiter | None:
         return self.resumed[0] if self.resumed else None
