@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import orjson
 import pytest
 import yaml
 
-from sluicegate.bench import capacity, family, familyrun
+from sluicegate.bench import capacity, client, family, familyrun
 from sluicegate.bench.arrivals import Burst, Closed, Poisson
 from sluicegate.bench.scenario import load
 
@@ -154,3 +155,18 @@ def test_a_gateway_setting_changed_by_a_dotted_key_leaves_the_rest():
     assert config["scheduling"]["reserve"] == 0.25
     with pytest.raises(ValueError, match="KEY=VALUE"):
         familyrun.setting("scheduling.reserve")
+
+
+def test_the_simulator_caches_prefixes_of_prompts_that_differ() -> None:
+    """vLLM's default prefix caching, on prompts each of their own: only a request's
+    own retries and the continuation of its answer can find blocks cached."""
+    variant = family.generate(1, 5)
+    assert variant.sim()["prefix_caching"] is True
+    assert variant.engine().prefix_caching
+    asked = dict(prompt_tokens=300, output_tokens=8, stream=True, timeout_s=15.0)
+    first, second = (
+        client.prepare("http://127.0.0.1:1/v1", "m", "k", "interactive", **asked) for _ in range(2)
+    )
+    texts = [orjson.loads(r.body)["messages"][0]["content"] for r in (first, second)]
+    assert all(len(text) == 300 * client.CHARS_PER_TOKEN for text in texts)
+    assert texts[0][:64] != texts[1][:64]

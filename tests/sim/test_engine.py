@@ -243,3 +243,77 @@ def test_settings_refuse_a_cache_smaller_than_one_full_context() -> None:
         EngineSettings(kv_cache_tokens=1024, max_model_len=2048)
     with pytest.raises(ValueError, match="max_num_seqs"):
         EngineSettings(max_num_seqs=0)
+
+
+def _prefilled(h: Harness, step: int, running: int) -> float:
+    """Prompt tokens the engine charged in step `step`, from its duration."""
+    duration, _ = h.steps[step]
+    return round((duration / MS - 8 - 0.6 * running) / 0.05)
+
+
+async def test_a_prompt_after_a_cached_prefix_prefills_only_the_rest(
+    make_engine: MakeEngine,
+) -> None:
+    h = make_engine(prefix_caching=True)
+    prompt = "p" * 640  # ten blocks of 16 tokens (64 characters)
+    first = h.engine.submit("m", 160, 2, text=lambda n: prompt + "w" * 4 * n)
+    await asyncio.wait_for(first.wait_finished(), 1)
+    longer = h.engine.submit("m", 200, 1, text=lambda n: prompt + "q" * 160)
+    await asyncio.wait_for(longer.wait_finished(), 1)
+    assert _prefilled(h, 0, 1) == 160
+    assert longer.cached_tokens == 160
+    assert _prefilled(h, 2, 1) == 40
+    assert h.engine.counters.completed == 2
+
+
+async def test_a_continuation_finds_the_answer_it_continues_cached(
+    make_engine: MakeEngine,
+) -> None:
+    """The blocks of what a sequence generated are kept too (a cut-short answer sent
+    back to continue prefills none of it again), and at least one token is computed."""
+    h = make_engine(prefix_caching=True)
+    prompt = "p" * 256
+    cut = h.engine.submit("m", 64, 100, text=lambda n: prompt + "w" * 4 * n)
+    await asyncio.wait_for(cut.wait(31), 1)
+    h.engine.cancel(cut)
+    generated = cut.generated
+    again = h.engine.submit("m", 64 + generated, 5, text=lambda n: prompt + "w" * 4 * generated)
+    await asyncio.wait_for(again.wait_finished(), 1)
+    assert again.cached_tokens == 64 + generated // 16 * 16
+    whole = h.engine.submit("m", 64, 1, text=lambda n: prompt)
+    await asyncio.wait_for(whole.wait_finished(), 1)
+    assert whole.cached_tokens == 63
+
+
+async def test_nothing_is_cached_before_a_prefill_ends_nor_with_caching_off(
+    make_engine: MakeEngine,
+) -> None:
+    prompt = "p" * 256
+    for caching in (True, False):
+        h = make_engine(prefix_caching=caching)
+        stuck = h.engine.submit("m", 80, 3, hang=True, text=lambda n: prompt + "x" * 64)
+        ended = h.engine.submit("m", 64, 3, text=lambda n: prompt)
+        await asyncio.wait_for(ended.wait_finished(), 1)
+        h.engine.cancel(stuck)  # running, but its prefill never happened
+        after = h.engine.submit("m", 80, 1, text=lambda n: prompt + "x" * 64)
+        await asyncio.wait_for(after.wait_finished(), 1)
+        assert after.cached_tokens == (64 if caching else 0)
+
+
+async def test_cached_blocks_give_way_to_running_sequences(make_engine: MakeEngine) -> None:
+    """The cache lives in free KV blocks: a sequence that takes them evicts the least
+    recently used, a prefix from its tail."""
+    h = make_engine(prefix_caching=True, kv_cache_tokens=512, max_model_len=512)
+    old, recent = "o" * 1024, "r" * 1024  # 16 blocks each
+    for prompt in (old, recent):
+        seq = h.engine.submit("m", 256, 1, text=lambda n, p=prompt: p)
+        await asyncio.wait_for(seq.wait_finished(), 1)
+    big = h.engine.submit("m", 300, 1, text=lambda n: "b" * 1200)  # 19 of 32 blocks
+    await asyncio.wait_for(big.wait_finished(), 1)
+    recent_again = h.engine.submit("m", 256, 1, text=lambda n: recent)
+    old_again = h.engine.submit("m", 256, 1, text=lambda n: old)
+    await asyncio.wait_for(
+        asyncio.gather(recent_again.wait_finished(), old_again.wait_finished()), 1
+    )
+    assert recent_again.cached_tokens == 13 * 16  # its 3 last blocks went for `big`
+    assert old_again.cached_tokens == 0

@@ -121,3 +121,38 @@ async def test_gauges_show_a_busy_engine(start_sim: StartSim, http: aiohttp.Clie
     finally:
         first.close()
         second.cancel()
+
+
+async def test_prefix_cache_serves_a_continued_answer_and_only_it(
+    start_sim: StartSim, http: aiohttp.ClientSession
+) -> None:
+    """With `--prefix-caching`, an answer sent back to continue (vLLM's
+    `continue_final_message`) finds its prompt and its answer so far cached, a distinct
+    prompt finds nothing, and the hits are counted under vLLM's names."""
+    sim = start_sim("--prefix-caching", "--time-scale", "0")
+    client = openai.AsyncOpenAI(base_url=sim.url + "/v1", api_key="unused")
+    question = [{"role": "user", "content": "a question " * 60}]
+    first = await client.chat.completions.create(
+        model="sim-model", messages=question, max_tokens=40
+    )
+    answer = first.choices[0].message.content
+    assert answer
+    _, before = await scrape(http, sim)
+    await client.chat.completions.create(
+        model="sim-model",
+        messages=[*question, {"role": "assistant", "content": answer}],
+        max_tokens=10,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False},
+    )
+    _, continued = await scrape(http, sim)
+    await client.chat.completions.create(
+        model="sim-model", messages=[{"role": "user", "content": "another " * 80}], max_tokens=4
+    )
+    _, after = await scrape(http, sim)
+    await client.close()
+    hits = value(continued, "vllm:prefix_cache_hits_total")
+    asked = value(continued, "vllm:prefix_cache_queries_total")
+    prompt_tokens = asked - value(before, "vllm:prefix_cache_queries_total")
+    assert value(before, "vllm:prefix_cache_hits_total") == 0
+    assert prompt_tokens - 16 < hits < prompt_tokens  # all but the last, partial block
+    assert value(after, "vllm:prefix_cache_hits_total") == hits

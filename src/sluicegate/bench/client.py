@@ -7,6 +7,7 @@ flattered. Tokens come from the usage the server reports, else from the events c
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -38,9 +39,17 @@ def prepare(
     stream: bool,
     timeout_s: float,
 ) -> Request:
-    """Prepared once: a request's retries send the same bytes."""
+    """Prepared once: a request's retries send the same bytes. Its prompt opens with a
+    text of its own, as real prompts differ: a backend's prefix cache serves only its
+    retries and the continuation of its answer, never another request."""
     chars = prompt_tokens * CHARS_PER_TOKEN
-    body = chat_body(model, prompt_chars=chars, max_tokens=output_tokens, stream=stream)
+    body = chat_body(
+        model,
+        prompt_chars=chars,
+        max_tokens=output_tokens,
+        stream=stream,
+        opening=f"{uuid.uuid4().hex} ",
+    )
     headers = {
         "content-type": "application/json",
         "authorization": f"Bearer {key}",

@@ -99,7 +99,12 @@ class Variant:
         return max(shares) / min(shares)
 
     def sim(self) -> dict[str, str | int | float | bool]:
-        return {"max_num_seqs": self.batch, "kv_cache_tokens": self.batch * KV_TOKENS_PER_SEQ}
+        settings = self.engine()
+        return {
+            "max_num_seqs": settings.max_num_seqs,
+            "kv_cache_tokens": settings.kv_cache_tokens,
+            "prefix_caching": settings.prefix_caching,
+        }
 
     def engine(self) -> EngineSettings:
         return engine(self.batch)
@@ -130,8 +135,11 @@ class Variant:
 
 
 def engine(batch: int) -> EngineSettings:
-    """The simulator's settings for a variant's batch."""
-    return EngineSettings(max_num_seqs=batch, kv_cache_tokens=batch * KV_TOKENS_PER_SEQ)
+    """The simulator's settings for a variant's batch, with vLLM's default prefix caching
+    (every request's prompt is its own, so only a request's own blocks are found)."""
+    return EngineSettings(
+        max_num_seqs=batch, kv_cache_tokens=batch * KV_TOKENS_PER_SEQ, prefix_caching=True
+    )
 
 
 def generate(seed: int, index: int) -> Variant:

@@ -52,9 +52,13 @@ def chat_request(
     return Request(f"{base_url}/v1/chat/completions", body, headers, stream)
 
 
-def chat_body(model: str, *, prompt_chars: int, max_tokens: int, stream: bool) -> bytes:
-    """A chat completion of one filler prompt; a stream asks for its usage at the end."""
-    prompt = (_PROMPT_WORDS * (prompt_chars // len(_PROMPT_WORDS) + 1))[:prompt_chars]
+def chat_body(
+    model: str, *, prompt_chars: int, max_tokens: int, stream: bool, opening: str = ""
+) -> bytes:
+    """A chat completion of one filler prompt, after `opening` (which sets it apart from
+    the others for a prefix cache); a stream asks for its usage at the end."""
+    filler = _PROMPT_WORDS * (prompt_chars // len(_PROMPT_WORDS) + 1)
+    prompt = (opening + filler)[:prompt_chars]
     payload: dict[str, object] = {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],

@@ -35,6 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     engine("--max-model-len", metavar="N", help="prompt + max_tokens limit (default 32768)")
     engine("--default-max-tokens", metavar="N", help="output length when absent (default 256)")
     engine("--scheduling-policy", metavar="{fcfs,priority}", help="waiting queue order (fcfs)")
+    engine(
+        "--prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        help="reuse the KV blocks of prompts' cached prefixes, as vLLM does (default off)",
+    )
     faults = parser.add_argument_group("faults (also settable at runtime via /sim/faults)")
     fault = faults.add_argument
     fault("--slowdown", metavar="X", help="factor on step time (default 1)")

@@ -13,6 +13,7 @@ import contextlib
 import enum
 import heapq
 import sys
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -21,6 +22,10 @@ from sluicegate.core.clock import Clock, MonotonicClock
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 Sleep = Callable[[float], Awaitable[None]]
+Text = Callable[[int], str]
+"""A sequence's text once it has generated so many tokens: its prompt, then its answer."""
+CHARS_PER_TOKEN = 4
+"""The simulator's tokenizer: ceil(characters / 4) tokens."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +42,11 @@ class EngineSettings:
     max_model_len: int = 32_768
     default_max_tokens: int = 256
     scheduling_policy: SchedulingPolicy = "fcfs"
+    prefix_caching: bool = False
+    """vLLM's automatic prefix caching: a prompt whose leading blocks an ended sequence
+    computed prefills only the rest. Off by default because synthetic prompts repeat
+    (a cache would serve every filler prompt from the second on); a client whose
+    prompts are distinct turns it on."""
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "kv_cache_tokens", "block_size", "max_model_len"):
@@ -98,6 +108,7 @@ class Sequence:
         "_wake_at",
         "arrival_s",
         "blocks",
+        "cached_tokens",
         "finish_s",
         "first_token_s",
         "generated",
@@ -108,12 +119,23 @@ class Sequence:
         "prompt_tokens",
         "scheduled_s",
         "state",
+        "text",
     )
 
     def __init__(
-        self, model: str, prompt_tokens: int, max_tokens: int, priority: int, hang: bool, now: float
+        self,
+        model: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        priority: int,
+        hang: bool,
+        now: float,
+        text: Text | None = None,
     ) -> None:
         self.model = model
+        self.text = text
+        self.cached_tokens = 0
+        """Prompt tokens found in the prefix cache when it was scheduled."""
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
         self.priority = priority
@@ -236,6 +258,10 @@ class Engine:
         self._waiting: list[tuple[int, int, Sequence]] = []
         self._num_waiting = 0
         self._free_blocks = settings.total_blocks
+        self._cache: OrderedDict[int, None] = OrderedDict()
+        """Hashes of blocks ended sequences computed, least recently used first; they
+        live in free KV blocks, so they are evicted as sequences take those."""
+        self._block_chars = settings.block_size * CHARS_PER_TOKEN
         self._arrivals = 0
         self._last_emit_s = 0.0
         self._wake = asyncio.Event()
@@ -278,10 +304,13 @@ class Engine:
         *,
         priority: int = 0,
         hang: bool = False,
+        text: Text | None = None,
     ) -> Sequence:
-        """Queue a sequence; `max_tokens` 0 means prefill only (embeddings)."""
+        """Queue a sequence; `max_tokens` 0 means prefill only (embeddings). `text` is
+        what the prefix cache looks up and keeps (nothing without it)."""
         self._check(prompt_tokens, max_tokens, priority)
-        seq = Sequence(model, prompt_tokens, max_tokens, priority, hang, self._clock.now())
+        now = self._clock.now()
+        seq = Sequence(model, prompt_tokens, max_tokens, priority, hang, now, text)
         key = priority if self.settings.scheduling_policy == "priority" else 0
         self._arrivals += 1
         heapq.heappush(self._waiting, (key, self._arrivals, seq))
@@ -300,6 +329,7 @@ class Engine:
         elif seq.state is State.RUNNING:
             del self._running[id(seq)]
             self._free_blocks += seq.blocks
+            self._keep(seq)
         else:
             return
         seq.state = State.CANCELLED
@@ -347,13 +377,15 @@ class Engine:
                 break
             heapq.heappop(waiting)
             self._num_waiting -= 1
+            seq.cached_tokens = self._cached_tokens(seq)
             self._free_blocks -= blocks
+            self._evict()
             seq.blocks = blocks
             seq.state = State.RUNNING
             seq.scheduled_s = self._clock.now()
             self._running[id(seq)] = seq
             if not seq.hang:
-                prefill_tokens += seq.prompt_tokens
+                prefill_tokens += seq.prompt_tokens - seq.cached_tokens
         self.counters.max_running = max(self.counters.max_running, len(self._running))
         return prefill_tokens
 
@@ -380,9 +412,53 @@ class Engine:
             self.observer.decoded(model, now - self._last_emit_s, count)
         self._last_emit_s = now
 
+    def _cached_tokens(self, seq: Sequence) -> int:
+        """The prompt's leading tokens whose blocks are cached (touched, so kept longest),
+        less the last: vLLM computes at least one token of every prompt."""
+        if seq.text is None or not self.settings.prefix_caching:
+            return 0
+        cache, found = self._cache, []
+        for block in self._blocks(seq.text(0)):
+            if block not in cache:
+                break
+            found.append(block)
+        self._touch(found)
+        return max(0, min(len(found) * self.settings.block_size, seq.prompt_tokens - 1))
+
+    def _keep(self, seq: Sequence) -> None:
+        """Cache the full blocks a sequence computed: its prompt and what it generated,
+        once its prefill step is over (a first token exists)."""
+        if seq.text is None or not self.settings.prefix_caching or not seq.generated:
+            return
+        self._touch(self._blocks(seq.text(seq.generated)))
+        self._evict()
+
+    def _touch(self, blocks: list[int]) -> None:
+        """Make `blocks` the most recently used, the last of them first to go: as in
+        vLLM, a prefix is evicted from its tail, so what is left of it still matches."""
+        cache = self._cache
+        for block in reversed(blocks):
+            cache[block] = None
+            cache.move_to_end(block)
+
+    def _evict(self) -> None:
+        cache = self._cache
+        while len(cache) > self._free_blocks:
+            cache.popitem(last=False)
+
+    def _blocks(self, text: str) -> list[int]:
+        """Chained hashes of `text`'s full blocks: a block matches only after the same
+        text, as vLLM's block hashes chain each block to its parent's."""
+        size, last, hashes = self._block_chars, 0, []
+        for start in range(0, len(text) - size + 1, size):
+            last = hash((last, text[start : start + size]))
+            hashes.append(last)
+        return hashes
+
     def _finish(self, seq: Sequence, now: float) -> None:
         del self._running[id(seq)]
         self._free_blocks += seq.blocks
+        self._keep(seq)
         seq.state = State.FINISHED
         seq.finish_s = now
         self.counters.completed += 1

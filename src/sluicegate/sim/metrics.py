@@ -91,6 +91,8 @@ class SimMetrics:
         self._e2e = _Histogram(_REQUEST_BUCKETS)
         self._prompt_tokens: Counter[str] = Counter()
         self._generation_tokens: Counter[str] = Counter()
+        self._prefix_queries: Counter[str] = Counter()
+        self._prefix_hits: Counter[str] = Counter()
         self._successes: Counter[tuple[str, str]] = Counter()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
@@ -102,6 +104,8 @@ class SimMetrics:
         self._first_token.observe(seq.model, seq.first_token_s - seq.arrival_s)
         self._prompt_tokens[seq.model] += seq.prompt_tokens
         self._generation_tokens[seq.model] += 1
+        self._prefix_queries[seq.model] += seq.prompt_tokens
+        self._prefix_hits[seq.model] += seq.cached_tokens
 
     def decoded(self, model: str, gap_s: float, count: int) -> None:
         self._inter_token.observe(model, gap_s, count)
@@ -151,6 +155,13 @@ class SimMetrics:
         yield self._e2e.family("vllm:e2e_request_latency_seconds", "Arrival to last token.")
         yield _counter("vllm:prompt_tokens", "Prefilled prompt tokens.", self._prompt_tokens)
         yield _counter("vllm:generation_tokens", "Generated tokens.", self._generation_tokens)
+        if self._engine.settings.prefix_caching:
+            yield _counter(
+                "vllm:prefix_cache_queries", "Prompt tokens looked up.", self._prefix_queries
+            )
+            yield _counter(
+                "vllm:prefix_cache_hits", "Prompt tokens found cached.", self._prefix_hits
+            )
         success = CounterMetricFamily(
             "vllm:request_success",
             "Requests that finished.",

@@ -115,6 +115,7 @@ _ENGINE: dict[str, tuple[str, Converter]] = {
     "max_model_len": ("max_model_len", _integer),
     "default_max_tokens": ("default_max_tokens", _integer),
     "scheduling_policy": ("scheduling_policy", _choice("fcfs", "priority")),
+    "prefix_caching": ("prefix_caching", _flag),
 }
 # Option name -> (Faults field, converter); Faults.merge then checks the ranges.
 _FAULTS: dict[str, tuple[str, Converter]] = {

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from sluicegate.core.errors import bad_request
+from sluicegate.sim.engine import CHARS_PER_TOKEN
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +96,7 @@ def _generation(
 
 
 def _tokens(chars: int) -> int:
-    return -(-chars // 4)
+    return -(-chars // CHARS_PER_TOKEN)
 
 
 def _model(payload: dict[str, Any]) -> str:
@@ -139,30 +140,52 @@ def _strings(payload: dict[str, Any], name: str) -> tuple[str, ...]:
     raise bad_request(f"{name} must be a string or a non-empty array of strings")
 
 
+def chat_text(payload: dict[str, Any]) -> str:
+    """The prompt as the engine's prefix cache sees it: each message's role and text,
+    then the opening of the answer, unless the request asks to continue its final
+    assistant message (vLLM's `continue_final_message`). An answer cut short and sent
+    back that way so begins with the same blocks as the answer it continues."""
+    messages = _message_texts(payload.get("messages"))
+    text = "".join(f"<|{role}|>{content}" for role, content in messages)
+    continues = payload.get("continue_final_message") is True and messages[-1][0] == "assistant"
+    return text if continues else f"{text}<|assistant|>"
+
+
+def completion_text(payload: dict[str, Any]) -> str:
+    return "".join(_strings(payload, "prompt"))
+
+
 def _message_chars(messages: object) -> int:
+    return sum(len(content) for _, content in _message_texts(messages))
+
+
+def _message_texts(messages: object) -> list[tuple[str, str]]:
+    """Each message's role and text, checked."""
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages must be a non-empty array")
-    total = 0
+    texts = []
     for message in messages:
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        if not isinstance(message, dict) or not isinstance(role := message.get("role"), str):
             raise bad_request("each message must be an object with a string role")
         content = message.get("content")
         if isinstance(content, str):
-            total += len(content)
+            texts.append((role, content))
         elif isinstance(content, list):
-            total += sum(_part_chars(part) for part in content)
-        elif content is not None:
+            texts.append((role, "".join(_part_text(part) for part in content)))
+        elif content is None:
+            texts.append((role, ""))
+        else:
             raise bad_request("message content must be a string, an array of parts or null")
-    return total
+    return texts
 
 
-def _part_chars(part: object) -> int:
-    """Characters of a text part; other part types (images, audio) carry no text."""
+def _part_text(part: object) -> str:
+    """The text of a text part; other part types (images, audio) carry no text."""
     if not isinstance(part, dict):
         raise bad_request("each content part must be an object")
     if part.get("type") != "text":
-        return 0
+        return ""
     text = part.get("text")
     if not isinstance(text, str):
         raise bad_request("a text content part needs a string text")
-    return len(text)
+    return text

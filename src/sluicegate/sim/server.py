@@ -42,12 +42,21 @@ from sluicegate.sim.metrics import SimMetrics
 from sluicegate.sim.options import SimOptions
 from sluicegate.sim.protocol import (
     GenerationRequest,
+    chat_text,
+    completion_text,
     load_object,
     parse_chat,
     parse_completion,
     parse_embedding,
 )
-from sluicegate.sim.render import Kind, StreamEvents, completion_body, embedding_body, usage
+from sluicegate.sim.render import (
+    Kind,
+    StreamEvents,
+    completion_body,
+    embedding_body,
+    text,
+    usage,
+)
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 _METRICS_HEADERS = [(b"content-type", CONTENT_TYPE_LATEST.encode())]
@@ -81,6 +90,7 @@ class SimServer:
     def __init__(self, options: SimOptions) -> None:
         self.options = options
         self.engine = Engine(options.engine, slowdown=lambda: options.faults.slowdown)
+        self._caching = options.engine.prefix_caching
         self.metrics = SimMetrics(self.engine, options.models[0], options.metrics_generation)
         self.engine.observer = self.metrics
         self.injector = FaultInjector(options.faults, options.seed)
@@ -159,14 +169,21 @@ class SimServer:
 
     async def _chat(self, payload: Payload, receive: Receive, send: Send) -> None:
         request = parse_chat(payload, self.options.engine.default_max_tokens)
-        await self._generate("chat", request, receive, send)
+        prompt = chat_text(payload) if self._caching else None
+        await self._generate("chat", request, prompt, receive, send)
 
     async def _completion(self, payload: Payload, receive: Receive, send: Send) -> None:
         request = parse_completion(payload, self.options.engine.default_max_tokens)
-        await self._generate("completion", request, receive, send)
+        prompt = completion_text(payload) if self._caching else None
+        await self._generate("completion", request, prompt, receive, send)
 
     async def _generate(
-        self, kind: Kind, request: GenerationRequest, receive: Receive, send: Send
+        self,
+        kind: Kind,
+        request: GenerationRequest,
+        prompt: str | None,
+        receive: Receive,
+        send: Send,
     ) -> None:
         self._check_model(request.model)
         faults = self.options.faults
@@ -176,6 +193,7 @@ class SimServer:
             request.max_tokens,
             priority=request.priority,
             hang=faults.hang,
+            text=None if prompt is None else lambda generated: prompt + text(generated),
         )
         response_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{next(self._ids)}"
         # A response longer than N tokens is cut right after its N-th token.
