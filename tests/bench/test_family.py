@@ -77,6 +77,7 @@ def test_every_variant_runs_the_readme_lanes_unchanged(variants: list[family.Var
         assert config["pools"] == [{"name": "sim", "max_concurrency": variant.batch}]
         (deployment,) = config["models"][0]["deployments"]
         assert deployment["metrics"]["max_num_seqs"] == variant.batch
+        assert deployment["resumable"] is True
 
 
 def test_the_scenario_offers_overload_times_capacity_and_slows_down_on_time() -> None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import orjson
 import pytest
 
-from sluicegate.bench import runreport
+from sluicegate.bench import client, runreport
 from sluicegate.bench.records import Attempt, Record
 from sluicegate.bench.scenario import Slo
 
@@ -49,3 +50,33 @@ def test_a_line_missing_an_attempts_field_is_refused_not_defaulted(tmp_path: Pat
     path.write_bytes(orjson.dumps(line) + b"\n")
     with pytest.raises(KeyError):
         runreport.read_records(path)
+
+
+def test_a_line_from_before_the_longest_gap_was_kept_reads_it_as_unknown(
+    tmp_path: Path,
+) -> None:
+    line = runreport.record_json(replace_gaps(retried(), 0.25), LANES)
+    attempts = line["attempts"]
+    assert isinstance(attempts, list)
+    for attempt in attempts:
+        del attempt["longest_gap_s"]
+    path = tmp_path / "requests.jsonl"
+    path.write_bytes(orjson.dumps(line) + b"\n")
+    (back,) = runreport.read_records(path)
+    assert [attempt.longest_gap_s for attempt in back.attempts] == [None, None]
+
+
+def replace_gaps(record: Record, gap_s: float) -> Record:
+    attempts = tuple(dataclasses.replace(a, longest_gap_s=gap_s) for a in record.attempts)
+    return dataclasses.replace(record, attempts=attempts)
+
+
+def test_an_exchange_keeps_the_longest_time_between_two_tokens() -> None:
+    """How long a streamed answer stood still (a slot handed over pauses it)."""
+    times = iter([0.0, 0.5, 0.55, 1.3, 1.35, 1.4])
+    exchange = client._Exchange(lambda: next(times))
+    exchange.token()
+    assert exchange.finish("ok").longest_gap_s is None
+    exchange.token()
+    exchange.token()
+    assert exchange.finish("ok").longest_gap_s == pytest.approx(0.8)

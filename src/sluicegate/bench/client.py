@@ -70,14 +70,18 @@ class _Exchange:
         self.headers: Mapping[str, str] = {}
         self.first_s: float | None = None
         self.last_s: float | None = None
+        self.longest_gap_s: float | None = None
         self.chunks = 0
         self.usage: dict[str, Any] = {}
         self.prefill_s: float | None = None
 
     def token(self) -> None:
-        self.last_s = self.since()
+        now = self.since()
+        if self.last_s is not None:
+            self.longest_gap_s = max(self.longest_gap_s or 0.0, now - self.last_s)
+        self.last_s = now
         if self.first_s is None:
-            self.first_s = self.last_s
+            self.first_s = now
         self.chunks += 1
 
     def finish(self, error: str) -> Attempt:
@@ -95,6 +99,7 @@ class _Exchange:
             output_tokens=int(self.usage.get("completion_tokens") or self.chunks),
             backend_prefill_s=self.prefill_s,
             gateway_queue_s=queue_from_server_timing(self.headers.get("server-timing")),
+            longest_gap_s=self.longest_gap_s,
         )
 
 

@@ -300,7 +300,9 @@ def key_env(tenant: str) -> str:
 
 def gateway_config(variant: Variant) -> dict[str, Any]:
     """The README's example lanes, whatever the variant: only the batch size and the
-    tenants (names, weights) come from it."""
+    tenants (names, weights) come from it. The deployment is declared `resumable`, as a
+    vLLM one may be: the simulator continues a final assistant message and, like vLLM,
+    keeps a prefix cache, so a slot handed over costs little prefill again."""
     return {
         "scheduling": {
             "fairness": "vtc",
@@ -332,6 +334,7 @@ def gateway_config(variant: Variant) -> dict[str, Any]:
                         "base_url": "${SLUICEGATE_SIM_URL}/v1",
                         "pools": ["sim"],
                         "metrics": {"interval_s": 0.25, "max_num_seqs": variant.batch},
+                        "resumable": True,
                     }
                 ],
             }

@@ -186,6 +186,8 @@ def read_records(path: Path) -> list[Record]:
 
 _TIMES = ("ttft_ms", "tpot_ms", "e2e_ms")
 _ATTEMPT_FIELDS = tuple(field.name for field in fields(Attempt))
+_ADDED_FIELDS = frozenset({"longest_gap_s"})
+"""Attempt fields recorded since later runs: absent from a line, they are unknown."""
 _LATENCY_HEADERS = [
     "group",
     "name",
@@ -246,7 +248,8 @@ def record_json(record: Record, lanes: Mapping[str, Slo]) -> dict[str, object]:
 
 def record_from_json(line: Mapping[str, Any]) -> Record:
     """The inverse of `record_json`: the rest of its keys are derived from these. A line
-    written before every attempt field was kept raises KeyError."""
+    written before every attempt field was kept raises KeyError (but for the longest
+    gap, recorded since 2026-12-05: None)."""
     prompt, output = line["asked_tokens"]
     return Record(
         tenant=line["tenant"],
@@ -255,11 +258,16 @@ def record_from_json(line: Mapping[str, Any]) -> Record:
         stream=line["stream"],
         start_s=line["start_s"],
         attempts=tuple(
-            Attempt(*(attempt[name] for name in _ATTEMPT_FIELDS)) for attempt in line["attempts"]
+            Attempt(*(_attempt_field(attempt, name) for name in _ATTEMPT_FIELDS))
+            for attempt in line["attempts"]
         ),
         asked_prompt_tokens=prompt,
         asked_output_tokens=output,
     )
+
+
+def _attempt_field(attempt: Mapping[str, Any], name: str) -> Any:
+    return attempt.get(name) if name in _ADDED_FIELDS else attempt[name]
 
 
 def _phase(setup: Mapping[str, Any]) -> str:
