@@ -269,20 +269,25 @@ async def test_a_prompt_after_a_cached_prefix_prefills_only_the_rest(
 async def test_a_continuation_finds_the_answer_it_continues_cached(
     make_engine: MakeEngine,
 ) -> None:
-    """The blocks of what a sequence generated are kept too (a cut-short answer sent
-    back to continue prefills none of it again), and at least one token is computed."""
+    """The blocks of what a sequence generated are kept too: an answer cut short and
+    sent back to continue (here its first 40 tokens, as a relay may have passed on
+    fewer than were made) prefills only what follows its last whole cached block. A
+    prompt cached whole prefills its last block again, as in vLLM."""
     h = make_engine(prefix_caching=True)
-    prompt = "p" * 256
-    cut = h.engine.submit("m", 64, 100, text=lambda n: prompt + "w" * 4 * n)
-    await asyncio.wait_for(cut.wait(31), 1)
+    prompt = "p" * 256  # 4 blocks
+
+    def answered(tokens: int) -> str:
+        return prompt + "w" * 4 * tokens
+
+    cut = h.engine.submit("m", 64, 100, text=answered)
+    await asyncio.wait_for(cut.wait(40), 1)
     h.engine.cancel(cut)
-    generated = cut.generated
-    again = h.engine.submit("m", 64 + generated, 5, text=lambda n: prompt + "w" * 4 * generated)
+    again = h.engine.submit("m", 64 + 40, 5, text=lambda n: answered(40))
     await asyncio.wait_for(again.wait_finished(), 1)
-    assert again.cached_tokens == 64 + generated // 16 * 16
+    assert again.cached_tokens == 6 * 16  # (256 + 160) characters: 6 whole blocks
     whole = h.engine.submit("m", 64, 1, text=lambda n: prompt)
     await asyncio.wait_for(whole.wait_finished(), 1)
-    assert whole.cached_tokens == 63
+    assert whole.cached_tokens == 3 * 16
 
 
 async def test_nothing_is_cached_before_a_prefill_ends_nor_with_caching_off(
@@ -295,7 +300,7 @@ async def test_nothing_is_cached_before_a_prefill_ends_nor_with_caching_off(
         ended = h.engine.submit("m", 64, 3, text=lambda n: prompt)
         await asyncio.wait_for(ended.wait_finished(), 1)
         h.engine.cancel(stuck)  # running, but its prefill never happened
-        after = h.engine.submit("m", 80, 1, text=lambda n: prompt + "x" * 64)
+        after = h.engine.submit("m", 100, 1, text=lambda n: prompt + "x" * 64 + "y" * 80)
         await asyncio.wait_for(after.wait_finished(), 1)
         assert after.cached_tokens == (64 if caching else 0)
 

@@ -41,7 +41,8 @@ def prepare(
 ) -> Request:
     """Prepared once: a request's retries send the same bytes. Its prompt opens with a
     text of its own, as real prompts differ: a backend's prefix cache serves only its
-    retries and the continuation of its answer, never another request."""
+    retries and the continuation of its answer, never another request. Random, not
+    seeded: a capacity search's probes replay one seed on one simulator."""
     chars = prompt_tokens * CHARS_PER_TOKEN
     body = chat_body(
         model,

@@ -14,7 +14,7 @@ import enum
 import heapq
 import sys
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -413,24 +413,26 @@ class Engine:
         self._last_emit_s = now
 
     def _cached_tokens(self, seq: Sequence) -> int:
-        """The prompt's leading tokens whose blocks are cached (touched, so kept longest),
-        less the last: vLLM computes at least one token of every prompt."""
+        """The prompt's leading whole blocks that are cached (touched, so kept longest),
+        short of its last token: as vLLM, which computes at least that one, so a prompt
+        cached whole prefills its last block again."""
         if seq.text is None or not self.settings.prefix_caching:
             return 0
-        cache, found = self._cache, []
+        size = self.settings.block_size
+        cache, found, most = self._cache, [], max(0, seq.prompt_tokens - 1) // size
         for block in self._blocks(seq.text(0)):
-            if block not in cache:
+            if len(found) == most or block not in cache:
                 break
             found.append(block)
         self._touch(found)
-        return max(0, min(len(found) * self.settings.block_size, seq.prompt_tokens - 1))
+        return len(found) * size
 
     def _keep(self, seq: Sequence) -> None:
         """Cache the full blocks a sequence computed: its prompt and what it generated,
         once its prefill step is over (a first token exists)."""
         if seq.text is None or not self.settings.prefix_caching or not seq.generated:
             return
-        self._touch(self._blocks(seq.text(seq.generated)))
+        self._touch(list(self._blocks(seq.text(seq.generated))))
         self._evict()
 
     def _touch(self, blocks: list[int]) -> None:
@@ -446,14 +448,14 @@ class Engine:
         while len(cache) > self._free_blocks:
             cache.popitem(last=False)
 
-    def _blocks(self, text: str) -> list[int]:
-        """Chained hashes of `text`'s full blocks: a block matches only after the same
-        text, as vLLM's block hashes chain each block to its parent's."""
-        size, last, hashes = self._block_chars, 0, []
+    def _blocks(self, text: str) -> Iterator[int]:
+        """Chained hashes of `text`'s full blocks, made as they are asked for (a lookup
+        stops at the first miss): a block matches only after the same text, as vLLM's
+        block hashes chain each block to its parent's."""
+        size, last = self._block_chars, 0
         for start in range(0, len(text) - size + 1, size):
             last = hash((last, text[start : start + size]))
-            hashes.append(last)
-        return hashes
+            yield last
 
     def _finish(self, seq: Sequence, now: float) -> None:
         del self._running[id(seq)]

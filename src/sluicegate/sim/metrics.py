@@ -104,8 +104,9 @@ class SimMetrics:
         self._first_token.observe(seq.model, seq.first_token_s - seq.arrival_s)
         self._prompt_tokens[seq.model] += seq.prompt_tokens
         self._generation_tokens[seq.model] += 1
-        self._prefix_queries[seq.model] += seq.prompt_tokens
-        self._prefix_hits[seq.model] += seq.cached_tokens
+        if seq.text is not None:  # the routes whose prompts the cache sees
+            self._prefix_queries[seq.model] += seq.prompt_tokens
+            self._prefix_hits[seq.model] += seq.cached_tokens
 
     def decoded(self, model: str, gap_s: float, count: int) -> None:
         self._inter_token.observe(model, gap_s, count)

@@ -1,0 +1,29 @@
+"""Request bodies as the engine sees them."""
+
+from __future__ import annotations
+
+from sluicegate.sim.protocol import chat_text, completion_text
+
+QUESTION = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "why?"}]
+
+
+def test_an_answer_sent_back_to_continue_renders_as_the_question_and_that_answer() -> None:
+    """What the prefix cache keeps of an answer (the question's text, then the answer)
+    is what its continuation's prompt begins with, to its last character; a plain
+    follow-up opens a new answer after it instead."""
+    partial = " lorem ipsum"
+    continued = {
+        "messages": [*QUESTION, {"role": "assistant", "content": partial}],
+        "continue_final_message": True,
+    }
+    assert chat_text(continued) == chat_text({"messages": QUESTION}) + partial
+    follow_up = {**continued, "continue_final_message": False}
+    assert chat_text(follow_up) == chat_text(continued) + "<|assistant|>"
+
+
+def test_text_parts_render_as_their_text_and_completions_as_their_prompts() -> None:
+    parts = [{"type": "text", "text": "a"}, {"type": "image_url"}, {"type": "text", "text": "b"}]
+    assert chat_text({"messages": [{"role": "user", "content": parts}]}) == (
+        "<|user|>ab<|assistant|>"
+    )
+    assert completion_text({"prompt": ["one", "two"]}) == "onetwo"
