@@ -674,23 +674,31 @@ class Dispatcher:
             if pending >= self._resuming_at_most:
                 return
             if not waiter.preempting:
-                if not self._preempt_one(waiter, queue):
+                if not self._preempt_one(waiter, queue, pending):
                     return
                 pending += 1
 
-    def _preempt_one(self, waiter: Waiter, queue: LaneQueue) -> bool:
+    def _preempt_one(self, waiter: Waiter, queue: LaneQueue, pending: int) -> bool:
         """Ask one stream of a lower lane, or of another tenant at or beyond its share now
         (a newcomer of it would not come within), to give its slot to `waiter` and
-        continue later; False when none may. Lower lanes go first, then the stream with
-        the least to prefill again (its prompt and the answer so far): that prefill is
-        the engine time the hand-over costs everyone."""
+        continue later; False when none may. A stream of a promised lane is asked only
+        while its rest, behind the `pending` ones, would resume within that promise at
+        the service gap: its answer stands still meanwhile, and the lane waits no longer
+        for a token. Lower lanes go first, then the stream with the least to prefill
+        again (its prompt and the answer so far): that prefill is the engine time the
+        hand-over costs everyone."""
         if not self._resumable:
             return False
         lane, tenant = waiter.lane, waiter.flow
         beyond: dict[str, bool] = {}
+        gap_s = self.predictor.gap_s
+        pause_s = 0.0 if gap_s is None else (pending + 1) * gap_s
 
         def may_yield(running: Attempt) -> bool:
             if not running.lane.queue_size or running.on_preempt is None:
+                return False
+            promise = running.lane.ttft_slo_s
+            if promise is not None and pause_s > promise:
                 return False
             if running.lane.priority < lane.priority:
                 return True

@@ -1387,6 +1387,35 @@ async def test_requests_queued_within_their_share_have_slots_handed_over_at_once
         runner.cancel()
 
 
+@pytest.mark.parametrize(("gap_s", "asked"), [(None, 2), (0.9, 2), (1.5, 1), (2.5, 0)])
+async def test_a_stream_of_a_promised_lane_is_not_paused_past_its_promise(clock, gap_s, asked):
+    """`a`'s streams hold all eight slots in a lower lane that promises 2 s; `b` sends
+    two requests within its share above it. A stream is asked only while its rest,
+    resuming behind the rests already waiting one service gap apart, would stand still
+    no longer than its lane's promise: at 0.9 s both are asked (0.9 s, then 1.8 s), at
+    1.5 s one (a second would wait 3 s), at 2.5 s none. Before any gap is measured,
+    only the cap on rests applies."""
+    lower = Lane("lower", priority=50, queue_size=100, max_queue_age_s=5, ttft_slo_s=2.0)
+    pool = Pool(PoolSpec("p", 8), leases(clock))
+    dispatcher = dispatcher_for([INTERACTIVE, lower], pool, clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        held = [await streaming(dispatcher, clock, "a", lower) for _ in range(8)]
+        dispatcher.predictor.gap_s = gap_s
+        waiting = [
+            asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b"))) for _ in range(2)
+        ]
+        await settle()
+        assert dispatcher.queues["interactive"].protected == 2
+        assert [running.preempted for running in held].count(True) == asked
+        for task in waiting:
+            task.cancel()
+        for grant in held:
+            await dispatcher.release(grant)
+    finally:
+        runner.cancel()
+
+
 @pytest.mark.parametrize("gave", [True, False])
 async def test_a_waiter_whose_stream_withdrew_may_ask_again(clock, gave):
     """`b`'s request has `a`'s stream agree to give its slot; the backend's gate then
