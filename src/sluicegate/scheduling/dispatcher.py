@@ -632,7 +632,7 @@ class Dispatcher:
                         self.predictor.waited(
                             lane.name, waiter.protected, waiter.predicted_s, wait_s, now
                         )
-                    self._dispatched(attempt, wait_s, waiter.predicted_s, since_s)
+                    self._dispatched(attempt, wait_s, waiter.predicted_s, since_s, waiter.given)
                     waiter.future.set_result(None)
                 break
             else:
@@ -916,9 +916,13 @@ class Dispatcher:
         wait_s: float,
         predicted_s: float | None,
         backlogged_since_s: float | None,
+        handed_over: bool = False,
     ) -> None:
         """The attempt is the caller's now: charge its tenant and note the dispatch, from
-        its tenant's backlog begun at `backlogged_since_s` (None: it did not queue)."""
+        its tenant's backlog begun at `backlogged_since_s` (None: it did not queue). One
+        into a slot a stream `handed_over` is no service gap: that gap is the time
+        between slots coming free, which queued requests and the rests of answers wait
+        on, and counting hand-overs would shorten it by their rate."""
         call, lane = attempt.call, attempt.lane
         output = call.reserved_tokens - call.prompt_tokens
         attempt.charged_output = output
@@ -946,7 +950,8 @@ class Dispatcher:
             self._next_dispatch_s[lane.name] = earliest + 1.0 / rate
         still_queued = any(queue.size for queue in self.queues.values())
         predictor = self.predictor
-        predictor.dispatched(now, backlogged_since_s is not None, still_queued)
+        if not handed_over:
+            predictor.dispatched(now, backlogged_since_s is not None, still_queued)
         if backlogged_since_s is not None and not call.resumed:
             predictor.flow_dispatched(lane.name, call.tenant.name, now, backlogged_since_s)
 

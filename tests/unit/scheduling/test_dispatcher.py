@@ -1416,6 +1416,38 @@ async def test_a_stream_of_a_promised_lane_is_not_paused_past_its_promise(clock,
         runner.cancel()
 
 
+async def test_a_slot_handed_over_is_not_a_service_gap(clock):
+    """The service gap is the time between slots coming free, which the rests of answers
+    and the pause bound wait on: `b`'s request dispatched into the slot `a`'s stream
+    handed over at 0.5 s does not count, so the gap measured between a's two queued
+    requests is the 2 s between completions, not pulled towards the 1 s a hand-over's
+    dispatch would make it."""
+    pool = Pool(PoolSpec("p", 1), leases(clock))
+    dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        start = clock.now()
+        stream = await streaming(dispatcher, clock, "a", INTERACTIVE)
+        queued = [asyncio.create_task(granted(dispatcher, attempt(clock, "a"))) for _ in range(2)]
+        given = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b")))
+        await settle()
+        assert stream.preempted
+        clock.advance(start + 0.5 - clock.now())
+        await dispatcher.release(stream)
+        b = await given
+        clock.advance(1.0)
+        await dispatcher.release(b)
+        first = await queued[0]
+        clock.advance(2.0)
+        await dispatcher.release(first)
+        await settle()
+        assert queued[1].done()
+        assert dispatcher.predictor.gap_s == pytest.approx(2.0)
+        await dispatcher.release(queued[1].result())
+    finally:
+        runner.cancel()
+
+
 @pytest.mark.parametrize("gave", [True, False])
 async def test_a_waiter_whose_stream_withdrew_may_ask_again(clock, gave):
     """`b`'s request has `a`'s stream agree to give its slot; the backend's gate then
