@@ -40,14 +40,19 @@ def test_a_record_read_back_from_its_line_is_the_record_written(tmp_path: Path) 
     assert back[0].queue_wait_s == pytest.approx(2.4 - 1.2 - 0.031)
 
 
-def test_a_line_missing_an_attempts_field_is_refused_not_defaulted(tmp_path: Path) -> None:
-    line = runreport.record_json(retried(), LANES)
+def written_without(record: Record, field: str, path: Path) -> Path:
+    """`record`'s line with `field` taken out of every attempt, as an older run wrote it."""
+    line = runreport.record_json(record, LANES)
     attempts = line["attempts"]
     assert isinstance(attempts, list)
     for attempt in attempts:
-        del attempt["backend_prefill_s"]
-    path = tmp_path / "requests.jsonl"
+        del attempt[field]
     path.write_bytes(orjson.dumps(line) + b"\n")
+    return path
+
+
+def test_a_line_missing_an_attempts_field_is_refused_not_defaulted(tmp_path: Path) -> None:
+    path = written_without(retried(), "backend_prefill_s", tmp_path / "requests.jsonl")
     with pytest.raises(KeyError):
         runreport.read_records(path)
 
@@ -55,13 +60,8 @@ def test_a_line_missing_an_attempts_field_is_refused_not_defaulted(tmp_path: Pat
 def test_a_line_from_before_the_longest_gap_was_kept_reads_it_as_unknown(
     tmp_path: Path,
 ) -> None:
-    line = runreport.record_json(replace_gaps(retried(), 0.25), LANES)
-    attempts = line["attempts"]
-    assert isinstance(attempts, list)
-    for attempt in attempts:
-        del attempt["longest_gap_s"]
-    path = tmp_path / "requests.jsonl"
-    path.write_bytes(orjson.dumps(line) + b"\n")
+    record = replace_gaps(retried(), 0.25)
+    path = written_without(record, "longest_gap_s", tmp_path / "requests.jsonl")
     (back,) = runreport.read_records(path)
     assert [attempt.longest_gap_s for attempt in back.attempts] == [None, None]
 
