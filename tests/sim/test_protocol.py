@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
-from sluicegate.sim.protocol import chat_text, completion_text
+from typing import Any
+
+from sluicegate.sim.protocol import parse_chat, parse_completion
+
+
+def chat_text(payload: dict[str, Any]) -> str:
+    text = parse_chat({"model": "m", **payload}, 8, rendered=True).text
+    assert text is not None
+    return text
+
+
+def completion_text(payload: dict[str, Any]) -> str:
+    text = parse_completion({"model": "m", **payload}, 8, rendered=True).text
+    assert text is not None
+    return text
+
 
 QUESTION = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "why?"}]
 

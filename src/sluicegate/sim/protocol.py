@@ -25,6 +25,8 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     priority: int
+    text: str | None = None
+    """The prompt as the engine's prefix cache sees it, when asked for (`rendered`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,18 +48,27 @@ def load_object(body: bytes) -> dict[str, Any]:
     return payload
 
 
-def parse_chat(payload: dict[str, Any], default_max_tokens: int) -> GenerationRequest:
-    chars = _message_chars(payload.get("messages"))
+def parse_chat(
+    payload: dict[str, Any], default_max_tokens: int, rendered: bool = False
+) -> GenerationRequest:
+    """A chat completion; `rendered`: with its prompt's text for a prefix cache."""
+    messages = _message_texts(payload.get("messages"))
+    chars = sum(len(content) for _, content in messages)
     max_tokens = _optional_int(payload, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _optional_int(payload, "max_tokens", 1)
-    return _generation(payload, chars, max_tokens, default_max_tokens)
+    text = _chat_text(payload, messages) if rendered else None
+    return _generation(payload, chars, max_tokens, default_max_tokens, text)
 
 
-def parse_completion(payload: dict[str, Any], default_max_tokens: int) -> GenerationRequest:
+def parse_completion(
+    payload: dict[str, Any], default_max_tokens: int, rendered: bool = False
+) -> GenerationRequest:
+    """A text completion; `rendered`: with its prompt's text for a prefix cache."""
     prompts = _strings(payload, "prompt")
     max_tokens = _optional_int(payload, "max_tokens", 1)
-    return _generation(payload, sum(map(len, prompts)), max_tokens, default_max_tokens)
+    text = "".join(prompts) if rendered else None
+    return _generation(payload, sum(map(len, prompts)), max_tokens, default_max_tokens, text)
 
 
 def parse_embedding(payload: dict[str, Any]) -> EmbeddingRequest:
@@ -75,7 +86,11 @@ def parse_embedding(payload: dict[str, Any]) -> EmbeddingRequest:
 
 
 def _generation(
-    payload: dict[str, Any], chars: int, max_tokens: int | None, default_max_tokens: int
+    payload: dict[str, Any],
+    chars: int,
+    max_tokens: int | None,
+    default_max_tokens: int,
+    text: str | None,
 ) -> GenerationRequest:
     n = _optional_int(payload, "n", 1)
     if n not in (None, 1):
@@ -92,6 +107,7 @@ def _generation(
         stream=stream,
         include_usage=include_usage,
         priority=_priority(payload),
+        text=text,
     )
 
 
@@ -140,23 +156,14 @@ def _strings(payload: dict[str, Any], name: str) -> tuple[str, ...]:
     raise bad_request(f"{name} must be a string or a non-empty array of strings")
 
 
-def chat_text(payload: dict[str, Any]) -> str:
-    """The prompt as the engine's prefix cache sees it: each message's role and text,
-    then the opening of the answer, unless the request asks to continue its final
-    assistant message (vLLM's `continue_final_message`). An answer cut short and sent
-    back that way so begins with the same blocks as the answer it continues."""
-    messages = _message_texts(payload.get("messages"))
+def _chat_text(payload: dict[str, Any], messages: list[tuple[str, str]]) -> str:
+    """Each message's role and text, then the opening of the answer, unless the request
+    asks to continue its final assistant message (vLLM's `continue_final_message`). An
+    answer cut short and sent back that way so begins with the same blocks as the
+    answer it continues."""
     text = "".join(f"<|{role}|>{content}" for role, content in messages)
     continues = payload.get("continue_final_message") is True and messages[-1][0] == "assistant"
     return text if continues else f"{text}<|assistant|>"
-
-
-def completion_text(payload: dict[str, Any]) -> str:
-    return "".join(_strings(payload, "prompt"))
-
-
-def _message_chars(messages: object) -> int:
-    return sum(len(content) for _, content in _message_texts(messages))
 
 
 def _message_texts(messages: object) -> list[tuple[str, str]]:

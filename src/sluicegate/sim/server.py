@@ -42,8 +42,6 @@ from sluicegate.sim.metrics import SimMetrics
 from sluicegate.sim.options import SimOptions
 from sluicegate.sim.protocol import (
     GenerationRequest,
-    chat_text,
-    completion_text,
     load_object,
     parse_chat,
     parse_completion,
@@ -168,25 +166,18 @@ class SimServer:
         return route
 
     async def _chat(self, payload: Payload, receive: Receive, send: Send) -> None:
-        request = parse_chat(payload, self.options.engine.default_max_tokens)
-        prompt = chat_text(payload) if self._caching else None
-        await self._generate("chat", request, prompt, receive, send)
+        request = parse_chat(payload, self.options.engine.default_max_tokens, self._caching)
+        await self._generate("chat", request, receive, send)
 
     async def _completion(self, payload: Payload, receive: Receive, send: Send) -> None:
-        request = parse_completion(payload, self.options.engine.default_max_tokens)
-        prompt = completion_text(payload) if self._caching else None
-        await self._generate("completion", request, prompt, receive, send)
+        request = parse_completion(payload, self.options.engine.default_max_tokens, self._caching)
+        await self._generate("completion", request, receive, send)
 
     async def _generate(
-        self,
-        kind: Kind,
-        request: GenerationRequest,
-        prompt: str | None,
-        receive: Receive,
-        send: Send,
+        self, kind: Kind, request: GenerationRequest, receive: Receive, send: Send
     ) -> None:
         self._check_model(request.model)
-        faults = self.options.faults
+        faults, prompt = self.options.faults, request.text
         seq = self.engine.submit(
             request.model,
             request.prompt_tokens,

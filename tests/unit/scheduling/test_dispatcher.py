@@ -1359,6 +1359,34 @@ async def test_the_rest_of_an_answer_is_prefilled_within_the_budget_not_by_its_p
         runner.cancel()
 
 
+async def hand_overs_asked(
+    clock: FakeClock, lanes: list[Lane], held_in: Lane, asking: int, gap_s: float | None = None
+) -> int:
+    """`a`'s streams in `held_in` hold all eight slots; with the service gap at `gap_s`,
+    `b` sends `asking` requests within its share: how many streams are asked to give
+    their slot."""
+    pool = Pool(PoolSpec("p", 8), leases(clock))
+    dispatcher = dispatcher_for(lanes, pool, clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        held = [await streaming(dispatcher, clock, "a", held_in) for _ in range(8)]
+        dispatcher.predictor.gap_s = gap_s
+        waiting = [
+            asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b")))
+            for _ in range(asking)
+        ]
+        await settle()
+        assert dispatcher.queues["interactive"].protected == asking
+        asked = [running.preempted for running in held].count(True)
+        for task in waiting:
+            task.cancel()
+        for grant in held:
+            await dispatcher.release(grant)
+        return asked
+    finally:
+        runner.cancel()
+
+
 @pytest.mark.parametrize(("asking", "asked"), [(2, 2), (3, 2)])
 async def test_requests_queued_within_their_share_have_slots_handed_over_at_once(
     clock, asking, asked
@@ -1367,24 +1395,7 @@ async def test_requests_queued_within_their_share_have_slots_handed_over_at_once
     share (four of eight). They ask together, not each once it reaches the head of the
     queue, but at most a quarter of the batch (two) is handed over and not yet resumed
     at once: each rest takes the next free slot, and more would wait more completions."""
-    pool = Pool(PoolSpec("p", 8), leases(clock))
-    dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
-    runner = asyncio.create_task(dispatcher.run())
-    try:
-        held = [await streaming(dispatcher, clock, "a", INTERACTIVE) for _ in range(8)]
-        waiting = [
-            asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b")))
-            for _ in range(asking)
-        ]
-        await settle()
-        assert dispatcher.queues["interactive"].protected == asking
-        assert [running.preempted for running in held].count(True) == asked
-        for task in waiting:
-            task.cancel()
-        for grant in held:
-            await dispatcher.release(grant)
-    finally:
-        runner.cancel()
+    assert await hand_overs_asked(clock, [INTERACTIVE], INTERACTIVE, asking) == asked
 
 
 @pytest.mark.parametrize(("gap_s", "asked"), [(None, 2), (0.9, 2), (1.5, 1), (2.5, 0)])
@@ -1396,24 +1407,7 @@ async def test_a_stream_of_a_promised_lane_is_not_paused_past_its_promise(clock,
     1.5 s one (a second would wait 3 s), at 2.5 s none. Before any gap is measured,
     only the cap on rests applies."""
     lower = Lane("lower", priority=50, queue_size=100, max_queue_age_s=5, ttft_slo_s=2.0)
-    pool = Pool(PoolSpec("p", 8), leases(clock))
-    dispatcher = dispatcher_for([INTERACTIVE, lower], pool, clock)
-    runner = asyncio.create_task(dispatcher.run())
-    try:
-        held = [await streaming(dispatcher, clock, "a", lower) for _ in range(8)]
-        dispatcher.predictor.gap_s = gap_s
-        waiting = [
-            asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b"))) for _ in range(2)
-        ]
-        await settle()
-        assert dispatcher.queues["interactive"].protected == 2
-        assert [running.preempted for running in held].count(True) == asked
-        for task in waiting:
-            task.cancel()
-        for grant in held:
-            await dispatcher.release(grant)
-    finally:
-        runner.cancel()
+    assert await hand_overs_asked(clock, [INTERACTIVE, lower], lower, 2, gap_s) == asked
 
 
 async def test_a_slot_handed_over_is_not_a_service_gap(clock):
