@@ -39,6 +39,7 @@ from sluicegate.scheduling.fairness import FairnessPolicy
 from sluicegate.scheduling.promise import QueueExit, Shedder, WaitPredictor
 from sluicegate.scheduling.queues import LaneQueue, Place, Waiter
 from sluicegate.scheduling.reserve import GONE_AFTER_S, MOST_OF_BATCH, Reserve
+from sluicegate.scheduling.turnover import Turnover
 from sluicegate.scheduling.yielding import Yielding
 
 CODEL_TARGET = 0.5
@@ -200,6 +201,8 @@ class Dispatcher:
         """Work each tenant asked lately in the top lane: the order among the requests
         within their share."""
         started = clock.now()
+        self.turnover = Turnover(started)
+        """How often slots come free by themselves: how long a handed-over rest waits."""
         self._prefill_within_s = None if promise is None else PREFILL_PART * promise
         names = [] if promise is None else [target.deployment.name for target in self.targets]
         self._prefill = {name: _Prefilling(keys.prefill(name)) for name in names}
@@ -388,6 +391,8 @@ class Dispatcher:
     def _ended(self, attempt: Attempt, target: Target) -> None:
         """The mirror of `_reserve` and `_dispatched` for an attempt that went out."""
         lane = attempt.lane
+        if not attempt.preempted:
+            self.turnover.freed(self.clock.now())
         for check in self._plan(target, lane):
             check.released(target, lane, attempt)
         self._prefilled(attempt)
@@ -682,8 +687,8 @@ class Dispatcher:
         """Ask one stream of a lower lane, or of another tenant at or beyond its share now
         (a newcomer of it would not come within), to give its slot to `waiter` and
         continue later; False when none may. A stream of a promised lane is asked only
-        while its rest, behind the `pending` ones, would resume within that promise at
-        the service gap: its answer stands still meanwhile, and the lane waits no longer
+        while its rest, behind the `pending` ones, would resume within that promise
+        (`_pause_s`): its answer stands still meanwhile, and the lane waits no longer
         for a token. Lower lanes go first, then the stream with the least to prefill
         again (its prompt and the answer so far): that prefill is the engine time the
         hand-over costs everyone."""
@@ -691,14 +696,13 @@ class Dispatcher:
             return False
         lane, tenant = waiter.lane, waiter.flow
         beyond: dict[str, bool] = {}
-        gap_s = self.predictor.gap_s
-        pause_s = 0.0 if gap_s is None else (pending + 1) * gap_s
+        pause_s = self._pause_s(pending)
 
         def may_yield(running: Attempt) -> bool:
             if not running.lane.queue_size or running.on_preempt is None:
                 return False
             promise = running.lane.ttft_slo_s
-            if promise is not None and pause_s > promise:
+            if promise is not None and pause_s(running) > promise:
                 return False
             if running.lane.priority < lane.priority:
                 return True
@@ -721,6 +725,28 @@ class Dispatcher:
                 self.stats[victim.lane.name].preempted += 1
                 return True
         return False
+
+    def _pause_s(self, pending: int) -> Callable[[Attempt], float]:
+        """How long a stream would stand still if it gave its slot away now, its rest
+        behind `pending` others: until the slots they and it wait on have come free.
+        Two readings, and the longer stands. At the rate slots came free lately
+        (`turnover`), the expected pause; but ends come in clumps, and a rate read
+        just after one promises the next seconds more than they hold (family v2: rests
+        stood still up to 4 s under a 2 s bound). So also by the streams that may give
+        their slot: each ends at the latest when it reaches its `max_tokens` at its own
+        pace, and the rest resumes at the latest when as many of the others as there
+        are rests have. Any other attempt's end only comes sooner."""
+        now = self.clock.now()
+        expected_s = (pending + 1) * self.turnover.gap_s(now)
+        ends = sorted(_ends_by_s(running, now) for running in self._resumable.values())
+
+        def pause_s(victim: Attempt) -> float:
+            latest = pending
+            if latest < len(ends) and _ends_by_s(victim, now) <= ends[latest]:
+                latest += 1
+            return max(expected_s, ends[latest] if latest < len(ends) else math.inf)
+
+        return pause_s
 
     def _lanes_in_turn(self) -> list[Lane]:
         """Priority order, except that a starving lane (its oldest request waited past the
@@ -959,6 +985,17 @@ class Dispatcher:
         """Wake when a rate limit's next slot or a cooldown's end comes."""
         if delay_s is not None and not math.isinf(delay_s):
             self._retry.in_s(delay_s)
+
+
+def _ends_by_s(running: Attempt, now: float) -> float:
+    """How long `running` may still take: what is left of its `max_tokens` at its own
+    pace since its first token (an event is a token at least); unknown, so endless,
+    before it has paced two."""
+    produced, first_s = running.relayed_events, running.first_byte_s
+    if produced < 2 or first_s is None:
+        return math.inf
+    left = running.call.reserved_tokens - running.call.prompt_tokens - produced
+    return max(0, left) * (now - first_s) / (produced - 1)
 
 
 def _first_refusal(

@@ -7,7 +7,8 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
-from collections.abc import AsyncIterator, Callable
+import math
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import pytest
 
@@ -747,6 +748,8 @@ async def test_a_request_within_its_share_passes_a_backlog_beyond_theirs(clock):
 
 
 PROMISED = Lane("promised", priority=100, queue_size=100, max_queue_age_s=10, ttft_slo_s=2.0)
+LOWER = Lane("lower", priority=50, queue_size=100, max_queue_age_s=5, ttft_slo_s=2.0)
+"""A lane below `INTERACTIVE` that promises 2 s: its streams are paused only within that."""
 
 
 async def test_a_light_tenant_within_its_share_goes_before_a_burst_within_its_own(clock):
@@ -1360,24 +1363,42 @@ async def test_the_rest_of_an_answer_is_prefilled_within_the_budget_not_by_its_p
 
 
 async def hand_overs_asked(
-    clock: FakeClock, lanes: list[Lane], held_in: Lane, asking: int, gap_s: float | None = None
-) -> int:
-    """`a`'s streams in `held_in` hold all eight slots; with the service gap at `gap_s`,
-    `b` sends `asking` requests within its share: how many streams are asked to give
-    their slot."""
+    clock: FakeClock,
+    lanes: list[Lane],
+    held_in: Lane,
+    asking: int,
+    ends_every_s: float | None = None,
+    ends_in_s: Sequence[float] = (0.1,) * 8,
+    events: int = 11,
+) -> list[bool]:
+    """After twenty of `a`'s requests ended `ends_every_s` apart (None: none yet), `a`'s
+    streams in `held_in` hold all eight slots, each `ends_in_s` from its `max_tokens` at
+    a pace of about 0.1 s a token over its `events` so far (the last 0.05 s ago), and
+    `b` sends `asking` requests within its share: which streams are asked to give their
+    slot. The dispatch gap reads a thousandth of a second, as a burst of dispatches
+    leaves it: the pause is not its."""
     pool = Pool(PoolSpec("p", 8), leases(clock))
     dispatcher = dispatcher_for(lanes, pool, clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
+        for _ in range(0 if ends_every_s is None else 20):
+            ended = await granted(dispatcher, attempt(clock, "a", lane=held_in))
+            clock.advance(ends_every_s)
+            await dispatcher.release(ended)
         held = [await streaming(dispatcher, clock, "a", held_in) for _ in range(8)]
-        dispatcher.predictor.gap_s = gap_s
+        for running, end_s in zip(held, ends_in_s, strict=True):
+            running.relayed_events = events
+            running.first_byte_s = clock.now() - 0.1 * (events - 1) - 0.05
+            left = round(end_s / 0.1)
+            running.call = running.call._replace(reserved_tokens=10 + events + left)
+        dispatcher.predictor.gap_s = 0.001
         waiting = [
             asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b")))
             for _ in range(asking)
         ]
         await settle()
         assert dispatcher.queues["interactive"].protected == asking
-        asked = [running.preempted for running in held].count(True)
+        asked = [running.preempted for running in held]
         for task in waiting:
             task.cancel()
         for grant in held:
@@ -1395,19 +1416,68 @@ async def test_requests_queued_within_their_share_have_slots_handed_over_at_once
     share (four of eight). They ask together, not each once it reaches the head of the
     queue, but at most a quarter of the batch (two) is handed over and not yet resumed
     at once: each rest takes the next free slot, and more would wait more completions."""
-    assert await hand_overs_asked(clock, [INTERACTIVE], INTERACTIVE, asking) == asked
+    assert (await hand_overs_asked(clock, [INTERACTIVE], INTERACTIVE, asking)).count(True) == asked
 
 
-@pytest.mark.parametrize(("gap_s", "asked"), [(None, 2), (0.9, 2), (1.5, 1), (2.5, 0)])
-async def test_a_stream_of_a_promised_lane_is_not_paused_past_its_promise(clock, gap_s, asked):
+@pytest.mark.parametrize(("ends_every_s", "asked"), [(None, 0), (0.8, 2), (1.5, 1), (2.5, 0)])
+async def test_a_stream_of_a_promised_lane_is_not_paused_past_its_promise(
+    clock, ends_every_s, asked
+):
     """`a`'s streams hold all eight slots in a lower lane that promises 2 s; `b` sends
     two requests within its share above it. A stream is asked only while its rest,
-    resuming behind the rests already waiting one service gap apart, would stand still
-    no longer than its lane's promise: at 0.9 s both are asked (0.9 s, then 1.8 s), at
-    1.5 s one (a second would wait 3 s), at 2.5 s none. Before any gap is measured,
-    only the cap on rests applies."""
-    lower = Lane("lower", priority=50, queue_size=100, max_queue_age_s=5, ttft_slo_s=2.0)
-    assert await hand_overs_asked(clock, [INTERACTIVE, lower], lower, 2, gap_s) == asked
+    resuming behind the rests already waiting one slot's end apart, would stand still
+    no longer than its lane's promise: with ends 0.8 s apart both are asked (0.8 s, then
+    1.6 s), 1.5 s apart one (a second would wait 3 s), 2.5 s apart none. Before any end,
+    when a slot comes free is unknown, and none is asked."""
+    asked_of = await hand_overs_asked(clock, [INTERACTIVE, LOWER], LOWER, 2, ends_every_s)
+    assert asked_of.count(True) == asked
+
+
+@pytest.mark.parametrize(
+    ("ends_in_s", "asked"),
+    [
+        ((1.5, 3.0, 4.5, 6.0, 7.5, 9.0, 10.5, 12.0), [False, True] + [False] * 6),
+        ((2.5, 5.0, 7.5, 10.0, 12.5, 15.0, 17.5, 20.0), [False] * 8),
+    ],
+)
+async def test_a_stream_is_paused_only_while_others_must_end_within_the_promise(
+    clock, ends_in_s, asked
+):
+    """Slots came free every 0.1 s lately, but ends come in clumps, and the rate
+    promises nothing about the next seconds. Each stream holding a slot ends at the
+    latest at its `max_tokens`, at its own pace: with the soonest of them due within
+    1.5 s, one stream is asked, not that one (the rest waits on it); a second rest
+    would wait for the end due at 4.5 s. With the soonest due at 2.5 s, none."""
+    asked_of = await hand_overs_asked(clock, [INTERACTIVE, LOWER], LOWER, 2, 0.1, ends_in_s)
+    assert asked_of == asked
+
+
+async def test_a_stream_with_one_token_so_far_has_no_known_end(clock):
+    """One event sets no pace (the time since it is no token's): streams one token
+    short of their `max_tokens`, each with one token so far, 0.05 s ago, are not
+    counted on to end within the promise, and none is asked."""
+    asked_of = await hand_overs_asked(clock, [INTERACTIVE, LOWER], LOWER, 2, 0.1, events=1)
+    assert asked_of == [False] * 8
+
+
+async def test_only_an_end_frees_a_slot_for_a_rest(clock):
+    """A stream that hands its slot over frees no slot for the rests (its slot is its
+    taker's): it does not count as a slot coming free. An end does."""
+    pool = Pool(PoolSpec("p", 1), leases(clock))
+    dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        stream = await streaming(dispatcher, clock, "a", INTERACTIVE)
+        given = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b")))
+        await settle()
+        assert stream.preempted
+        await dispatcher.release(stream)
+        assert dispatcher.turnover.gap_s(clock.now()) == math.inf
+        clock.advance(1.0)
+        await dispatcher.release(await given)
+        assert dispatcher.turnover.gap_s(clock.now()) < math.inf
+    finally:
+        runner.cancel()
 
 
 async def test_a_slot_handed_over_is_not_a_service_gap(clock):
