@@ -59,6 +59,12 @@ class BackendGate(Protocol):
 
     def state(self) -> GateState: ...
 
+    @property
+    def tpot_s(self) -> float | None:
+        """The backend's time per output token over its last scrape, when its metrics
+        are read (None otherwise): how fast its answers go now, slowdown included."""
+        ...
+
     def on_change(self, listener: Callable[[], None]) -> None:
         """Called when the gate may have opened."""
         ...
@@ -96,6 +102,10 @@ class OpenGate(_Listeners):
 
     def state(self) -> GateState:
         return GateState.OPEN
+
+    @property
+    def tpot_s(self) -> float | None:
+        return None
 
 
 class MetricsGate(_Listeners):
@@ -244,6 +254,10 @@ class AimdGate(_Listeners):
 
     def state(self) -> GateState:
         return GateState.OPEN if self.admits(Lane("any")) else GateState.CLOSED
+
+    @property
+    def tpot_s(self) -> float | None:
+        return None
 
 
 def _over(value: float | None, ceiling: float | None) -> bool:

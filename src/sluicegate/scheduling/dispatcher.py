@@ -989,13 +989,15 @@ class Dispatcher:
 
 def _ends_by_s(running: Attempt, now: float) -> float:
     """How long `running` may still take: what is left of its `max_tokens` at its own
-    pace since its first token (an event is a token at least); unknown, so endless,
-    before it has paced two."""
-    produced, first_s = running.relayed_events, running.first_byte_s
-    if produced < 2 or first_s is None:
+    pace since its first token (an event is a token at least), or at its backend's
+    pace now if slower (a slowdown since its first token leaves its own pace behind);
+    unknown, so endless, before it has paced two."""
+    produced, first_s, target = running.relayed_events, running.first_byte_s, running.target
+    if produced < 2 or first_s is None or target is None:
         return math.inf
     left = running.call.reserved_tokens - running.call.prompt_tokens - produced
-    return max(0, left) * (now - first_s) / (produced - 1)
+    pace_s = (now - first_s) / (produced - 1)
+    return max(0, left) * max(pace_s, target.gate.tpot_s or 0.0)
 
 
 def _first_refusal(

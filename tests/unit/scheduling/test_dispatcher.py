@@ -51,6 +51,7 @@ class Gate:
 
     def __init__(self) -> None:
         self.open_for: set[str] | None = None
+        self.tpot_s: float | None = None
         self._listeners: list[Callable[[], None]] = []
 
     def admits(self, lane: Lane) -> bool:
@@ -1370,15 +1371,18 @@ async def hand_overs_asked(
     ends_every_s: float | None = None,
     ends_in_s: Sequence[float] = (0.1,) * 8,
     events: int = 11,
+    tpot_s: float | None = None,
 ) -> list[bool]:
     """After twenty of `a`'s requests ended `ends_every_s` apart (None: none yet), `a`'s
     streams in `held_in` hold all eight slots, each `ends_in_s` from its `max_tokens` at
     a pace of about 0.1 s a token over its `events` so far (the last 0.05 s ago), and
     `b` sends `asking` requests within its share: which streams are asked to give their
-    slot. The dispatch gap reads a thousandth of a second, as a burst of dispatches
-    leaves it: the pause is not its."""
+    slot, the backend's metrics reading `tpot_s` a token. The dispatch gap reads a
+    thousandth of a second, as a burst of dispatches leaves it: the pause is not its."""
     pool = Pool(PoolSpec("p", 8), leases(clock))
-    dispatcher = dispatcher_for(lanes, pool, clock)
+    gate = Gate()
+    gate.tpot_s = tpot_s
+    dispatcher = dispatcher_for(lanes, pool, clock, gate)
     runner = asyncio.create_task(dispatcher.run())
     try:
         for _ in range(0 if ends_every_s is None else 20):
@@ -1450,6 +1454,17 @@ async def test_a_stream_is_paused_only_while_others_must_end_within_the_promise(
     would wait for the end due at 4.5 s. With the soonest due at 2.5 s, none."""
     asked_of = await hand_overs_asked(clock, [INTERACTIVE, LOWER], LOWER, 2, 0.1, ends_in_s)
     assert asked_of == asked
+
+
+async def test_a_backend_slowed_since_the_streams_began_ends_them_later(clock):
+    """The streams paced 0.1 s a token since their first, and the soonest is due within
+    1.5 s at that pace; but the backend's metrics read 0.3 s a token now (a slowdown):
+    at that pace it is due in 4.5 s, and none is asked."""
+    ends_in_s = (1.5, 3.0, 4.5, 6.0, 7.5, 9.0, 10.5, 12.0)
+    asked_of = await hand_overs_asked(
+        clock, [INTERACTIVE, LOWER], LOWER, 2, 0.1, ends_in_s, tpot_s=0.3
+    )
+    assert asked_of == [False] * 8
 
 
 async def test_a_stream_with_one_token_so_far_has_no_known_end(clock):
