@@ -47,7 +47,9 @@ class Turnover:
     def gap_s(self, now: float) -> float:
         """The mean time between slots coming free lately; `math.inf` before any did.
         The ends' weights are set against the time they were counted over, so the first
-        seconds, with little time behind them, read the rate they saw, not less."""
+        seconds, with little time behind them, read the rate they saw, not less. An idle
+        spell counts as time without ends: after one, the gap reads long for a few
+        windows, and fewer streams are paused meanwhile, never more."""
         weight = self._weight_at(now)
         if weight <= 0.0:
             return math.inf

@@ -1,5 +1,6 @@
 """The rate at which slots come free, on explicit times (no clock at all)."""
 
+import itertools
 import math
 
 import pytest
@@ -59,3 +60,17 @@ def test_a_slowdown_is_followed_within_the_window():
         now += 1.0
         turnover.freed(now)
     assert turnover.gap_s(now + 0.5) == pytest.approx(1.0, rel=0.15)
+
+
+def test_an_idle_spell_reads_long_for_a_while_never_short():
+    """A minute idle, then ends every 0.5 s: the first seconds read longer gaps than
+    0.5 s, coming down towards it, never below."""
+    turnover = Turnover(0.0)
+    now, read = 60.0, []
+    for _ in range(40):
+        now += 0.5
+        turnover.freed(now)
+        read.append(turnover.gap_s(now + 0.25))
+    assert read[0] > 4 * 0.5
+    assert all(later <= earlier * 1.01 for earlier, later in itertools.pairwise(read))
+    assert read[-1] == pytest.approx(0.5, rel=0.1)
