@@ -17,6 +17,7 @@ a check that only one of them fits.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -39,13 +40,15 @@ from sluicegate.scheduling.fairness import FairnessPolicy
 from sluicegate.scheduling.promise import QueueExit, Shedder, WaitPredictor
 from sluicegate.scheduling.queues import LaneQueue, Place, Waiter
 from sluicegate.scheduling.reserve import GONE_AFTER_S, MOST_OF_BATCH, Reserve
-from sluicegate.scheduling.turnover import Turnover
+from sluicegate.scheduling.turnover import Turnover, latest_free_s
 from sluicegate.scheduling.yielding import Yielding
 
 CODEL_TARGET = 0.5
 """CoDel's target as a fraction of the queue budget. A request that waits the whole
 budget expires (`_age_limit_s`); a queue whose requests keep waiting past half of it
 for an interval is running late and sheds before they do."""
+PACED_S = 1.0
+"""A stream's own pace is read once it has streamed this long."""
 RESUMING_PART = 0.25
 """The part of the batch that may be handed over and not yet resumed at once."""
 PREFILL_PART = 0.5
@@ -733,18 +736,22 @@ class Dispatcher:
         (`turnover`), the expected pause; but ends come in clumps, and a rate read
         just after one promises the next seconds more than they hold (family v2: rests
         stood still up to 4 s under a 2 s bound). So also by the streams that may give
-        their slot: each ends at the latest when it reaches its `max_tokens` at its own
+        their slot: each ends at the latest when it reaches its `max_tokens` at its
         pace, and the rest resumes at the latest when as many of the others as there
-        are rests have. Any other attempt's end only comes sooner."""
+        are rests have. Any other attempt's end only comes sooner. Both readings are
+        this replica's: another replica's waiters, or a closed backend gate, may keep
+        a free slot from a rest."""
         now = self.clock.now()
         expected_s = (pending + 1) * self.turnover.gap_s(now)
-        ends = sorted(_ends_by_s(running, now) for running in self._resumable.values())
+        soonest: list[float] = []
 
         def pause_s(victim: Attempt) -> float:
-            latest = pending
-            if latest < len(ends) and _ends_by_s(victim, now) <= ends[latest]:
-                latest += 1
-            return max(expected_s, ends[latest] if latest < len(ends) else math.inf)
+            if math.isinf(expected_s):
+                return expected_s
+            if not soonest:
+                ends = (_ends_by_s(running, now) for running in self._resumable.values())
+                soonest.extend(heapq.nsmallest(pending + 2, ends))
+            return max(expected_s, latest_free_s(soonest, pending, _ends_by_s(victim, now)))
 
         return pause_s
 
@@ -989,15 +996,15 @@ class Dispatcher:
 
 def _ends_by_s(running: Attempt, now: float) -> float:
     """How long `running` may still take: what is left of its `max_tokens` at its own
-    pace since its first token (an event is a token at least), or at its backend's
-    pace now if slower (a slowdown since its first token leaves its own pace behind);
-    unknown, so endless, before it has paced two."""
+    pace since its first bytes (`relayed_events` counts the events after those, each a
+    token at least), or at its backend's pace now if slower (a slowdown since leaves
+    its own pace behind); unknown, so endless, until it has paced `PACED_S`: the first
+    events of a stream may come together, and would read as no time a token."""
     produced, first_s, target = running.relayed_events, running.first_byte_s, running.target
-    if produced < 2 or first_s is None or target is None:
+    if first_s is None or target is None or now - first_s < PACED_S or produced < 1:
         return math.inf
     left = running.call.reserved_tokens - running.call.prompt_tokens - produced
-    pace_s = (now - first_s) / (produced - 1)
-    return max(0, left) * max(pace_s, target.gate.tpot_s or 0.0)
+    return max(0, left) * max((now - first_s) / produced, target.gate.tpot_s or 0.0)
 
 
 def _first_refusal(

@@ -1,7 +1,7 @@
 """How often slots come free by themselves: what the rest of a handed-over answer waits on.
 
 One of the two readings of a hand-over's pause (`Dispatcher._pause_s`), the expected
-one; the other bounds it by the running streams' `max_tokens`.
+one; the other (`latest_free_s`) bounds it by the running streams' `max_tokens`.
 
 A stream that gives its slot away stands still until a slot comes free for its rest,
 so the dispatcher asks one only while the rests already waiting, and this one, would
@@ -57,3 +57,13 @@ class Turnover:
 
     def _weight_at(self, now: float) -> float:
         return self._weight * math.exp((self._at_s - now) / WINDOW_S)
+
+
+def latest_free_s(soonest: list[float], ahead: int, own_s: float) -> float:
+    """The latest a rest behind `ahead` others gets a slot, when the streams holding
+    slots end at the latest after the times in `soonest` (ascending, at least the
+    `ahead + 2` soonest), one of them, ending after `own_s`, giving its slot away now:
+    that one will not end by itself, so the rest waits for the `ahead + 1`-th of the
+    others. `math.inf` when too few may end."""
+    latest = ahead + (ahead < len(soonest) and own_s <= soonest[ahead])
+    return soonest[latest] if latest < len(soonest) else math.inf

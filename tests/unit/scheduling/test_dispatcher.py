@@ -1375,7 +1375,8 @@ async def hand_overs_asked(
 ) -> list[bool]:
     """After twenty of `a`'s requests ended `ends_every_s` apart (None: none yet), `a`'s
     streams in `held_in` hold all eight slots, each `ends_in_s` from its `max_tokens` at
-    a pace of about 0.1 s a token over its `events` so far (the last 0.05 s ago), and
+    a pace of about 0.1 s a token over its `events` after the first bytes (the last
+    0.05 s ago), and
     `b` sends `asking` requests within its share: which streams are asked to give their
     slot, the backend's metrics reading `tpot_s` a token. The dispatch gap reads a
     thousandth of a second, as a burst of dispatches leaves it: the pause is not its."""
@@ -1392,7 +1393,7 @@ async def hand_overs_asked(
         held = [await streaming(dispatcher, clock, "a", held_in) for _ in range(8)]
         for running, end_s in zip(held, ends_in_s, strict=True):
             running.relayed_events = events
-            running.first_byte_s = clock.now() - 0.1 * (events - 1) - 0.05
+            running.first_byte_s = clock.now() - 0.1 * events - 0.05
             left = round(end_s / 0.1)
             running.call = running.call._replace(reserved_tokens=10 + events + left)
         dispatcher.predictor.gap_s = 0.001
@@ -1423,16 +1424,17 @@ async def test_requests_queued_within_their_share_have_slots_handed_over_at_once
     assert (await hand_overs_asked(clock, [INTERACTIVE], INTERACTIVE, asking)).count(True) == asked
 
 
-@pytest.mark.parametrize(("ends_every_s", "asked"), [(None, 0), (0.8, 2), (1.5, 1), (2.5, 0)])
+@pytest.mark.parametrize(("ends_every_s", "asked"), [(None, 0), (0.8, 2), (1.5, 1), (3.0, 0)])
 async def test_a_stream_of_a_promised_lane_is_not_paused_past_its_promise(
     clock, ends_every_s, asked
 ):
     """`a`'s streams hold all eight slots in a lower lane that promises 2 s; `b` sends
     two requests within its share above it. A stream is asked only while its rest,
     resuming behind the rests already waiting one slot's end apart, would stand still
-    no longer than its lane's promise: with ends 0.8 s apart both are asked (0.8 s, then
-    1.6 s), 1.5 s apart one (a second would wait 3 s), 2.5 s apart none. Before any end,
-    when a slot comes free is unknown, and none is asked."""
+    no longer than its lane's promise: with ends 0.8 s apart both are asked (the gap
+    reads 0.74-0.87 s, as it is read at the last end or 0.85 s after it), 1.5 s apart
+    one (1.3-1.54 s: a second would wait over 2.6 s), 3 s apart none (2.26 s and more).
+    Before any end, when a slot comes free is unknown, and none is asked."""
     asked_of = await hand_overs_asked(clock, [INTERACTIVE, LOWER], LOWER, 2, ends_every_s)
     assert asked_of.count(True) == asked
 
@@ -1467,11 +1469,11 @@ async def test_a_backend_slowed_since_the_streams_began_ends_them_later(clock):
     assert asked_of == [False] * 8
 
 
-async def test_a_stream_with_one_token_so_far_has_no_known_end(clock):
-    """One event sets no pace (the time since it is no token's): streams one token
-    short of their `max_tokens`, each with one token so far, 0.05 s ago, are not
-    counted on to end within the promise, and none is asked."""
-    asked_of = await hand_overs_asked(clock, [INTERACTIVE, LOWER], LOWER, 2, 0.1, events=1)
+async def test_a_stream_not_yet_a_second_old_has_no_known_end(clock):
+    """A stream's first events may come together and read as no time a token: streams
+    one token short of their `max_tokens`, three events in 0.35 s, are not counted on
+    to end within the promise, and none is asked."""
+    asked_of = await hand_overs_asked(clock, [INTERACTIVE, LOWER], LOWER, 2, 0.1, events=3)
     assert asked_of == [False] * 8
 
 

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from sluicegate.scheduling.turnover import WINDOW_S, Turnover
+from sluicegate.scheduling.turnover import WINDOW_S, Turnover, latest_free_s
 
 
 def ended_every(gap_s: float, count: int, start: float = 100.0) -> tuple[Turnover, float]:
@@ -74,3 +74,24 @@ def test_an_idle_spell_reads_long_for_a_while_never_short():
     assert read[0] > 4 * 0.5
     assert all(later <= earlier * 1.01 for earlier, later in itertools.pairwise(read))
     assert read[-1] == pytest.approx(0.5, rel=0.1)
+
+
+@pytest.mark.parametrize(
+    ("soonest", "ahead", "own_s", "latest_s"),
+    [
+        ([1.0, 2.0, 3.0], 0, 5.0, 1.0),
+        ([1.0, 2.0, 3.0], 0, 1.0, 2.0),
+        ([1.0, 1.0, 3.0], 0, 1.0, 1.0),
+        ([1.0, 2.0, 3.0], 1, 0.5, 3.0),
+        ([1.0, 2.0, 3.0], 1, 2.0, 3.0),
+        ([1.0, 2.0, 3.0], 1, 4.0, 2.0),
+        ([1.0, 2.0], 1, 1.0, math.inf),
+        ([1.0, math.inf, math.inf], 1, math.inf, math.inf),
+        ([], 0, 1.0, math.inf),
+    ],
+)
+def test_a_rest_waits_for_as_many_ends_of_the_others(soonest, ahead, own_s, latest_s):
+    """Behind `ahead` rests, a rest needs `ahead + 1` ends, and the stream giving its slot
+    away is not one of them: when it is among the soonest, the next one counts instead
+    (a tie counts one of the two)."""
+    assert latest_free_s(soonest, ahead, own_s) == latest_s
