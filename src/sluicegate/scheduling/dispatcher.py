@@ -216,6 +216,9 @@ class Dispatcher:
         self._hands_over = any(target.deployment.resumable for target in self.targets)
         """Whether any stream here may give its slot away: without, the pump's order is
         the lanes' alone."""
+        self._streaming: dict[int, Attempt] = {}
+        """Streams past their first token: each ends at the latest at its `max_tokens`,
+        and a handed-over answer's rest waits for those ends (`_pause_s`)."""
         self._resumable: dict[int, Attempt] = {}
         """Streams past their first token that may give their slot away and continue
         later (`providers.resume`), not yet asked to: the slots a request within its
@@ -309,6 +312,7 @@ class Dispatcher:
         answer that gave its slot away came long after its arrival, and after a prefill
         of the answer so far too: nothing is learnt from it but its prefill's end."""
         resumed = attempt.call.resumed
+        self._streaming[id(attempt)] = attempt
         if attempt.dispatched_s is not None and attempt.first_byte_s is not None and not resumed:
             after = attempt.first_byte_s - attempt.dispatched_s
             self.predictor.first_token(attempt.lane.name, after)
@@ -408,6 +412,7 @@ class Dispatcher:
             self.unit.decoded(
                 attempt.completion_tokens, span_s, math.ceil(sequences / len(self.targets))
             )
+        self._streaming.pop(id(attempt), None)
         self._resumable.pop(id(attempt), None)
         waiter = self._asked.pop(id(attempt), None)
         if waiter is not None and not attempt.preempted:
@@ -735,10 +740,11 @@ class Dispatcher:
         Two readings, and the longer stands. At the rate slots came free lately
         (`turnover`), the expected pause; but ends come in clumps, and a rate read
         just after one promises the next seconds more than they hold (family v2: rests
-        stood still up to 4 s under a 2 s bound). So also by the streams that may give
-        their slot: each ends at the latest when it reaches its `max_tokens` at its
-        pace, and the rest resumes at the latest when as many of the others as there
-        are rests have. Any other attempt's end only comes sooner. Both readings are
+        stood still up to 4 s under a 2 s bound). So also by the streams holding slots,
+        those asked to give theirs aside (their slots are their takers'): each ends at
+        the latest when it reaches its `max_tokens` at its pace, and the rest resumes
+        at the latest when as many of the others as there are rests have. Any other
+        attempt's end only comes sooner. Both readings are
         this replica's: another replica's waiters, or a closed backend gate, may keep
         a free slot from a rest."""
         now = self.clock.now()
@@ -749,7 +755,12 @@ class Dispatcher:
             if math.isinf(expected_s):
                 return expected_s
             if not soonest:
-                ends = (_ends_by_s(running, now) for running in self._resumable.values())
+                asked = self._asked
+                ends = (
+                    _ends_by_s(running, now)
+                    for key, running in self._streaming.items()
+                    if key not in asked
+                )
                 soonest.extend(heapq.nsmallest(pending + 2, ends))
             return max(expected_s, latest_free_s(soonest, pending, _ends_by_s(victim, now)))
 
@@ -995,16 +1006,22 @@ class Dispatcher:
 
 
 def _ends_by_s(running: Attempt, now: float) -> float:
-    """How long `running` may still take: what is left of its `max_tokens` at its own
-    pace since its first bytes (`relayed_events` counts the events after those, each a
-    token at least), or at its backend's pace now if slower (a slowdown since leaves
-    its own pace behind); unknown, so endless, until it has paced `PACED_S`: the first
-    events of a stream may come together, and would read as no time a token."""
-    produced, first_s, target = running.relayed_events, running.first_byte_s, running.target
-    if first_s is None or target is None or now - first_s < PACED_S or produced < 1:
+    """How long `running` may still take: what is left of its `max_tokens` at the
+    slower of its own pace since its first bytes (`relayed_events` counts the events
+    after those, each a token at least) and its backend's pace now (a slowdown since
+    leaves its own behind). Its own is read only once it has streamed `PACED_S`: its
+    first events may come together and read as no time a token. Unknown, so endless,
+    with neither."""
+    first_s, target = running.first_byte_s, running.target
+    if first_s is None or target is None:
+        return math.inf
+    produced, streamed_s = running.relayed_events, now - first_s
+    own_s = streamed_s / max(produced, 1) if streamed_s >= PACED_S else 0.0
+    pace_s = max(own_s, target.gate.tpot_s or 0.0)
+    if pace_s <= 0.0:
         return math.inf
     left = running.call.reserved_tokens - running.call.prompt_tokens - produced
-    return max(0, left) * max((now - first_s) / produced, target.gate.tpot_s or 0.0)
+    return max(0, left) * pace_s
 
 
 def _first_refusal(

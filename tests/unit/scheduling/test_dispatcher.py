@@ -1188,14 +1188,20 @@ async def test_the_prefill_budget_is_the_deployments_whoever_sends_to_it(clock):
 
 
 async def streaming(
-    dispatcher: Dispatcher, clock: FakeClock, tenant: str, lane: Lane, prompt_tokens: int = 10
+    dispatcher: Dispatcher,
+    clock: FakeClock,
+    tenant: str,
+    lane: Lane,
+    prompt_tokens: int = 10,
+    resumed: bool = False,
 ) -> Attempt:
     """A stream of `tenant` granted now and past its first token, one that may give its
-    slot away; the clock then moves on 0.1 s."""
-    request = call(clock, tenant=tenant, lane=lane)
+    slot away unless it is the rest of an answer (`resumed`); the clock then moves on
+    0.1 s."""
+    request = call(clock, tenant=tenant, lane=lane)._replace(resumed=resumed)
     running = Attempt(request._replace(stream=True, prompt_tokens=prompt_tokens))
     await granted(dispatcher, running)
-    running.resumable = True
+    running.resumable = not resumed
     running.on_preempt = lambda: True
     running.first_byte_s = clock.now()
     dispatcher.first_token(running, 0.0)
@@ -1372,25 +1378,30 @@ async def hand_overs_asked(
     ends_in_s: Sequence[float] = (0.1,) * 8,
     events: int = 11,
     tpot_s: float | None = None,
+    rests_holding: int = 0,
 ) -> list[bool]:
     """After twenty of `a`'s requests ended `ends_every_s` apart (None: none yet), `a`'s
     streams in `held_in` hold all eight slots, each `ends_in_s` from its `max_tokens` at
     a pace of about 0.1 s a token over its `events` after the first bytes (the last
     0.05 s ago), and
     `b` sends `asking` requests within its share: which streams are asked to give their
-    slot, the backend's metrics reading `tpot_s` a token. The dispatch gap reads a
+    slot, the backend's metrics reading `tpot_s` a token; the last `rests_holding` of
+    the eight are rests of answers, which may not give their slot. The dispatch gap reads a
     thousandth of a second, as a burst of dispatches leaves it: the pause is not its."""
     pool = Pool(PoolSpec("p", 8), leases(clock))
     gate = Gate()
     gate.tpot_s = tpot_s
-    dispatcher = dispatcher_for(lanes, pool, clock, gate)
+    dispatcher = dispatcher_for(lanes, pool, clock, gate, RESUMABLE)
     runner = asyncio.create_task(dispatcher.run())
     try:
         for _ in range(0 if ends_every_s is None else 20):
             ended = await granted(dispatcher, attempt(clock, "a", lane=held_in))
             clock.advance(ends_every_s)
             await dispatcher.release(ended)
-        held = [await streaming(dispatcher, clock, "a", held_in) for _ in range(8)]
+        held = [
+            await streaming(dispatcher, clock, "a", held_in, resumed=i >= 8 - rests_holding)
+            for i in range(8)
+        ]
         for running, end_s in zip(held, ends_in_s, strict=True):
             running.relayed_events = events
             running.first_byte_s = clock.now() - 0.1 * events - 0.05
@@ -1444,6 +1455,7 @@ async def test_a_stream_of_a_promised_lane_is_not_paused_past_its_promise(
     [
         ((1.5, 3.0, 4.5, 6.0, 7.5, 9.0, 10.5, 12.0), [False, True] + [False] * 6),
         ((2.5, 5.0, 7.5, 10.0, 12.5, 15.0, 17.5, 20.0), [False] * 8),
+        ((1.5, 1.5) + (20.0,) * 6, [True] + [False] * 7),
     ],
 )
 async def test_a_stream_is_paused_only_while_others_must_end_within_the_promise(
@@ -1453,7 +1465,9 @@ async def test_a_stream_is_paused_only_while_others_must_end_within_the_promise(
     promises nothing about the next seconds. Each stream holding a slot ends at the
     latest at its `max_tokens`, at its own pace: with the soonest of them due within
     1.5 s, one stream is asked, not that one (the rest waits on it); a second rest
-    would wait for the end due at 4.5 s. With the soonest due at 2.5 s, none."""
+    would wait for the end due at 4.5 s. With the soonest due at 2.5 s, none. With two
+    due within 1.5 s, the first is asked, and its slot goes to its taker: the second
+    rest would wait for the other's end and then one due at 20 s."""
     asked_of = await hand_overs_asked(clock, [INTERACTIVE, LOWER], LOWER, 2, 0.1, ends_in_s)
     assert asked_of == asked
 
@@ -1469,12 +1483,29 @@ async def test_a_backend_slowed_since_the_streams_began_ends_them_later(clock):
     assert asked_of == [False] * 8
 
 
-async def test_a_stream_not_yet_a_second_old_has_no_known_end(clock):
+@pytest.mark.parametrize(
+    ("tpot_s", "asked"), [(None, [False] * 8), (0.1, [True, True] + [False] * 6)]
+)
+async def test_a_stream_not_yet_a_second_old_is_paced_by_its_backend(clock, tpot_s, asked):
     """A stream's first events may come together and read as no time a token: streams
     one token short of their `max_tokens`, three events in 0.35 s, are not counted on
-    to end within the promise, and none is asked."""
-    asked_of = await hand_overs_asked(clock, [INTERACTIVE, LOWER], LOWER, 2, 0.1, events=3)
-    assert asked_of == [False] * 8
+    by their own pace, and none is asked; by their backend's (0.1 s a token, from its
+    metrics) they end within the promise, and two are."""
+    asked_of = await hand_overs_asked(
+        clock, [INTERACTIVE, LOWER], LOWER, 2, 0.1, events=3, tpot_s=tpot_s
+    )
+    assert asked_of == asked
+
+
+async def test_the_rests_of_answers_holding_slots_end_too(clock):
+    """Six streams that may give their slot end in 20 s at the soonest; two rests of
+    answers, which may not, end within 0.5 and 1 s: their slots come free within the
+    promise, so two streams are asked."""
+    ends_in_s = (20.0,) * 6 + (0.5, 1.0)
+    asked_of = await hand_overs_asked(
+        clock, [INTERACTIVE, LOWER], LOWER, 2, 0.1, ends_in_s, rests_holding=2
+    )
+    assert asked_of == [True, True] + [False] * 6
 
 
 async def test_only_an_end_frees_a_slot_for_a_rest(clock):
