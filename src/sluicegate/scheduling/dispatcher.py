@@ -965,8 +965,8 @@ class Dispatcher:
         """The attempt is the caller's now: charge its tenant and note the dispatch, from
         its tenant's backlog begun at `backlogged_since_s` (None: it did not queue). One
         into a slot a stream `handed_over` is no service gap: that gap is the time
-        between slots coming free, which queued requests and the rests of answers wait
-        on, and counting hand-overs would shorten it by their rate."""
+        between slots coming free, which queued requests wait on, and counting
+        hand-overs would shorten it by their rate."""
         call, lane = attempt.call, attempt.lane
         output = call.reserved_tokens - call.prompt_tokens
         attempt.charged_output = output

@@ -1508,32 +1508,13 @@ async def test_the_rests_of_answers_holding_slots_end_too(clock):
     assert asked_of == [True, True] + [False] * 6
 
 
-async def test_only_an_end_frees_a_slot_for_a_rest(clock):
-    """A stream that hands its slot over frees no slot for the rests (its slot is its
-    taker's): it does not count as a slot coming free. An end does."""
-    pool = Pool(PoolSpec("p", 1), leases(clock))
-    dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
-    runner = asyncio.create_task(dispatcher.run())
-    try:
-        stream = await streaming(dispatcher, clock, "a", INTERACTIVE)
-        given = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b")))
-        await settle()
-        assert stream.preempted
-        await dispatcher.release(stream)
-        assert dispatcher.turnover.gap_s(clock.now()) == math.inf
-        clock.advance(1.0)
-        await dispatcher.release(await given)
-        assert dispatcher.turnover.gap_s(clock.now()) < math.inf
-    finally:
-        runner.cancel()
-
-
-async def test_a_slot_handed_over_is_not_a_service_gap(clock):
-    """The service gap is the time between slots coming free, which the rests of answers
-    and the pause bound wait on: `b`'s request dispatched into the slot `a`'s stream
-    handed over at 0.5 s does not count, so the gap measured between a's two queued
-    requests is the 2 s between completions, not pulled towards the 1 s a hand-over's
-    dispatch would make it."""
+async def test_a_slot_handed_over_is_no_slot_coming_free(clock):
+    """A slot handed over is its taker's. For the service gap, the time between slots
+    coming free that queued requests wait on, `b`'s request dispatched into the slot
+    `a`'s stream handed over at 0.5 s does not count: the gap measured between a's two
+    queued requests is the 2 s between completions, not pulled towards the 1 s a
+    hand-over's dispatch would make it. Nor is the hand-over an end for the turnover
+    the pause bound reads; b's request ending is."""
     pool = Pool(PoolSpec("p", 1), leases(clock))
     dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
@@ -1546,9 +1527,11 @@ async def test_a_slot_handed_over_is_not_a_service_gap(clock):
         assert stream.preempted
         clock.advance(start + 0.5 - clock.now())
         await dispatcher.release(stream)
+        assert dispatcher.turnover.gap_s(clock.now()) == math.inf
         b = await given
         clock.advance(1.0)
         await dispatcher.release(b)
+        assert dispatcher.turnover.gap_s(clock.now()) < math.inf
         first = await queued[0]
         clock.advance(2.0)
         await dispatcher.release(first)
