@@ -744,9 +744,9 @@ class Dispatcher:
         those asked to give theirs aside (their slots are their takers'): each ends at
         the latest when it reaches its `max_tokens` at its pace, and the rest resumes
         at the latest when as many of the others as there are rests have. Any other
-        attempt's end only comes sooner. Both readings are
-        this replica's: another replica's waiters, or a closed backend gate, may keep
-        a free slot from a rest."""
+        attempt's end only comes sooner. Both readings are this replica's: another
+        replica's waiters, or a closed backend gate, may keep a free slot from a
+        rest."""
         now = self.clock.now()
         expected_s = (pending + 1) * self.turnover.gap_s(now)
         soonest: list[float] = []
