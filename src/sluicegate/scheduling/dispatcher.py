@@ -218,7 +218,8 @@ class Dispatcher:
         the lanes' alone."""
         self._streaming: dict[int, Attempt] = {}
         """Streams past their first token: each ends at the latest at its `max_tokens`,
-        and a handed-over answer's rest waits for those ends (`_pause_s`)."""
+        and a handed-over answer's rest waits for those ends (`_pause_s`). Kept, like
+        `turnover`, only where streams may hand over: nothing else reads them."""
         self._resumable: dict[int, Attempt] = {}
         """Streams past their first token that may give their slot away and continue
         later (`providers.resume`), not yet asked to: the slots a request within its
@@ -312,7 +313,8 @@ class Dispatcher:
         answer that gave its slot away came long after its arrival, and after a prefill
         of the answer so far too: nothing is learnt from it but its prefill's end."""
         resumed = attempt.call.resumed
-        self._streaming[id(attempt)] = attempt
+        if self._hands_over:
+            self._streaming[id(attempt)] = attempt
         if attempt.dispatched_s is not None and attempt.first_byte_s is not None and not resumed:
             after = attempt.first_byte_s - attempt.dispatched_s
             self.predictor.first_token(attempt.lane.name, after)
@@ -398,7 +400,7 @@ class Dispatcher:
     def _ended(self, attempt: Attempt, target: Target) -> None:
         """The mirror of `_reserve` and `_dispatched` for an attempt that went out."""
         lane = attempt.lane
-        if not attempt.preempted:
+        if self._hands_over and not attempt.preempted:
             self.turnover.freed(self.clock.now())
         for check in self._plan(target, lane):
             check.released(target, lane, attempt)

@@ -1383,11 +1383,11 @@ async def hand_overs_asked(
     """After twenty of `a`'s requests ended `ends_every_s` apart (None: none yet), `a`'s
     streams in `held_in` hold all eight slots, each `ends_in_s` from its `max_tokens` at
     a pace of about 0.1 s a token over its `events` after the first bytes (the last
-    0.05 s ago), and
-    `b` sends `asking` requests within its share: which streams are asked to give their
-    slot, the backend's metrics reading `tpot_s` a token; the last `rests_holding` of
-    the eight are rests of answers, which may not give their slot. The dispatch gap reads a
-    thousandth of a second, as a burst of dispatches leaves it: the pause is not its."""
+    0.05 s ago); the last `rests_holding` of them are rests of answers, which may not
+    give their slot. The backend's metrics read `tpot_s` a token. `b` then sends
+    `asking` requests within its share: which streams are asked to give their slot.
+    The dispatch gap reads a thousandth of a second, as a burst of dispatches leaves
+    it: the pause is not its."""
     pool = Pool(PoolSpec("p", 8), leases(clock))
     gate = Gate()
     gate.tpot_s = tpot_s
@@ -1516,7 +1516,7 @@ async def test_a_slot_handed_over_is_no_slot_coming_free(clock):
     hand-over's dispatch would make it. Nor is the hand-over an end for the turnover
     the pause bound reads; b's request ending is."""
     pool = Pool(PoolSpec("p", 1), leases(clock))
-    dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
+    dispatcher = dispatcher_for([INTERACTIVE], pool, clock, deployment=RESUMABLE)
     runner = asyncio.create_task(dispatcher.run())
     try:
         start = clock.now()
