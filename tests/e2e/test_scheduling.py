@@ -365,3 +365,46 @@ async def test_a_tenant_within_its_share_is_dispatched_at_once_beside_a_flood(si
         assert settled[int(0.9 * len(settled))] < 20, settled
     else:
         assert settled[len(settled) // 2] > 20, settled
+
+
+async def test_a_tenant_of_long_prompts_is_seen_to_cost_the_engine_more_per_slot(sim, http):
+    """Under a promise (so the prefill rate is learnt), `a` streams 2,000-token prompts
+    for 2 tokens while `b` streams four 60-token answers at once to short prompts: a's
+    slots are mostly prefill, which takes the whole engine, b's decode steps shared by
+    the batch. The gateway's fair shares read a's slot as dearer than b's."""
+    lanes = [{"name": "default", "queue_size": 50, "max_queue_age_s": 10, "ttft_slo_s": 2}]
+    async with inprocess_gateway(config(sim, lanes, pool=8), ENV) as gw:
+        clients = {
+            tenant: openai.AsyncOpenAI(
+                base_url=f"{gw.url}/v1", api_key=f"sk-{tenant}", max_retries=0
+            )
+            for tenant in ("a", "b")
+        }
+
+        async def stream(tenant: str, prompt: str, max_tokens: int) -> int:
+            chunks = await clients[tenant].chat.completions.create(
+                model="chat",
+                messages=[{"role": "user", "content": prompt}],
+                max_tokens=max_tokens,
+                stream=True,
+            )
+            return sum(
+                [bool(chunk.choices and chunk.choices[0].delta.content) async for chunk in chunks]
+            )
+
+        for _ in range(4):
+            got = await asyncio.gather(
+                stream("a", "long document " * 570, 2),
+                *(stream("b", "hi", 60) for _ in range(4)),
+            )
+            assert got == [2, 60, 60, 60, 60]
+        async with http.get(f"{gw.url}/metrics") as resp:
+            page = await resp.text()
+    costs = {
+        sample.labels["tenant"]: sample.value
+        for family in text_string_to_metric_families(page)
+        for sample in family.samples
+        if sample.name == "sluicegate_tenant_slot_cost"
+    }
+    assert set(costs) == {"a", "b"}
+    assert costs["a"] > 2 * costs["b"], costs

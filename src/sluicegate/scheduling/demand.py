@@ -9,7 +9,9 @@ tenant goes first: the one furthest below its share of the engine's time.
 
 The unit is the engine's, learnt from the backend as it serves: a prompt token costs
 the time the deployment takes to prefill one (the prefill budget's measured rate),
-an output token the decode step it comes in, shared among the sequences in that step.
+an output token the decode step it comes in, shared among the sequences in that step:
+a stream's span less what the engine prefilled meanwhile (the dispatcher's count), or
+long prompts prefilled between the steps would be charged again to every token.
 A fixed ratio (the VTC's 1:2) is wrong by an order of magnitude on a batch that
 decodes a token for the time it prefills twenty; a ratio fitted to one backend would
 be wrong on the next.
@@ -37,8 +39,9 @@ class EngineUnit:
         self.decode_s_per_token: float | None = None
 
     def decoded(self, tokens: int, span_s: float, sequences: int) -> None:
-        """A stream produced `tokens` over `span_s` after its first one, in steps shared
-        by about `sequences` sequences: each token after the first took one step."""
+        """A stream produced `tokens` over `span_s` of decode steps after its first one
+        (its span less others' prefills), shared by about `sequences` sequences: each
+        token after the first took one step."""
         if tokens < 2 or span_s <= 0 or sequences < 1:
             return
         cost = span_s / (tokens - 1) / sequences

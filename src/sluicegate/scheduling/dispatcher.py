@@ -90,6 +90,9 @@ class LaneView:
     expired: int
     service: Mapping[str, float]
     """Each tenant's service counter in the lane's fair order."""
+    slot_costs: Mapping[str, float]
+    """What a slot of each tenant seen costs the engine, relative to the average tenant's:
+    its requests in flight count by it in the lane's fair shares."""
     shed: int
     unavailable: int
     abandoned: int
@@ -131,6 +134,11 @@ class _Prefilling:
     """This dispatcher's streamed prompt tokens sent and not yet at their first token."""
     tokens_per_s: float | None = None
     """The budget's learnt throughput, as last heard."""
+    prefill_s: float = 0.0
+    """Engine seconds the prompts that got their first token here took to prefill, at
+    the throughput as heard: a stream's span less what was prefilled meanwhile is the
+    time its steps decoded (family v5: long prompts prefilled between the steps made
+    each output token read about 4.6 times its decode step's share)."""
 
     def heard(self, state: PrefillState) -> None:
         self.tokens_per_s = state.tokens_per_s
@@ -271,6 +279,7 @@ class Dispatcher:
                     queue_dispatched=stats.queue_dispatched,
                     expired=stats.expired,
                     service=queue.fairness.service(),
+                    slot_costs=queue.fairness.slot_costs(),
                     shed=stats.shed,
                     unavailable=stats.unavailable,
                     abandoned=stats.abandoned,
@@ -321,6 +330,9 @@ class Dispatcher:
         prefilling = self._prefilling_at(attempt)
         if prefilling is not None:
             prefilling.pending -= attempt.call.prompt_tokens
+            if prefilling.tokens_per_s and not resumed:
+                prefilling.prefill_s += attempt.call.prompt_tokens / prefilling.tokens_per_s
+            attempt.prefill_seen_s = prefilling.prefill_s
             assert attempt.permit is not None
             attempt.permit.first_token(prefilling.heard, learn=not resumed)
         if resumed:
@@ -399,9 +411,9 @@ class Dispatcher:
 
     def _ended(self, attempt: Attempt, target: Target) -> None:
         """The mirror of `_reserve` and `_dispatched` for an attempt that went out."""
-        lane = attempt.lane
+        lane, now = attempt.lane, self.clock.now()
         if self._hands_over and not attempt.preempted:
-            self.turnover.freed(self.clock.now())
+            self.turnover.freed(now)
         for check in self._plan(target, lane):
             check.released(target, lane, attempt)
         self._prefilled(attempt)
@@ -410,7 +422,10 @@ class Dispatcher:
             prefilling.pending -= attempt.call.prompt_tokens
         if attempt.call.stream and attempt.first_byte_s is not None and attempt.completion_tokens:
             sequences = sum(stats.in_flight for stats in self.stats.values())
-            span_s = self.clock.now() - attempt.first_byte_s
+            span_s = now - attempt.first_byte_s
+            budget = self._prefill.get(target.deployment.name)
+            if budget is not None:
+                span_s -= budget.prefill_s - attempt.prefill_seen_s
             self.unit.decoded(
                 attempt.completion_tokens, span_s, math.ceil(sequences / len(self.targets))
             )
@@ -426,8 +441,14 @@ class Dispatcher:
         fairness = self.queues[lane.name].fairness
         tenant = attempt.call.tenant.name
         fairness.in_flight(tenant, -1)
-        if produced is not None:
-            fairness.charge(tenant, 0, produced - attempt.charged_output)
+        if produced is None:
+            return
+        fairness.charge(tenant, 0, produced - attempt.charged_output)
+        if attempt.call.resumed or attempt.dispatched_s is None:
+            return
+        work_s = self.unit.work_s(attempt.call.prompt_tokens, produced, self._prefill_rate())
+        if work_s is not None:
+            fairness.slot_held(tenant, work_s, now - attempt.dispatched_s)
 
     def _queued_ahead(self, lane: Lane) -> int:
         return sum(
@@ -817,12 +838,15 @@ class Dispatcher:
     def _note_asked(self, call: Call) -> None:
         """Count a top-lane arrival's work, in the engine's unit once it is learnt, as its
         tenant's, within its share or not: the order among the protected requests."""
-        rates = self._prefill_rates()
-        prefill_rate = sum(rates) / len(rates) if rates else None
         output_tokens = call.reserved_tokens - call.prompt_tokens
-        work_s = self.unit.work_s(call.prompt_tokens, output_tokens, prefill_rate)
+        work_s = self.unit.work_s(call.prompt_tokens, output_tokens, self._prefill_rate())
         if work_s is not None:
             self._recent.asked(call.tenant.name, work_s, call.tenant.weight, self.clock.now())
+
+    def _prefill_rate(self) -> float | None:
+        """The deployments' mean learnt prefill rate: the engine's price of a prompt token."""
+        rates = self._prefill_rates()
+        return sum(rates) / len(rates) if rates else None
 
     def _asked_lately(self, tenant: str) -> float:
         """The engine seconds `tenant` asked lately per its weight (`RecentWork`)."""

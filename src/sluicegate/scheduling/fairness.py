@@ -10,6 +10,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
+from sluicegate.scheduling.slotcost import SlotCosts
+
 ROUNDING = 1e-9
 """Slack for float products meant to be whole (2/3 x 3 is not quite 2)."""
 
@@ -36,6 +38,11 @@ class FairnessPolicy(Protocol):
         """Each flow's service counter, for operators; empty when the policy keeps none."""
         ...
 
+    def slot_costs(self) -> Mapping[str, float]:
+        """What a slot of each flow seen costs the engine, relative to the average flow's,
+        for operators; empty when the policy counts requests alone."""
+        ...
+
     def charge(self, flow: str, prompt_tokens: float, output_tokens: float) -> None:
         """Account one dispatch's service to `flow`; a later call with a negative amount
         corrects an estimate once the real usage is known."""
@@ -49,6 +56,11 @@ class FairnessPolicy(Protocol):
 
     def in_flight(self, flow: str, change: int) -> None:
         """`flow` has `change` more (or, negative, fewer) requests at the backend."""
+        ...
+
+    def slot_held(self, flow: str, work_s: float, held_s: float) -> None:
+        """One of `flow`'s requests held a slot `held_s` and asked `work_s` seconds of the
+        engine: a policy sharing the engine's time weighs `flow`'s count by it."""
         ...
 
     def waiting(self, flow: str, change: int) -> None:
@@ -67,14 +79,14 @@ class FairnessPolicy(Protocol):
 
 
 def max_min_level(
-    demands: Mapping[str, float], weights: Mapping[str, float], capacity: float
+    demands: Mapping[str, float], weights: Callable[[str], float], capacity: float
 ) -> float:
     """The water level of a max-min fair split of `capacity` by weight: a flow asking
     less than level x weight gets what it asks, every other one level x weight; infinite
     when the demands all fit."""
-    left, weight = capacity, sum(weights.get(flow, 1.0) for flow in demands)
-    for flow in sorted(demands, key=lambda f: demands[f] / weights.get(f, 1.0)):
-        share = weights.get(flow, 1.0)
+    left, weight = capacity, sum(weights(flow) for flow in demands)
+    for flow in sorted(demands, key=lambda f: demands[f] / weights(f)):
+        share = weights(flow)
         if demands[flow] > left * share / weight:
             return left / weight
         left -= demands[flow]
@@ -85,7 +97,7 @@ def max_min_level(
 def comes_within_share(
     flow: str,
     in_flight: Mapping[str, int],
-    weights: Mapping[str, float],
+    weights: Callable[[str], float],
     backlog: Iterable[str],
     queued: Callable[[str], int],
     capacity: float,
@@ -101,7 +113,7 @@ def comes_within_share(
     for other in backlog:
         demands[other] = demands.get(other, 0) + queued(other)
     demands[flow] = before + 1
-    share = max_min_level(demands, weights, capacity) * weights.get(flow, 1.0)
+    share = max_min_level(demands, weights, capacity) * weights(flow)
     return before < share - ROUNDING
 
 
@@ -128,6 +140,9 @@ class RoundRobin:
     def service(self) -> Mapping[str, float]:
         return {}
 
+    def slot_costs(self) -> Mapping[str, float]:
+        return {}
+
     def charge(self, flow: str, prompt_tokens: float, output_tokens: float) -> None:
         """A dispatch sends its flow to the back of the round; corrections change nothing."""
         if (prompt_tokens > 0 or output_tokens > 0) and flow in self._order:
@@ -143,21 +158,26 @@ class RoundRobin:
         tells who is within its share."""
         adjust(self._in_flight, flow, change)
 
+    def slot_held(self, flow: str, work_s: float, held_s: float) -> None:
+        """A round counts requests, whatever they cost."""
+
     def waiting(self, flow: str, change: int) -> None:
         """Its queue is asked when a share is judged."""
 
     def within_share(self, flow: str, queued: Callable[[str], int], capacity: float) -> bool:
-        return comes_within_share(flow, self._in_flight, {}, self._order, queued, capacity)
+        return comes_within_share(flow, self._in_flight, _equal, self._order, queued, capacity)
 
 
 class VirtualTokenCounter:
-    """Serve the backlogged flow with the fewest requests in flight for its weight, and
-    of those the one that has received the least weighted service.
+    """Serve the backlogged flow using the least of the engine in flight for its weight,
+    and of those the one that has received the least weighted service.
 
-    The first key makes the allocation of the backend's sequences max-min fair: a flow
-    using less than its weight's share of what is in flight (a small closed loop, a
-    tenant that just arrived) goes before every flow using more, whatever their
-    counters, so it is never queued behind one above its share. The second is the
+    The first key makes the allocation of the engine's time max-min fair: a flow's
+    requests in flight count by what a slot of it costs the engine (`SlotCosts`), so a
+    flow using less than its weight's share (a small closed loop, a tenant that just
+    arrived, one whose short prompts leave its slots to shared decode steps) goes
+    before every flow using more, whatever their counters, and is never queued behind
+    one above its share. The second is the
     Virtual Token Counter (Sheng et al., OSDI 2024): service is prompt tokens x
     `input_weight` plus output tokens x `output_weight`, divided by the flow's weight,
     and a flow that becomes backlogged is lifted to the least counter among the
@@ -178,6 +198,7 @@ class VirtualTokenCounter:
         self.counters: dict[str, float] = {}
         self._backlog: dict[str, None] = {}
         self._in_flight: dict[str, int] = {}
+        self._costs = SlotCosts()
 
     def backlogged(self, flow: str) -> None:
         if flow in self._backlog:
@@ -194,6 +215,9 @@ class VirtualTokenCounter:
     def service(self) -> Mapping[str, float]:
         return dict(self.counters)
 
+    def slot_costs(self) -> Mapping[str, float]:
+        return self._costs.view()
+
     def pick(self) -> str | None:
         return min(self._backlog, key=self._order, default=None)
 
@@ -201,16 +225,23 @@ class VirtualTokenCounter:
         return min(flows, key=self._order, default=None)
 
     def _order(self, flow: str) -> tuple[float, float]:
-        return self._in_flight.get(flow, 0) / self._weights.get(flow, 1.0), self.counters[flow]
+        return self._in_flight.get(flow, 0) / self._slot_weight(flow), self.counters[flow]
+
+    def _slot_weight(self, flow: str) -> float:
+        """`flow`'s weight in slots: its weight over what its slot costs the engine."""
+        return self._weights.get(flow, 1.0) / self._costs.relative(flow)
 
     def in_flight(self, flow: str, change: int) -> None:
         adjust(self._in_flight, flow, change)
+
+    def slot_held(self, flow: str, work_s: float, held_s: float) -> None:
+        self._costs.held(flow, work_s, held_s)
 
     def waiting(self, flow: str, change: int) -> None:
         """Its queue is asked when a share is judged."""
 
     def within_share(self, flow: str, queued: Callable[[str], int], capacity: float) -> bool:
-        in_flight, weights = self._in_flight, self._weights
+        in_flight, weights = self._in_flight, self._slot_weight
         return comes_within_share(flow, in_flight, weights, self._backlog, queued, capacity)
 
     def charge(self, flow: str, prompt_tokens: float, output_tokens: float) -> None:
@@ -222,11 +253,15 @@ class VirtualTokenCounter:
         is picked while its in-flight count per weight stays at or below `flow`'s (ties
         counted against the newcomer: a prediction may err long, not short). Costs are
         taken as equal, so the counters' order is that of the in-flight counts."""
-        weights, in_flight = self._weights, self._in_flight
-        other_weight = weights.get(other, 1.0)
-        level = (in_flight.get(flow, 0) + mine) / weights.get(flow, 1.0)
+        weight, in_flight = self._slot_weight, self._in_flight
+        other_weight = weight(other)
+        level = (in_flight.get(flow, 0) + mine) / weight(flow)
         room = level * other_weight - in_flight.get(other, 0)
         return 0 if room < 0 else min(queued, math.floor(room + ROUNDING) + 1)
+
+
+def _equal(flow: str) -> float:
+    return 1.0
 
 
 def adjust(counts: dict[str, int], flow: str, change: int) -> None:

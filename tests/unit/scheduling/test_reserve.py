@@ -77,8 +77,8 @@ def test_the_reserve_is_worked_out_again_at_most_every_fifty_milliseconds():
 
 def test_the_max_min_level():
     weights = {"a": 1.0, "b": 1.0, "c": 2.0}
-    assert max_min_level({"a": 1, "b": 10, "c": 10}, weights, 8) == pytest.approx(7 / 3)
-    assert max_min_level({"a": 1, "b": 2}, weights, 8) == math.inf
+    assert max_min_level({"a": 1, "b": 10, "c": 10}, weights.get, 8) == pytest.approx(7 / 3)
+    assert max_min_level({"a": 1, "b": 2}, weights.get, 8) == math.inf
 
 
 def vtc(in_flight: dict[str, int], weights: dict[str, float] | None = None):
@@ -143,3 +143,15 @@ def test_blocking_never_overflows_on_a_large_batch_or_load():
     assert blocking(5.0, 500) == pytest.approx(0.8)
     reserve, now = reserve_at(200.0, batch=2048)
     assert reserve.slots(now, 0.1) == 512
+
+
+def test_a_tenant_whose_slots_cost_the_engine_less_holds_more_of_them():
+    """Equal weights on 4 slots, each tenant holding 2: by count `cheap`'s third is beyond
+    its share. Its slots cost the engine a quarter of `dear`'s each second, so by the
+    engine's time its share is 3.2 slots, and dear's 0.8: dear, holding 2, is beyond."""
+    policy = vtc({"cheap": 2, "dear": 2})
+    assert not policy.within_share("cheap", none_queued, 4)
+    policy.slot_held("cheap", 1.0, 10.0)
+    policy.slot_held("dear", 4.0, 10.0)
+    assert policy.within_share("cheap", none_queued, 4)
+    assert not policy.within_share("dear", none_queued, 4)
