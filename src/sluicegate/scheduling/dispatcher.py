@@ -135,10 +135,21 @@ class _Prefilling:
     tokens_per_s: float | None = None
     """The budget's learnt throughput, as last heard."""
     prefill_s: float = 0.0
-    """Engine seconds the prompts that got their first token here took to prefill, at
-    the throughput as heard: a stream's span less what was prefilled meanwhile is the
-    time its steps decoded (family v5: long prompts prefilled between the steps made
-    each output token read about 4.6 times its decode step's share)."""
+    """Engine seconds the prompts that got their first token from this dispatcher took
+    to prefill, at the throughput as heard: a stream's span less what was prefilled
+    meanwhile is the time its steps decoded (family v5: long prompts prefilled between
+    the steps made each output token read about 4.6 times its decode step's share)."""
+    prefilled_at_s: float = -math.inf
+    """When the last of them got its first token."""
+
+    def prefilled(self, tokens: int, now: float) -> None:
+        """A prompt of `tokens` got its first token. It counts at most the time since the
+        last one did: an engine prefills no longer than it had, and prompts whose first
+        tokens come together were prefilled together, partly before a stream that
+        started meanwhile."""
+        if self.tokens_per_s:
+            self.prefill_s += min(tokens / self.tokens_per_s, now - self.prefilled_at_s)
+        self.prefilled_at_s = now
 
     def heard(self, state: PrefillState) -> None:
         self.tokens_per_s = state.tokens_per_s
@@ -330,8 +341,8 @@ class Dispatcher:
         prefilling = self._prefilling_at(attempt)
         if prefilling is not None:
             prefilling.pending -= attempt.call.prompt_tokens
-            if prefilling.tokens_per_s and not resumed:
-                prefilling.prefill_s += attempt.call.prompt_tokens / prefilling.tokens_per_s
+            if not resumed:
+                prefilling.prefilled(attempt.call.prompt_tokens, self.clock.now())
             attempt.prefill_seen_s = prefilling.prefill_s
             assert attempt.permit is not None
             attempt.permit.first_token(prefilling.heard, learn=not resumed)
@@ -420,10 +431,10 @@ class Dispatcher:
         prefilling = self._prefilling_at(attempt)
         if prefilling is not None:
             prefilling.pending -= attempt.call.prompt_tokens
+        budget = self._prefill.get(target.deployment.name)
         if attempt.call.stream and attempt.first_byte_s is not None and attempt.completion_tokens:
             sequences = sum(stats.in_flight for stats in self.stats.values())
             span_s = now - attempt.first_byte_s
-            budget = self._prefill.get(target.deployment.name)
             if budget is not None:
                 span_s -= budget.prefill_s - attempt.prefill_seen_s
             self.unit.decoded(
@@ -444,9 +455,11 @@ class Dispatcher:
         if produced is None:
             return
         fairness.charge(tenant, 0, produced - attempt.charged_output)
-        if attempt.call.resumed or attempt.dispatched_s is None:
+        if attempt.call.resumed:
             return
-        work_s = self.unit.work_s(attempt.call.prompt_tokens, produced, self._prefill_rate())
+        assert attempt.dispatched_s is not None
+        rate = None if budget is None else budget.tokens_per_s
+        work_s = self.unit.work_s(attempt.call.prompt_tokens, produced, rate)
         if work_s is not None:
             fairness.slot_held(tenant, work_s, now - attempt.dispatched_s)
 

@@ -250,9 +250,10 @@ class VirtualTokenCounter:
 
     def turns_before(self, flow: str, mine: int, other: str, queued: int) -> int:
         """The newcomer goes once `flow` holds `mine` more in flight; until then `other`
-        is picked while its in-flight count per weight stays at or below `flow`'s (ties
-        counted against the newcomer: a prediction may err long, not short). Costs are
-        taken as equal, so the counters' order is that of the in-flight counts."""
+        is picked while its in-flight count per slot weight stays at or below `flow`'s
+        (ties counted against the newcomer: a prediction may err long, not short). The
+        requests waiting are taken to cost alike, so the counters' order is that of the
+        in-flight counts."""
         weight, in_flight = self._slot_weight, self._in_flight
         other_weight = weight(other)
         level = (in_flight.get(flow, 0) + mine) / weight(flow)

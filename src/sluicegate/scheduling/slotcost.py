@@ -13,24 +13,32 @@ they asked (`demand.EngineUnit`) over the seconds they held a slot.
 
 from __future__ import annotations
 
+import math
+
 SMOOTHING = 0.1
 """Weight of the newest request in a tenant's sums: about its last ten requests count."""
 SKEW = 8.0
 """A tenant's slot is deemed to cost at most this many times, and at least this part of,
 what the average tenant's does: learnt from a few requests, a cost is not trusted to
 give one tenant the whole batch or none of it."""
+LEAST = 1e-9
+"""Engine seconds per second held below which a slot is deemed to cost this: a request
+that asked nothing of the engine has a cost whose logarithm is defined."""
 
 
 class SlotCosts:
     """Per tenant: engine seconds per second of a slot held, relative to the average
-    over the tenants seen (1 for one not yet seen, and for all of them before any)."""
+    over the tenants seen (1 for one not yet seen, and for all of them before any).
+    The average is geometric: one tenant's first, odd request must not move the others
+    to a bound of `SKEW` and so erase their differences."""
 
     def __init__(self) -> None:
         self._sums: dict[str, tuple[float, float]] = {}
         """Per tenant: smoothed engine seconds asked and seconds held, per request."""
-        self._rates: dict[str, float] = {}
+        self._logs: dict[str, float] = {}
+        """Per tenant: the logarithm of its engine seconds per second held."""
         self._total = 0.0
-        """The sum of `_rates`, kept as they change: the average costs no walk."""
+        """The sum of `_logs`, kept as they change: the average costs no walk."""
 
     def held(self, flow: str, work_s: float, held_s: float) -> None:
         """One of `flow`'s requests held a slot `held_s` and asked `work_s` of the engine.
@@ -44,18 +52,17 @@ class SlotCosts:
             work = found[0] + SMOOTHING * (work_s - found[0])
             held = found[1] + SMOOTHING * (held_s - found[1])
         self._sums[flow] = (work, held)
-        rate = work / held
-        self._total += rate - self._rates.get(flow, 0.0)
-        self._rates[flow] = rate
+        log = math.log(max(LEAST, work / held))
+        self._total += log - self._logs.get(flow, 0.0)
+        self._logs[flow] = log
 
     def view(self) -> dict[str, float]:
         """Every tenant seen, with its `relative` cost."""
-        return {flow: self.relative(flow) for flow in self._rates}
+        return {flow: self.relative(flow) for flow in self._logs}
 
     def relative(self, flow: str) -> float:
         """`flow`'s cost per slot-second over the average tenant's, within `SKEW`."""
-        rate = self._rates.get(flow)
-        if rate is None or self._total <= 0:
+        log = self._logs.get(flow)
+        if log is None:
             return 1.0
-        mean = self._total / len(self._rates)
-        return min(SKEW, max(1.0 / SKEW, rate / mean))
+        return min(SKEW, max(1.0 / SKEW, math.exp(log - self._total / len(self._logs))))

@@ -755,13 +755,14 @@ LOWER = Lane("lower", priority=50, queue_size=100, max_queue_age_s=5, ttft_slo_s
 
 async def learn_engine_unit(dispatcher: Dispatcher, clock: FakeClock, tenant: str) -> None:
     """One stream of `tenant` teaches the engine's unit: its first token 0.1 s after its
-    dispatch, ten more tokens in 1 s alone (0.1 s each), and the prefill budget's rate
-    from it (10 prompt tokens over the 1.1 s it counted them: 1.1 s a prompt of 10)."""
+    dispatch (the prefill budget's rate: 0.1 s a prompt of 10), then ten more tokens in
+    1 s alone (0.1 s each)."""
     learning = Attempt(call(clock, tenant=tenant, lane=PROMISED)._replace(stream=True))
     await granted(dispatcher, learning)
     clock.advance(0.1)
     learning.first_byte_s = clock.now()
     dispatcher.first_token(learning, 0.1)
+    await settle()
     clock.advance(1.0)
     learning.completion_tokens = 11
     await dispatcher.release(learning)
@@ -770,39 +771,46 @@ async def learn_engine_unit(dispatcher: Dispatcher, clock: FakeClock, tenant: st
 
 
 async def test_a_streams_decode_is_its_span_less_what_the_engine_prefilled_meanwhile(clock):
-    """Learnt: 0.1 s an output token. A stream streams 11 tokens alone, but another
-    prompt got its first token meanwhile: the engine spent 10 / rate s of the span
-    prefilling it (at the prefill throughput heard then), and the stream's 10 steps
-    took the 2 s left, 0.2 s a token; the learnt cost moves a tenth of the way, to 0.11
-    (by its span alone, to about 0.118; less its own prefill too, to 0.099)."""
+    """Learnt: 0.1 s an output token. A stream streams 11 tokens alone, but two prompts
+    got their first tokens together meanwhile, half a second after its own: the engine
+    spent 10 / rate s of the span prefilling them (at the throughput heard then), at
+    most the half second it had, once, since prompts whose first tokens come together
+    were prefilled together. The stream's 10 steps took the 2 s left, 0.2 s a token; the
+    learnt cost moves a tenth of the way, to 0.11 (by its span alone, or counting both
+    prompts, or its own prefill too, elsewhere)."""
     pool = Pool(PoolSpec("p", 4), leases(clock))
     dispatcher = dispatcher_for([PROMISED], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
         await learn_engine_unit(dispatcher, clock, "learner")
-        streams = [
+        stream, *others = (
             Attempt(call(clock, tenant=tenant, lane=PROMISED)._replace(stream=True))
-            for tenant in ("a", "b")
-        ]
-        for stream in streams:
-            await granted(dispatcher, stream)
-            clock.advance(0.5)
-            stream.first_byte_s = clock.now()
-            rate = dispatcher.view().targets[0].prefill_tokens_per_s
-            dispatcher.first_token(stream, 0.5)
-            await settle()
-        await dispatcher.release(streams[1])
+            for tenant in ("a", "b", "c")
+        )
+        await granted(dispatcher, stream)
+        clock.advance(0.5)
+        stream.first_byte_s = clock.now()
+        dispatcher.first_token(stream, 0.5)
+        await settle()
+        for other in others:
+            await granted(dispatcher, other)
+        clock.advance(0.5)
+        rate = dispatcher.view().targets[0].prefill_tokens_per_s
         assert rate is not None
-        clock.advance(10 / rate + 1.5)
-        streams[0].completion_tokens = 11
-        await dispatcher.release(streams[0])
+        for other in others:
+            other.first_byte_s = clock.now()
+            dispatcher.first_token(other, 0.5)
+            await dispatcher.release(other)
+        clock.advance(min(10 / rate, 0.5) + 1.5)
+        stream.completion_tokens = 11
+        await dispatcher.release(stream)
         assert dispatcher.view().decode_s_per_token == pytest.approx(0.11)
     finally:
         runner.cancel()
 
 
 async def test_a_tenant_whose_slots_cost_the_engine_less_is_within_its_share_in_more(clock):
-    """A request of 10 prompt tokens and 9 out asks 2 s of the engine: `cheap`'s held its
+    """A request of 10 prompt tokens and 9 out asks 1 s of the engine: `cheap`'s held its
     slot 10 s, `dear`'s 1 s. On a full pool of 4, each holding 2, cheap's next request
     comes within its share (by the engine's time, more than 3 of the 4 slots are its),
     dear's does not. By count both are at their share of 2."""
@@ -827,7 +835,8 @@ async def test_a_tenant_whose_slots_cost_the_engine_less_is_within_its_share_in_
         ]
         await settle()
         assert dispatcher.view().protected_arrivals == before + 1
-        assert dispatcher.queues["promised"].protected == 1
+        protected = dispatcher.queues["promised"].protected_waiters()
+        assert [waiter.flow for waiter in protected] == ["cheap"]
         for task in queued:
             task.cancel()
         await settle()
@@ -841,7 +850,7 @@ async def test_a_light_tenant_within_its_share_goes_before_a_burst_within_its_ow
     """The engine's unit is learnt from one stream of light's. On a full pool of 4,
     `burst` (nothing in flight) queues two requests within its share and one beyond;
     `light` (one in flight) then queues one within its own. When a slot frees, light's
-    goes: it asked 4.2 s of the engine lately against burst's 6.3. By requests in flight
+    goes: it asked 2.2 s of the engine lately against burst's 3.3. By requests in flight
     (the fair order alone) burst's would go first."""
     pool = Pool(PoolSpec("p", 4), leases(clock))
     dispatcher = dispatcher_for([PROMISED], pool, clock)
