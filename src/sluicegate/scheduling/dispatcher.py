@@ -141,15 +141,20 @@ class _Prefilling:
     the steps made each output token read about 4.6 times its decode step's share)."""
     prefilled_at_s: float = -math.inf
     """When the last of them got its first token."""
+    room_s: float = math.inf
+    """What is left of the time between the first tokens before that instant and it."""
 
     def prefilled(self, tokens: int, now: float) -> None:
-        """A prompt of `tokens` got its first token. It counts at most the time since the
-        last one did: an engine prefills no longer than it had, and prompts whose first
-        tokens come together were prefilled together, partly before a stream that
-        started meanwhile."""
+        """A prompt of `tokens` got its first token. The prompts whose first tokens come at
+        one instant count together at most the time since the instant before: an engine
+        prefills no longer than it had, and a prompt prefilled mostly before a stream's
+        first token must not be taken from that stream's span."""
+        if now > self.prefilled_at_s:
+            self.room_s, self.prefilled_at_s = now - self.prefilled_at_s, now
         if self.tokens_per_s:
-            self.prefill_s += min(tokens / self.tokens_per_s, now - self.prefilled_at_s)
-        self.prefilled_at_s = now
+            counted = min(tokens / self.tokens_per_s, self.room_s)
+            self.prefill_s += counted
+            self.room_s -= counted
 
     def heard(self, state: PrefillState) -> None:
         self.tokens_per_s = state.tokens_per_s

@@ -773,11 +773,10 @@ async def learn_engine_unit(dispatcher: Dispatcher, clock: FakeClock, tenant: st
 async def test_a_streams_decode_is_its_span_less_what_the_engine_prefilled_meanwhile(clock):
     """Learnt: 0.1 s an output token. A stream streams 11 tokens alone, but two prompts
     got their first tokens together meanwhile, half a second after its own: the engine
-    spent 10 / rate s of the span prefilling them (at the throughput heard then), at
-    most the half second it had, once, since prompts whose first tokens come together
-    were prefilled together. The stream's 10 steps took the 2 s left, 0.2 s a token; the
-    learnt cost moves a tenth of the way, to 0.11 (by its span alone, or counting both
-    prompts, or its own prefill too, elsewhere)."""
+    spent 10 / rate s on each (at the throughput heard then), both together at most
+    the half second it had between the first tokens. The stream's 10 steps took the 2 s
+    left, 0.2 s a token; the learnt cost moves a tenth of the way, to 0.11 (by its span
+    alone, or without the bound, or counting its own prefill too, elsewhere)."""
     pool = Pool(PoolSpec("p", 4), leases(clock))
     dispatcher = dispatcher_for([PROMISED], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
@@ -801,7 +800,7 @@ async def test_a_streams_decode_is_its_span_less_what_the_engine_prefilled_meanw
             other.first_byte_s = clock.now()
             dispatcher.first_token(other, 0.5)
             await dispatcher.release(other)
-        clock.advance(min(10 / rate, 0.5) + 1.5)
+        clock.advance(min(20 / rate, 0.5) + 1.5)
         stream.completion_tokens = 11
         await dispatcher.release(stream)
         assert dispatcher.view().decode_s_per_token == pytest.approx(0.11)
