@@ -856,15 +856,12 @@ class Dispatcher:
     def _note_asked(self, call: Call) -> None:
         """Count a top-lane arrival's work, in the engine's unit once it is learnt, as its
         tenant's, within its share or not: the order among the protected requests."""
+        rates = self._prefill_rates()
+        prefill_rate = sum(rates) / len(rates) if rates else None
         output_tokens = call.reserved_tokens - call.prompt_tokens
-        work_s = self.unit.work_s(call.prompt_tokens, output_tokens, self._prefill_rate())
+        work_s = self.unit.work_s(call.prompt_tokens, output_tokens, prefill_rate)
         if work_s is not None:
             self._recent.asked(call.tenant.name, work_s, call.tenant.weight, self.clock.now())
-
-    def _prefill_rate(self) -> float | None:
-        """The deployments' mean learnt prefill rate: the engine's price of a prompt token."""
-        rates = self._prefill_rates()
-        return sum(rates) / len(rates) if rates else None
 
     def _asked_lately(self, tenant: str) -> float:
         """The engine seconds `tenant` asked lately per its weight (`RecentWork`)."""

@@ -39,6 +39,11 @@ class SlotCosts:
         """Per tenant: the logarithm of its engine seconds per second held."""
         self._total = 0.0
         """The sum of `_logs`, kept as they change: the average costs no walk."""
+        self._rates: dict[str, float] = {}
+        """Per tenant: its engine seconds per second held."""
+        self._mean = 1.0
+        """The geometric average of `_rates`, worked out as a request ends: the fair order
+        reads each tenant's relative cost at every pick."""
 
     def held(self, flow: str, work_s: float, held_s: float) -> None:
         """One of `flow`'s requests held a slot `held_s` and asked `work_s` of the engine.
@@ -52,17 +57,19 @@ class SlotCosts:
             work = found[0] + SMOOTHING * (work_s - found[0])
             held = found[1] + SMOOTHING * (held_s - found[1])
         self._sums[flow] = (work, held)
-        log = math.log(max(LEAST, work / held))
+        rate = self._rates[flow] = max(LEAST, work / held)
+        log = math.log(rate)
         self._total += log - self._logs.get(flow, 0.0)
         self._logs[flow] = log
+        self._mean = math.exp(self._total / len(self._logs))
 
     def view(self) -> dict[str, float]:
         """Every tenant seen, with its `relative` cost."""
-        return {flow: self.relative(flow) for flow in self._logs}
+        return {flow: self.relative(flow) for flow in self._rates}
 
     def relative(self, flow: str) -> float:
         """`flow`'s cost per slot-second over the average tenant's, within `SKEW`."""
-        log = self._logs.get(flow)
-        if log is None:
+        rate = self._rates.get(flow)
+        if rate is None:
             return 1.0
-        return min(SKEW, max(1.0 / SKEW, math.exp(log - self._total / len(self._logs))))
+        return min(SKEW, max(1.0 / SKEW, rate / self._mean))
