@@ -124,6 +124,22 @@ def test_recovery_is_zero_when_no_window_broke_and_unrecovered_at_the_end() -> N
     assert late["recovery_s"] == 10.0
 
 
+def test_pauses_are_the_longest_stand_still_of_answers_served_and_those_past_the_promise():
+    """Of the answers that succeeded, the longest gap between two tokens and how many
+    stood still longer than the 2 s promise; a refused attempt and an answer of one
+    token (no gap) count for nothing."""
+
+    def answer(gap_s: float | None, status: int = 200) -> Record:
+        error = "ok" if status == 200 else "overloaded"
+        attempt = Attempt(0.0, 9.0, status, error, first_token_s=0.5, longest_gap_s=gap_s)
+        return Record("a", "interactive", 0, True, 0.0, (attempt,), 100, 10)
+
+    records = [answer(0.4), answer(2.5), answer(3.1), answer(None), answer(9.0, 503)]
+    found = familymetrics.figures(records, basis({"a": 1.0}, {"rps": 1.0, "work": 1.0}, 10.0))
+    assert found["pauses"] == {"answers": 3, "longest_s": 3.1, "past_promise": 2}
+    assert math.isnan(familymetrics.pauses([answer(None)], 2.0)["longest_s"])
+
+
 def probe_at(limit: float) -> capacity.Measure:
     async def measure(rate: float) -> capacity.Probe:
         in_slo = 1.0 if rate <= limit else 0.5

@@ -57,7 +57,10 @@ def test_the_worst_takes_the_longest_wait_most_refusals_and_lowest_windowed_jain
     ]
     results[0]["policy_on"]["gateway_refusal_p99_ms"] = 3.0
     results[1]["policy_on"]["gateway_refusal_p99_ms"] = None  # kept by a rescore, as read
+    results[0]["policy_on"]["pauses"] = {"answers": 9, "longest_s": 2.75, "past_promise": 4}
+    results[1]["policy_on"]["pauses"] = {"answers": 9, "longest_s": 1.5, "past_promise": 0}
     worst = familyreport.worst(results, "on")
+    assert (worst["longest_pause_s"], worst["paused_past_promise"]) == (2.75, 4)
     assert worst["gateway_refusal_p99_ms"] == 3.0
     assert worst["within_share_queue_wait_p95_ms"] == 120.0
     assert worst["within_share_refused_fraction"] == 0.05
@@ -75,6 +78,8 @@ def test_the_worst_takes_the_longest_wait_most_refusals_and_lowest_windowed_jain
     assert "within share at send: asked x capacity" in text
     assert "1.30" in text
     assert "Jain above (windowed)" in text
+    assert "longest pause s / past promise" in text
+    assert "2.75 / 4" in text
 
 
 def test_a_run_of_the_policy_alone_reports_without_a_pass_through() -> None:

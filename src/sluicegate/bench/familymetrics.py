@@ -264,6 +264,22 @@ def figures(
         "recovery": None
         if basis.slowdown_at_s is None
         else recovery(records, basis.promise_s, basis.slowdown_at_s, duration_s),
+        "pauses": pauses(records, basis.promise_s),
+    }
+
+
+def pauses(records: Sequence[Record], promise_s: float) -> dict[str, object]:
+    """How long the streamed answers that succeeded stood still between two tokens at the
+    most: a slot handed over pauses an answer, and its lane's promise bounds that pause.
+    The longest, and how many answers stood still past the promise (with their own
+    prefill again, which the bound leaves out, and the engine's slowest steps)."""
+    gaps = [
+        a.longest_gap_s for r in records for a in r.attempts if a.ok and a.longest_gap_s is not None
+    ]
+    return {
+        "answers": len(gaps),
+        "longest_s": max(gaps, default=math.nan),
+        "past_promise": sum(gap > promise_s for gap in gaps),
     }
 
 

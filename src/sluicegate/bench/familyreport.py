@@ -111,6 +111,8 @@ def worst(results: Sequence[Mapping[str, Any]], policy: str) -> dict[str, float]
         ),
         "above_share_jain_windowed": pick([r["above_share"]["jain_windowed"] for r in runs], min),
         "recovery_s": pick(recoveries, max),
+        "longest_pause_s": pick([r["pauses"]["longest_s"] for r in runs], max),
+        "paused_past_promise": pick([r["pauses"]["past_promise"] for r in runs], max),
         "predictor_error_p95_s": pick(
             [r["predictor"]["p95_s"] for r in runs if r["predictor"] is not None], max
         ),
@@ -189,6 +191,10 @@ DEFINITIONS = {
     "apart (beyond_share_at_send), where the two readings disagree",
     "recovery": "from the slowdown to the end of the last 1 s window (by attempt start) whose "
     "admitted TTFT p95 broke the promise; 0 when none did",
+    "longest pause": "of the streamed answers that succeeded, the longest time one stood "
+    "still between two tokens (a slot handed over pauses an answer; its lane's promise "
+    "bounds that pause, its prefill again and the engine's slowest steps not counted), "
+    "and how many answers stood still past the promise",
     "predictor error": familymetrics.PREDICTOR_SOURCE,
     "queued, refused after": familymetrics.QUEUE_SOURCE,
     "refusal p99 (gateway)": familymetrics.GATEWAY_REFUSAL_SOURCE,
@@ -213,6 +219,7 @@ def text(doc: Mapping[str, Any]) -> str:
         "within share at send: asked x capacity",
         "Jain above (windowed)",
         "recovery s",
+        "longest pause s / past promise",
         "pred. err p50/p95 s",
         "queued, refused after %",
     ]
@@ -251,6 +258,7 @@ def text(doc: Mapping[str, Any]) -> str:
                     _num(f["within_share"]["asked_of_capacity"], 2),
                     _num(f["above_share"]["jain_windowed"], 3),
                     "-" if rec is None else _recovery(rec),
+                    _pauses(f["pauses"]["longest_s"], f["pauses"]["past_promise"]),
                     _predictor(f["predictor"]),
                     _percent_text(queued_unserved(f)),
                 ]
@@ -279,6 +287,7 @@ def text(doc: Mapping[str, Any]) -> str:
                 _num(w["within_share_asked_of_capacity"], 2),
                 _num(w["above_share_jain_windowed"], 3),
                 _num(w["recovery_s"], 0),
+                _pauses(w["longest_pause_s"], w["paused_past_promise"]),
                 "" if policy == "off" else f"-/{_num(w['predictor_error_p95_s'], 2)}",
                 _percent_text(w["queued_unserved_fraction"]),
             ]
@@ -292,6 +301,10 @@ def text(doc: Mapping[str, Any]) -> str:
 def _recovery(found: Mapping[str, Any]) -> str:
     value = _num(found["recovery_s"], 0)
     return value if found["recovered"] else f">{value}"
+
+
+def _pauses(longest_s: float, past_promise: float) -> str:
+    return f"{_num(longest_s, 2)} / {_num(past_promise, 0)}"
 
 
 def _wait_refused(wait_ms: float, fraction: float) -> str:
