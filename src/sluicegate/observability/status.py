@@ -52,6 +52,7 @@ def snapshot(
             "service_gap_s": view.service_gap_s,
             "reserved_slots": view.reserved_slots,
             "decode_s_per_token": view.decode_s_per_token,
+            "prefill_s_per_token": view.prefill_s_per_token,
             "checks": view.checks,
         }
     return {
@@ -73,6 +74,7 @@ TAKES_MAX = frozenset(
         "reserved_slots",
         "prefill_tokens_per_s",
         "decode_s_per_token",
+        "prefill_s_per_token",
     }
 )
 """Status fields merged across workers by their largest value (ages, the worst pressure,

@@ -86,8 +86,8 @@ class Attempt:
     body: dict[str, Any] | None = None
     dispatched_s: float | None = None
     first_byte_s: float | None = None
-    prefill_seen_s: float = 0.0
-    """Its deployment's prefill seconds counted when its first token came: what the
+    prompts_seen: int = 0
+    """Its deployment's prompt tokens prefilled when its first token came: what the
     engine prefilled since took part of the steps its answer decoded in."""
     used_tokens: int | None = None
     """Prompt + completion, as the provider reported them; None when it did not."""

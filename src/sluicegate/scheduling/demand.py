@@ -7,14 +7,23 @@ go before a steady light tenant's next one (it holds one), and a steady tenant a
 its share waits behind every burst. By work asked lately per weight, the lightest
 tenant goes first: the one furthest below its share of the engine's time.
 
-The unit is the engine's, learnt from the backend as it serves: a prompt token costs
-the time the deployment takes to prefill one (the prefill budget's measured rate),
-an output token the decode step it comes in, shared among the sequences in that step:
-a stream's span less what the engine prefilled meanwhile (the dispatcher's count), or
-long prompts prefilled between the steps would be charged again to every token.
-A fixed ratio (the VTC's 1:2) is wrong by an order of magnitude on a batch that
-decodes a token for the time it prefills twenty; a ratio fitted to one backend would
-be wrong on the next.
+The unit is the engine's, learnt from the backend as it serves. Each step of a
+continuous batch decodes a token for every running sequence and prefills some prompt
+tokens, and takes about a decode part plus a price per prompt token. A stream that
+ended tells both: over its span after its first token it took one step per token, and
+the dispatcher counted the prompt tokens that got their first token on its deployment
+meanwhile. Per sequence and step, its time is the decode cost of an output token plus
+the prefill price times the prompt tokens per sequence and step: a line through the
+streams, whose slope is the price and whose intercept the decode cost. The prefill
+budget's rate (prompt tokens over the time any waited) is the effective one, its busy
+time holding every decode step's part; read as the price, it made a prompt token cost
+two to seven times what the simulator's engine spends on one (family v2: a tenant of
+1,239-token prompts read 8-10 times as dear a slot as one of decode-only answers, the
+family's unit about 1.9), so the short prompts' tenants were judged beyond their
+share. It stays the bound (the marginal price is no more) and the price until the
+streams tell the slope. A fixed ratio (the VTC's 1:2) is wrong by an order of magnitude on a batch
+that decodes a token for the time it prefills twenty; a ratio fitted to one backend
+would be wrong on the next.
 """
 
 from __future__ import annotations
@@ -25,37 +34,69 @@ HORIZON_S = 2.0
 """Over how long a tenant's asked work is counted when the top lane makes no promise;
 with one, the promise: a tenant is judged over the time its request may be kept."""
 SMOOTHING = 0.1
-"""Weight of the newest decode measure in the learnt cost of an output token."""
+"""Weight of the newest stream in the sums the prices are read from."""
+SPREAD = 0.25
+"""How much the streams' prompt tokens per step must vary (standard deviation over
+mean) before a slope is read: with all alike, the slope is noise."""
+SAMPLES = 10
+"""Streams seen before a slope is read."""
 FORGOTTEN = 1e-6
 """Work below this fraction of its last value is forgotten with its tenant: the map walks
 only the tenants active lately."""
 
 
 class EngineUnit:
-    """Seconds of the engine an output token costs; prompt tokens are priced by the caller
-    from the prefill rate it measures."""
+    """Seconds of the engine an output token and a prompt token cost."""
 
     def __init__(self) -> None:
         self.decode_s_per_token: float | None = None
+        self.prefill_s_per_token: float | None = None
+        """The marginal price, once the streams tell it; None before."""
+        self._sums: list[float] | None = None
+        """Smoothed means of x, y, x^2 and x*y over the streams (x: prompt tokens per
+        sequence and step, y: seconds per sequence and step)."""
+        self._seen = 0
 
-    def decoded(self, tokens: int, span_s: float, sequences: int) -> None:
-        """A stream produced `tokens` over `span_s` of decode steps after its first one
-        (its span less others' prefills), shared by about `sequences` sequences: each
-        token after the first took one step."""
+    def streamed(
+        self, tokens: int, span_s: float, prompts: int, sequences: int, bound_s: float | None
+    ) -> None:
+        """A stream produced `tokens` over `span_s` after its first, in a batch of about
+        `sequences`, while the engine prefilled `prompts` prompt tokens of others;
+        `bound_s` is the effective price a token (the budget's), None before one."""
         if tokens < 2 or span_s <= 0 or sequences < 1:
             return
-        cost = span_s / (tokens - 1) / sequences
-        known = self.decode_s_per_token
-        self.decode_s_per_token = cost if known is None else known + SMOOTHING * (cost - known)
+        per = (tokens - 1) * sequences
+        x, y = prompts / per, span_s / per
+        sums = self._sums
+        if sums is None:
+            sums = self._sums = [x, y, x * x, x * y]
+        else:
+            for i, value in enumerate((x, y, x * x, x * y)):
+                sums[i] += SMOOTHING * (value - sums[i])
+        self._seen += 1
+        mean_x, mean_y, mean_xx, mean_xy = sums
+        spread = mean_xx - mean_x * mean_x
+        price = None
+        if self._seen >= SAMPLES and spread > 0 and spread > (SPREAD * mean_x) ** 2:
+            price = max(0.0, (mean_xy - mean_x * mean_y) / spread)
+            if bound_s is not None:
+                price = min(price, bound_s)
+        self.prefill_s_per_token = price
+        decode = mean_y - (price if price is not None else bound_s or 0.0) * mean_x
+        if decode > 0:
+            self.decode_s_per_token = decode
 
     def work_s(
         self, prompt_tokens: int, output_tokens: int, prefill_tokens_per_s: float | None
     ) -> float | None:
-        """The engine seconds one request asks; None before both costs are known."""
-        decode = self.decode_s_per_token
-        if decode is None or not prefill_tokens_per_s:
+        """The engine seconds one request asks; None before both costs are known. A
+        prompt token at the learnt price, else at the budget's effective rate."""
+        decode, price = self.decode_s_per_token, self.prefill_s_per_token
+        if price is None and prefill_tokens_per_s:
+            price = 1.0 / prefill_tokens_per_s
+        if decode is None or price is None:
             return None
-        return prompt_tokens / prefill_tokens_per_s + output_tokens * decode
+        return prompt_tokens * price + output_tokens * decode
 
 
 class RecentWork:

@@ -134,27 +134,9 @@ class _Prefilling:
     """This dispatcher's streamed prompt tokens sent and not yet at their first token."""
     tokens_per_s: float | None = None
     """The budget's learnt throughput, as last heard."""
-    prefill_s: float = 0.0
-    """Engine seconds the prompts that got their first token from this dispatcher took
-    to prefill, at the throughput as heard: a stream's span less what was prefilled
-    meanwhile is the time its steps decoded (family v5: long prompts prefilled between
-    the steps made each output token read about 4.6 times its decode step's share)."""
-    prefilled_at_s: float = -math.inf
-    """When the last of them got its first token."""
-    room_s: float = math.inf
-    """What is left of the time between the first tokens before that instant and it."""
-
-    def prefilled(self, tokens: int, now: float) -> None:
-        """A prompt of `tokens` got its first token. The prompts whose first tokens come at
-        one instant count together at most the time since the instant before: an engine
-        prefills no longer than it had, and a prompt prefilled mostly before a stream's
-        first token must not be taken from that stream's span."""
-        if now > self.prefilled_at_s:
-            self.room_s, self.prefilled_at_s = now - self.prefilled_at_s, now
-        if self.tokens_per_s:
-            counted = min(tokens / self.tokens_per_s, self.room_s)
-            self.prefill_s += counted
-            self.room_s -= counted
+    prompts: int = 0
+    """Prompt tokens that got their first token from this dispatcher so far: those a
+    stream's span held cost part of its steps (`EngineUnit.streamed`)."""
 
     def heard(self, state: PrefillState) -> None:
         self.tokens_per_s = state.tokens_per_s
@@ -183,6 +165,9 @@ class DispatcherView:
     decode_s_per_token: float | None
     """The engine time an output token costs, as learnt (`demand.EngineUnit`); None
     before a stream ended."""
+    prefill_s_per_token: float | None
+    """The engine time a prompt token costs, as learnt from the streams; None before
+    they tell it."""
 
 
 class Dispatcher:
@@ -320,6 +305,7 @@ class Dispatcher:
             self.reserve.slots(now, self.predictor.gap_s),
             self.reserve.arrivals,
             self.unit.decode_s_per_token,
+            self.unit.prefill_s_per_token,
         )
 
     def _target_view(self, target: Target) -> TargetView:
@@ -347,8 +333,8 @@ class Dispatcher:
         if prefilling is not None:
             prefilling.pending -= attempt.call.prompt_tokens
             if not resumed:
-                prefilling.prefilled(attempt.call.prompt_tokens, self.clock.now())
-            attempt.prefill_seen_s = prefilling.prefill_s
+                prefilling.prompts += attempt.call.prompt_tokens
+            attempt.prompts_seen = prefilling.prompts
             assert attempt.permit is not None
             attempt.permit.first_token(prefilling.heard, learn=not resumed)
         if resumed:
@@ -437,13 +423,15 @@ class Dispatcher:
         if prefilling is not None:
             prefilling.pending -= attempt.call.prompt_tokens
         budget = self._prefill.get(target.deployment.name)
+        rate = None if budget is None else budget.tokens_per_s
         if attempt.call.stream and attempt.first_byte_s is not None and attempt.completion_tokens:
             sequences = sum(stats.in_flight for stats in self.stats.values())
-            span_s = now - attempt.first_byte_s
-            if budget is not None:
-                span_s -= budget.prefill_s - attempt.prefill_seen_s
-            self.unit.decoded(
-                attempt.completion_tokens, span_s, math.ceil(sequences / len(self.targets))
+            self.unit.streamed(
+                attempt.completion_tokens,
+                now - attempt.first_byte_s,
+                0 if budget is None else budget.prompts - attempt.prompts_seen,
+                math.ceil(sequences / len(self.targets)),
+                1.0 / rate if rate else None,
             )
         self._streaming.pop(id(attempt), None)
         self._resumable.pop(id(attempt), None)
@@ -463,7 +451,6 @@ class Dispatcher:
         if attempt.call.resumed:
             return
         assert attempt.dispatched_s is not None
-        rate = None if budget is None else budget.tokens_per_s
         work_s = self.unit.work_s(attempt.call.prompt_tokens, produced, rate)
         if work_s is not None:
             fairness.slot_held(tenant, work_s, now - attempt.dispatched_s)

@@ -32,6 +32,7 @@ from sluicegate.core.types import (
     Timeouts,
 )
 from sluicegate.scheduling.attempt import Attempt, Outcome, Target
+from sluicegate.scheduling.demand import SMOOTHING
 from sluicegate.scheduling.dispatcher import Dispatcher
 from sluicegate.scheduling.fairness import RoundRobin, VirtualTokenCounter
 from sluicegate.stores.memory import MemoryLimitStore
@@ -771,12 +772,12 @@ async def learn_engine_unit(dispatcher: Dispatcher, clock: FakeClock, tenant: st
 
 
 async def test_a_streams_decode_is_its_span_less_what_the_engine_prefilled_meanwhile(clock):
-    """Learnt: 0.1 s an output token. A stream streams 11 tokens alone, but two prompts
-    got their first tokens together meanwhile, half a second after its own: the engine
-    spent 10 / rate s on each (at the throughput heard then), both together at most
-    the half second it had between the first tokens. The stream's 10 steps took the 2 s
-    left, 0.2 s a token; the learnt cost moves a tenth of the way, to 0.11 (by its span
-    alone, or without the bound, or counting its own prefill too, elsewhere)."""
+    """Learnt: 0.1 s an output token. A stream streams 11 tokens alone over 2.5 s, and
+    two prompts of 10 tokens got their first tokens meanwhile: 2 prompt tokens a step.
+    Too few streams to read the marginal price from, so a prompt token is priced at
+    the budget's rate as heard: the decode cost moves a tenth of the way from 0.1 to
+    the stream's 0.25 s a step less 2 prompt tokens at that price (by its span alone,
+    0.115; counting its own prompt too, less)."""
     pool = Pool(PoolSpec("p", 4), leases(clock))
     dispatcher = dispatcher_for([PROMISED], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
@@ -794,16 +795,18 @@ async def test_a_streams_decode_is_its_span_less_what_the_engine_prefilled_meanw
         for other in others:
             await granted(dispatcher, other)
         clock.advance(0.5)
-        rate = dispatcher.view().targets[0].prefill_tokens_per_s
-        assert rate is not None
         for other in others:
             other.first_byte_s = clock.now()
             dispatcher.first_token(other, 0.5)
             await dispatcher.release(other)
-        clock.advance(min(20 / rate, 0.5) + 1.5)
+        clock.advance(2.0)
+        rate = dispatcher.view().targets[0].prefill_tokens_per_s
+        assert rate is not None
         stream.completion_tokens = 11
         await dispatcher.release(stream)
-        assert dispatcher.view().decode_s_per_token == pytest.approx(0.11)
+        learnt = 0.1 + SMOOTHING * (0.25 - 0.1) - SMOOTHING * 2 / rate
+        assert dispatcher.view().decode_s_per_token == pytest.approx(learnt)
+        assert dispatcher.view().prefill_s_per_token is None
     finally:
         runner.cancel()
 
