@@ -80,6 +80,7 @@ def test_the_worst_takes_the_longest_wait_most_refusals_and_lowest_windowed_jain
     assert "Jain above (windowed)" in text
     assert "longest pause s / past promise" in text
     assert "2.75 / 4" in text
+    assert "- / 0" not in text, "a run whose answers told no pause reads '-', not 0 past"
 
 
 def test_a_run_of_the_policy_alone_reports_without_a_pass_through() -> None:

@@ -194,7 +194,8 @@ DEFINITIONS = {
     "longest pause": "of the streamed answers that succeeded, the longest time one stood "
     "still between two tokens (a slot handed over pauses an answer; its lane's promise "
     "bounds that pause, its prefill again and the engine's slowest steps not counted), "
-    "and how many answers stood still past the promise",
+    "and how many answers stood still past the top lane's promise (every flow of the "
+    "family is in it)",
     "predictor error": familymetrics.PREDICTOR_SOURCE,
     "queued, refused after": familymetrics.QUEUE_SOURCE,
     "refusal p99 (gateway)": familymetrics.GATEWAY_REFUSAL_SOURCE,
@@ -304,7 +305,8 @@ def _recovery(found: Mapping[str, Any]) -> str:
 
 
 def _pauses(longest_s: float, past_promise: float) -> str:
-    return f"{_num(longest_s, 2)} / {_num(past_promise, 0)}"
+    """'-' when no answer told its pauses (records made before they were timed)."""
+    return "-" if math.isnan(longest_s) else f"{_num(longest_s, 2)} / {_num(past_promise, 0)}"
 
 
 def _wait_refused(wait_ms: float, fraction: float) -> str:

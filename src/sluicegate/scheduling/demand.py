@@ -51,7 +51,8 @@ class EngineUnit:
     def __init__(self) -> None:
         self.decode_s_per_token: float | None = None
         self.prefill_s_per_token: float | None = None
-        """The marginal price, once the streams tell it; None before."""
+        """The marginal price, once the streams have told it, kept while they tell no
+        slope (always within the budget's price); None before."""
         self._sums: list[float] | None = None
         """Smoothed means of x, y, x^2 and x*y over the streams (x: prompt tokens per
         sequence and step, y: seconds per sequence and step)."""
@@ -76,15 +77,15 @@ class EngineUnit:
         self._seen += 1
         mean_x, mean_y, mean_xx, mean_xy = sums
         spread = mean_xx - mean_x * mean_x
-        price = None
-        if self._seen >= SAMPLES and spread > 0 and spread > (SPREAD * mean_x) ** 2:
+        price = self.prefill_s_per_token
+        if self._seen >= SAMPLES and spread > (SPREAD * mean_x) ** 2:
             price = max(0.0, (mean_xy - mean_x * mean_y) / spread)
-            if bound_s is not None:
-                price = min(price, bound_s)
-        self.prefill_s_per_token = price
+        if price is not None and bound_s is not None:
+            price = min(price, bound_s)
         decode = mean_y - (price if price is not None else bound_s or 0.0) * mean_x
-        if decode > 0:
-            self.decode_s_per_token = decode
+        if decode <= 0:
+            return
+        self.prefill_s_per_token, self.decode_s_per_token = price, decode
 
     def work_s(
         self, prompt_tokens: int, output_tokens: int, prefill_tokens_per_s: float | None

@@ -424,12 +424,20 @@ class Dispatcher:
             prefilling.pending -= attempt.call.prompt_tokens
         budget = self._prefill.get(target.deployment.name)
         rate = None if budget is None else budget.tokens_per_s
-        if attempt.call.stream and attempt.first_byte_s is not None and attempt.completion_tokens:
+        seen = attempt.prompts_seen
+        prompts = 0 if budget is None else None if seen is None else budget.prompts - seen
+        first_s = attempt.first_byte_s
+        if (
+            attempt.call.stream
+            and first_s is not None
+            and attempt.completion_tokens
+            and prompts is not None
+        ):
             sequences = sum(stats.in_flight for stats in self.stats.values())
             self.unit.streamed(
                 attempt.completion_tokens,
-                now - attempt.first_byte_s,
-                0 if budget is None else budget.prompts - attempt.prompts_seen,
+                now - first_s,
+                prompts,
                 math.ceil(sequences / len(self.targets)),
                 1.0 / rate if rate else None,
             )

@@ -69,6 +69,35 @@ def test_the_price_is_no_more_than_the_budgets_and_is_read_only_from_streams_tha
     assert alike.decode_s_per_token == pytest.approx(0.01 + 10 * (0.0001 - 0.00005))
 
 
+def test_a_learnt_price_is_kept_while_the_streams_tell_no_slope_and_is_never_below_zero():
+    """Streams alike after the price was learnt tell no slope (spread 5 % of the mean,
+    under the quarter needed): the price stays, and the decode cost is read with it.
+    Streams whose spans shrink as more was prefilled read a slope below zero: the price
+    is 0."""
+    unit = EngineUnit()
+    for stream in engine_of(0.01, 0.0001):
+        unit.streamed(*stream, 0.001)
+    for i in range(3 * SAMPLES):
+        prompts = 400 + 20 * (i % 2)
+        unit.streamed(11, 10 * 4 * 0.01 + prompts * 0.0001, prompts, 4, 0.001)
+    assert unit.prefill_s_per_token == pytest.approx(0.0001)
+    assert unit.decode_s_per_token == pytest.approx(0.01)
+    falling = EngineUnit()
+    for tokens, span_s, prompts, sequences in engine_of(0.01, 0.0001):
+        falling.streamed(tokens, span_s, 800 - prompts, sequences, 0.001)
+    assert falling.prefill_s_per_token == 0.0
+
+
+def test_a_stream_that_would_leave_no_decode_time_changes_neither_price():
+    """Priced at the budget's 1 ms, the prompts prefilled over a stream's span take more
+    than the span itself: nothing is learnt from it."""
+    unit = EngineUnit()
+    unit.streamed(11, 1.0, 0, 4, 0.001)
+    unit.streamed(11, 1.0, 40_000, 4, 0.001)
+    assert unit.decode_s_per_token == pytest.approx(0.025)
+    assert unit.prefill_s_per_token is None
+
+
 def test_a_request_asks_its_prefill_and_its_decode_once_both_are_known():
     unit = EngineUnit()
     assert unit.work_s(1000, 10, 10_000.0) is None

@@ -811,6 +811,23 @@ async def test_a_streams_decode_is_its_span_less_what_the_engine_prefilled_meanw
         runner.cancel()
 
 
+async def test_a_stream_whose_first_token_was_not_counted_teaches_the_unit_nothing(clock):
+    """A stream ends whose first token the dispatcher never heard: which prompts were
+    prefilled over its span is not known, and nothing is learnt from it."""
+    dispatcher = dispatcher_for([PROMISED], Pool(PoolSpec("p", 4), leases(clock)), clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        unheard = Attempt(call(clock, tenant="a", lane=PROMISED)._replace(stream=True))
+        await granted(dispatcher, unheard)
+        unheard.first_byte_s = clock.now()
+        clock.advance(1.0)
+        unheard.completion_tokens = 11
+        await dispatcher.release(unheard)
+        assert dispatcher.view().decode_s_per_token is None
+    finally:
+        runner.cancel()
+
+
 async def test_a_tenant_whose_slots_cost_the_engine_less_is_within_its_share_in_more(clock):
     """A request of 10 prompt tokens and 9 out asks 1 s of the engine: `cheap`'s held its
     slot 10 s, `dear`'s 1 s. On a full pool of 4, each holding 2, cheap's next request
