@@ -21,9 +21,9 @@ two to seven times what the simulator's engine spends on one (family v2: a tenan
 1,239-token prompts read 8-10 times as dear a slot as one of decode-only answers, the
 family's unit about 1.9), so the short prompts' tenants were judged beyond their
 share. It stays the bound (the marginal price is no more) and the price until the
-streams tell the slope. A fixed ratio (the VTC's 1:2) is wrong by an order of magnitude on a batch
-that decodes a token for the time it prefills twenty; a ratio fitted to one backend
-would be wrong on the next.
+streams tell the slope. A fixed ratio (the VTC's 1:2) is wrong by an order of magnitude
+on a batch that decodes a token for the time it prefills twenty; a ratio fitted to one
+backend would be wrong on the next.
 """
 
 from __future__ import annotations
@@ -82,7 +82,8 @@ class EngineUnit:
             price = max(0.0, (mean_xy - mean_x * mean_y) / spread)
         if price is not None and bound_s is not None:
             price = min(price, bound_s)
-        decode = mean_y - (price if price is not None else bound_s or 0.0) * mean_x
+        charged = bound_s if price is None else price
+        decode = mean_y - (charged or 0.0) * mean_x
         if decode <= 0:
             return
         self.prefill_s_per_token, self.decode_s_per_token = price, decode

@@ -425,7 +425,10 @@ class Dispatcher:
         budget = self._prefill.get(target.deployment.name)
         rate = None if budget is None else budget.tokens_per_s
         seen = attempt.prompts_seen
-        prompts = 0 if budget is None else None if seen is None else budget.prompts - seen
+        if budget is None:
+            prompts: int | None = 0
+        else:
+            prompts = None if seen is None else budget.prompts - seen
         first_s = attempt.first_byte_s
         if (
             attempt.call.stream
