@@ -60,10 +60,12 @@ def test_each_variant_gathers_its_runs_over_the_documents_and_skips_failed_ones(
 
 
 def test_the_table_puts_the_arms_of_a_variant_side_by_side():
+    counted = figures(1.1, 0.3, 0.9)
+    counted["gateway_protected"] = {"queue_wait_p95_ms": 85.0, "refused_fraction": 0.025}
     arms = {
         "base": runs_by_variant([document(("v1", figures(0.9, 0.2, 0.8)))]),
         "new": runs_by_variant(
-            [document(("v1", figures(0.9, 0.1, 0.7))), document(("v1", figures(1.1, 0.3, 0.9)))]
+            [document(("v1", figures(0.9, 0.1, 0.7))), document(("v1", counted))]
         ),
     }
     lines = table(arms).splitlines()
@@ -71,6 +73,9 @@ def test_the_table_puts_the_arms_of_a_variant_side_by_side():
     base, new = (line.split(" | ") for line in lines[2:])
     assert base[:4] == ["| v1", "base", "1", "90.0"]
     assert new[:4] == ["| v1", "new", "2", "100.0 [90.0-110.0]"]
+    by_gateway = lines[0].split(" | ").index("by the gateway: wait p95 ms")
+    assert new[by_gateway : by_gateway + 2] == ["85", "2.5"], "the one run that counted them"
+    assert base[by_gateway : by_gateway + 2] == ["-", "-"]
     assert "20.0 [10.0-30.0]" in new
     assert "0.800 [0.700-0.900]" in new
     assert new[-1] == "- |"

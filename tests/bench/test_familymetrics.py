@@ -210,6 +210,30 @@ def test_the_gateways_own_figures_are_read_from_its_metrics_page() -> None:
     assert 0.1 <= predictor["p95_s"] <= 0.25
 
 
+PROTECTED_PAGE = """\
+# TYPE sluicegate_protected_requests_total counter
+sluicegate_protected_requests_total{model="m"} 40.0
+# TYPE sluicegate_protected_refused_total counter
+sluicegate_protected_refused_total{model="m"} 2.0
+"""
+
+
+def test_the_requests_the_gateway_judged_within_their_share_are_read_from_its_counts():
+    """40 judged within, 2 refused; of the 38 dispatched, 36 at once and 2 after 0.3 s:
+    the p95 falls in the bucket up to 0.5 s. A page without the counts (an older
+    gateway's) gives no figure."""
+    metrics = GatewayMetrics()
+    for wait_s in [0.0] * 36 + [0.3] * 2:
+        metrics.queue_waited("m", "interactive", wait_s, None, protected=True)
+    metrics.queue_waited("m", "interactive", 9.0, None)
+    page = metrics.exposition().decode()
+    found = familymetrics.gateway_figures(page + PROTECTED_PAGE)["protected"]
+    assert found["requests"] == 40
+    assert found["refused_fraction"] == pytest.approx(0.05)
+    assert 250 < found["queue_wait_p95_ms"] <= 500, "the beyond-share wait of 9 s is not in it"
+    assert familymetrics.gateway_figures(page)["protected"] is None
+
+
 QUEUE_PAGE = """\
 # TYPE sluicegate_queue_dispatched_total counter
 sluicegate_queue_dispatched_total{lane="interactive",model="m"} 5.0

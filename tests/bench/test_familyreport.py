@@ -59,7 +59,17 @@ def test_the_worst_takes_the_longest_wait_most_refusals_and_lowest_windowed_jain
     results[1]["policy_on"]["gateway_refusal_p99_ms"] = None  # kept by a rescore, as read
     results[0]["policy_on"]["pauses"] = {"answers": 9, "longest_s": 2.75, "past_promise": 4}
     results[1]["policy_on"]["pauses"] = {"answers": 9, "longest_s": 1.5, "past_promise": 0}
+    for run, (wait_ms, refused) in zip(results, ((40.0, 0.01), (310.0, 0.0)), strict=False):
+        run["policy_on"]["gateway_protected"] = {
+            "requests": 50.0,
+            "refused_fraction": refused,
+            "queue_wait_p95_ms": wait_ms,
+        }
     worst = familyreport.worst(results, "on")
+    assert (worst["protected_queue_wait_p95_ms"], worst["protected_refused_fraction"]) == (
+        310.0,
+        0.01,
+    ), "v2's gateway did not count them: left out"
     assert (worst["longest_pause_s"], worst["paused_past_promise"]) == (2.75, 4)
     assert worst["gateway_refusal_p99_ms"] == 3.0
     assert worst["within_share_queue_wait_p95_ms"] == 120.0
@@ -81,6 +91,9 @@ def test_the_worst_takes_the_longest_wait_most_refusals_and_lowest_windowed_jain
     assert "longest pause s / past promise" in text
     assert "2.75 / 4" in text
     assert "- / 0" not in text, "a run whose answers told no pause reads '-', not 0 past"
+    assert "within share by the gateway: queue wait p95 ms / refused %" in text
+    assert "310 / 0.0" in text
+    assert "310 / 1.0" in text, "the worst row"
 
 
 def test_a_run_of_the_policy_alone_reports_without_a_pass_through() -> None:

@@ -23,6 +23,7 @@ STALE = {
     "gateway_queue": {"queued": 9.0, "unserved_fraction": 0.9, "source": "then"},
     "gateway_refusals": 9.0,
     "gateway_refusal_p99_ms": 9.0,
+    "gateway_protected": {"requests": 9.0, "refused_fraction": 0.9, "queue_wait_p95_ms": 9.0},
 }
 
 
@@ -112,12 +113,14 @@ def test_without_the_gateways_page_a_rescore_keeps_the_gateways_figures(tmp_path
 def test_a_document_from_before_the_queue_was_counted_keeps_no_figure_for_it(
     tmp_path: Path,
 ) -> None:
-    older = {key: value for key, value in STALE.items() if key != "gateway_queue"}
+    newer = ("gateway_queue", "gateway_protected")
+    older = {key: value for key, value in STALE.items() if key not in newer}
     fabricate(tmp_path, page=False, stale=older)
     assert familyrescore.rescore(tmp_path) == 0
     doc = orjson.loads((tmp_path / "family.json").read_bytes())
     (variant,) = doc["variants"]
     assert variant["policy_on"]["gateway_queue"] is None
+    assert variant["policy_on"]["gateway_protected"] is None
     assert variant["policy_on"]["predictor"] == STALE["predictor"]
     assert doc["worst"]["on"]["queued_unserved_fraction"] is None, "NaN, read back as null"
 

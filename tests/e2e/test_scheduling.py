@@ -114,7 +114,9 @@ async def test_a_request_within_its_share_takes_the_slot_of_a_stream_beyond_it(s
     (one of two) and `a` beyond its own, so one of a's streams gives its slot away and
     continues once `b` is done. `b` ends before either of a's streams (without the
     hand-over it would wait for one of them to end), and both of a's answers reach the
-    `openai` SDK whole: 300 content tokens each, one opening, one finish."""
+    `openai` SDK whole: 300 content tokens each, one opening, one finish. The gateway
+    counts all three requests within their share (a's came into an empty pool), none
+    refused, b's queued until the slot came."""
     lanes = [{"name": "default", "queue_size": 10, "max_queue_age_s": 10}]
     raw = config(sim, lanes, pool=2, resumable=True)
     async with inprocess_gateway(raw, ENV) as gw:
@@ -147,13 +149,23 @@ async def test_a_request_within_its_share_takes_the_slot_of_a_stream_beyond_it(s
         assert sum(delta.role == "assistant" for delta in deltas) == 1
         finished = [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices]
         assert [reason for reason in finished if reason] == ["length"]
-    preempted = [
-        sample.value
+    samples = {
+        sample.name: sample.value
         for family in text_string_to_metric_families(page)
         for sample in family.samples
-        if sample.name == "sluicegate_preempted_total"
-    ]
-    assert preempted == [1]
+        if sample.name.startswith(("sluicegate_preempted", "sluicegate_protected"))
+        and sample.labels.get("le") in (None, "+Inf")
+        and not sample.name.endswith("_created")
+    }
+    assert samples == {
+        "sluicegate_preempted_total": 1,
+        "sluicegate_protected_requests_total": 3,
+        "sluicegate_protected_refused_total": 0,
+        "sluicegate_protected_wait_seconds_bucket": 3,
+        "sluicegate_protected_wait_seconds_count": 3,
+        "sluicegate_protected_wait_seconds_sum": samples["sluicegate_protected_wait_seconds_sum"],
+    }
+    assert 0 < samples["sluicegate_protected_wait_seconds_sum"] < 2, "queued for a hand-over"
 
 
 async def test_streams_that_hand_their_slots_over_again_and_again_all_end_whole(sim, http):

@@ -41,6 +41,8 @@ FIGURES: tuple[tuple[str, int, Callable[[Run], float | None]], ...] = (
     ("per window: refused %", 1, lambda r: _percent(_windowed(r)["refused_fraction"])),
     ("at send: wait p95 ms", 0, lambda r: r["within_share"]["queue_wait_p95_ms"]),
     ("at send: refused %", 1, lambda r: _percent(r["within_share"]["refused_fraction"])),
+    ("by the gateway: wait p95 ms", 0, lambda r: _protected(r, "queue_wait_p95_ms")),
+    ("by the gateway: refused %", 1, lambda r: _percent(_protected(r, "refused_fraction"))),
     ("Jain above (run)", 3, lambda r: r["above_share"]["jain_served_of_share"]),
     ("Jain above (windowed)", 3, lambda r: r["above_share"]["jain_windowed"]),
     ("queued, refused after %", 1, lambda r: _percent(familyreport.queued_unserved(r))),
@@ -54,6 +56,12 @@ def _below(run: Run) -> Mapping[str, Any]:
 
 def _windowed(run: Run) -> Mapping[str, Any]:
     return _below(run)["windowed"]
+
+
+def _protected(run: Run, figure: str) -> float | None:
+    """None from a run whose gateway did not count the requests it judged within."""
+    found = familyreport.protected(run)
+    return None if found is None else found[figure]
 
 
 def parse(specs: Sequence[str]) -> dict[str, list[Path]]:

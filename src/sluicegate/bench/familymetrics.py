@@ -48,6 +48,16 @@ PREDICTOR_SOURCE = (
     f"its histogram {PREDICTOR_ERROR} read after the run; quantiles interpolated linearly "
     "within the histogram's buckets"
 )
+PROTECTED_WAIT = "sluicegate_protected_wait_seconds"
+PROTECTED_COUNTS = ("sluicegate_protected_requests", "sluicegate_protected_refused")
+PROTECTED_SOURCE = (
+    "gateway: the top-lane requests it judged within their tenant's share on arrival "
+    "(the ones it keeps reserved slots and hand-overs for), how many it refused, at once "
+    "or after a wait, from its counters sluicegate_protected_{requests,refused}_total, and "
+    f"the p95 of its own queue wait of those it dispatched ({PROTECTED_WAIT}, 0 for those "
+    "sent at once, interpolated within buckets): the share's promise by the gateway's own "
+    "verdict, the backend's queue not counted; retries are never judged within"
+)
 REFUSAL_SOURCE = (
     "client: send to end of an attempt the gateway refused at once (its own refusal codes "
     "but those given after a wait in a queue: expired, deadline_exceeded, shed), as the "
@@ -103,7 +113,13 @@ def counter_totals(exposition: str, names: Sequence[str]) -> dict[str, float]:
     return totals
 
 
-GATEWAY_KEYS = ("predictor", "gateway_queue", "gateway_refusals", "gateway_refusal_p99_ms")
+GATEWAY_KEYS = (
+    "predictor",
+    "gateway_queue",
+    "gateway_refusals",
+    "gateway_refusal_p99_ms",
+    "gateway_protected",
+)
 """The figures `gateway_figures` gives, as `figures` names them."""
 
 
@@ -126,6 +142,22 @@ def gateway_figures(exposition: str) -> dict[str, object]:
         "queue": _queue_outcomes(counter_totals(exposition, QUEUE_OUTCOMES)),
         "refusals": max((count for _, count in refusals), default=0.0),
         "refusal_p99_ms": 1000 * histogram_quantiles(refusals, (99,))["p99"],
+        "protected": _protected(exposition),
+    }
+
+
+def _protected(exposition: str) -> dict[str, object] | None:
+    """None from a gateway that did not count its protected requests' fate."""
+    totals = counter_totals(exposition, PROTECTED_COUNTS)
+    if len(totals) < len(PROTECTED_COUNTS):
+        return None
+    arrivals, refused = (totals[name] for name in PROTECTED_COUNTS)
+    waits = histogram_buckets(exposition, PROTECTED_WAIT)
+    return {
+        "requests": arrivals,
+        "refused_fraction": refused / arrivals if arrivals else math.nan,
+        "queue_wait_p95_ms": 1000 * histogram_quantiles(waits, (95,))["p95"],
+        "source": PROTECTED_SOURCE,
     }
 
 
@@ -261,6 +293,7 @@ def figures(
         "gateway_queue": None if gateway is None else gateway["queue"],
         "gateway_refusals": None if gateway is None else gateway["refusals"],
         "gateway_refusal_p99_ms": math.nan if gateway is None else gateway["refusal_p99_ms"],
+        "gateway_protected": None if gateway is None else gateway["protected"],
         "recovery": None
         if basis.slowdown_at_s is None
         else recovery(records, basis.promise_s, basis.slowdown_at_s, duration_s),

@@ -109,6 +109,12 @@ def worst(results: Sequence[Mapping[str, Any]], policy: str) -> dict[str, float]
         "within_share_asked_of_capacity": pick(
             [r["within_share"]["asked_of_capacity"] for r in runs], max
         ),
+        "protected_queue_wait_p95_ms": pick(
+            [p["queue_wait_p95_ms"] for r in runs if (p := protected(r)) is not None], max
+        ),
+        "protected_refused_fraction": pick(
+            [p["refused_fraction"] for r in runs if (p := protected(r)) is not None], max
+        ),
         "above_share_jain_windowed": pick([r["above_share"]["jain_windowed"] for r in runs], min),
         "recovery_s": pick(recoveries, max),
         "longest_pause_s": pick([r["pauses"]["longest_s"] for r in runs], max),
@@ -196,6 +202,7 @@ DEFINITIONS = {
     "bounds that pause, its prefill again and the engine's slowest steps not counted), "
     "and how many answers stood still past the top lane's promise (every flow of the "
     "family is in it)",
+    "within share by the gateway": familymetrics.PROTECTED_SOURCE,
     "predictor error": familymetrics.PREDICTOR_SOURCE,
     "queued, refused after": familymetrics.QUEUE_SOURCE,
     "refusal p99 (gateway)": familymetrics.GATEWAY_REFUSAL_SOURCE,
@@ -218,6 +225,7 @@ def text(doc: Mapping[str, Any]) -> str:
         "within share at send: wait p95 ms / refused %",
         "within share: gateway wait p95 ms",
         "within share at send: asked x capacity",
+        "within share by the gateway: queue wait p95 ms / refused %",
         "Jain above (windowed)",
         "recovery s",
         "longest pause s / past promise",
@@ -257,6 +265,7 @@ def text(doc: Mapping[str, Any]) -> str:
                     ),
                     _num(f["within_share"]["gateway_wait_p95_ms"], 0),
                     _num(f["within_share"]["asked_of_capacity"], 2),
+                    _protected_text(protected(f)),
                     _num(f["above_share"]["jain_windowed"], 3),
                     "-" if rec is None else _recovery(rec),
                     _pauses(f["pauses"]["longest_s"], f["pauses"]["past_promise"]),
@@ -286,6 +295,7 @@ def text(doc: Mapping[str, Any]) -> str:
                 ),
                 _num(w["within_share_gateway_wait_p95_ms"], 0),
                 _num(w["within_share_asked_of_capacity"], 2),
+                _wait_refused(w["protected_queue_wait_p95_ms"], w["protected_refused_fraction"]),
                 _num(w["above_share_jain_windowed"], 3),
                 _num(w["recovery_s"], 0),
                 _pauses(w["longest_pause_s"], w["paused_past_promise"]),
@@ -318,6 +328,18 @@ def queued_unserved(figures: Mapping[str, Any]) -> float | None:
     gateway did not count it (policy off, or a run from before it did)."""
     queue = figures.get("gateway_queue")
     return None if queue is None else queue["unserved_fraction"]
+
+
+def protected(figures: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The requests the gateway judged within their share; None where it did not count
+    them (policy off, or a run from before it did)."""
+    return figures.get("gateway_protected")
+
+
+def _protected_text(found: Mapping[str, Any] | None) -> str:
+    if found is None:
+        return "-"
+    return _wait_refused(found["queue_wait_p95_ms"], found["refused_fraction"])
 
 
 def _percent_text(fraction: float | None) -> str:

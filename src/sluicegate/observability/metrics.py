@@ -338,9 +338,16 @@ class CapacityCollector(Collector):
             "Top-lane requests that arrived within their tenant's share.",
             labels=["model"],
         )
+        protected_refused = CounterMetricFamily(
+            "sluicegate_protected_refused",
+            "Of the top-lane requests that arrived within their tenant's share, those "
+            "refused, at once or after a wait in the queue.",
+            labels=["model"],
+        )
         for view in (d.view() for d in self._dispatchers):
             reserved.add_metric([view.model], view.reserved_slots)
             protected.add_metric([view.model], view.protected_arrivals)
+            protected_refused.add_metric([view.model], view.protected_refused)
             if view.yields:
                 yield_rate.add_metric([view.model], view.yield_rate_per_s or 0.0)
                 yield_cuts.add_metric([view.model], view.yield_cuts)
@@ -365,6 +372,7 @@ class CapacityCollector(Collector):
         yield from (depth, oldest, dispatched, queue_dispatched, expired, shed, unavailable)
         yield from (abandoned, preempted, correction, tail)
         yield from (service, slot_cost, yield_rate, yield_cuts, reserved, protected)
+        yield protected_refused
 
     def _gate_families(self) -> Iterator[Metric]:
         state = GaugeMetricFamily(
@@ -498,6 +506,16 @@ class GatewayMetrics:
             "Time from joining a lane's queue to dispatch (0 for immediate dispatch).",
             "histogram",
             ("model", "lane"),
+            buckets((0.0, *LATENCY_BUCKETS_S)),
+            r,
+        )
+        self._protected_wait = PlainFamily(
+            "sluicegate_protected_wait_seconds",
+            "The queue wait of top-lane requests that arrived within their tenant's share "
+            "and were dispatched (0 for immediate dispatch): what the share promises is "
+            "next to none.",
+            "histogram",
+            ("model",),
             buckets((0.0, *LATENCY_BUCKETS_S)),
             r,
         )
@@ -670,8 +688,17 @@ class GatewayMetrics:
     ) -> None:
         self.registry.register(CapacityCollector(pools, dispatchers, gates))
 
-    def queue_waited(self, model: str, lane: str, wait_s: float, predicted_s: float | None) -> None:
+    def queue_waited(
+        self,
+        model: str,
+        lane: str,
+        wait_s: float,
+        predicted_s: float | None,
+        protected: bool = False,
+    ) -> None:
         self._queue_wait.labels(model, lane).observe(wait_s)
+        if protected:
+            self._protected_wait.labels(model).observe(wait_s)
         if predicted_s is not None:
             self._prediction_error.labels(model, lane).observe(abs(wait_s - predicted_s))
 

@@ -162,6 +162,8 @@ class DispatcherView:
     requests within their tenant's share."""
     protected_arrivals: int
     """Top-lane requests that arrived within their tenant's share."""
+    protected_refused: int
+    """Of those, the ones refused, at once or after a wait: the share's promise broken."""
     decode_s_per_token: float | None
     """The engine time an output token costs, as learnt (`demand.EngineUnit`); None
     before a stream ended."""
@@ -178,7 +180,7 @@ class Dispatcher:
         targets: Sequence[Target],
         fairness: Callable[[Lane], FairnessPolicy],
         clock: Clock,
-        on_wait: Callable[[str, str, float, float | None], None] | None = None,
+        on_wait: Callable[[str, str, float, float | None, bool], None] | None = None,
         paused: Callable[[Lane], bool] = lambda lane: False,
         chain: bool = False,
         checks: Sequence[DispatchCheck] | None = None,
@@ -207,6 +209,7 @@ class Dispatcher:
         """Requests the deployments take at once: before any service gap is measured, a
         promised lane queues at most one such batch."""
         self.reserve = Reserve(self._batch, reserve)
+        self.protected_refused = 0
         promise = self.protected.ttft_slo_s
         self.unit = EngineUnit()
         self._recent = RecentWork(HORIZON_S if promise is None else promise)
@@ -304,6 +307,7 @@ class Dispatcher:
             {check.name: check.view() for check in self.checks},
             self.reserve.slots(now, self.predictor.gap_s),
             self.reserve.arrivals,
+            self.protected_refused,
             self.unit.decode_s_per_token,
             self.unit.prefill_s_per_token,
         )
@@ -365,18 +369,27 @@ class Dispatcher:
         """Grant `attempt` a deployment and its permits, at once or after a wait in its
         lane's queue; raise the refusal otherwise. Once this returns, the attempt is
         the caller's to `release`."""
-        call, lane = attempt.call, attempt.lane
+        lane = attempt.lane
         now = self._arrived_s[lane.name] = self.clock.now()
         protected = self._within_share(attempt)
         if protected:
             self.reserve.arrived(now)
+        try:
+            await self._admit(attempt, protected)
+        except GatewayError:
+            self.protected_refused += protected
+            raise
+
+    async def _admit(self, attempt: Attempt, protected: bool) -> None:
+        """`acquire` once the request's share is judged."""
+        call, lane = attempt.call, attempt.lane
         ahead = self._queued_ahead(lane)
         if protected:
             ahead = self.queues[lane.name].protected
         if not ahead and not self._paused(lane):
             refusal = await self._try(attempt, self._spare(protected), queued=False)
             if refusal is None:
-                self._dispatched(attempt, 0.0, None, None)
+                self._dispatched(attempt, 0.0, None, None, protected)
                 return
         else:
             refusal = Refusal.LANE_BACKLOGGED.error(
@@ -684,7 +697,9 @@ class Dispatcher:
                         self.predictor.waited(
                             lane.name, waiter.protected, waiter.predicted_s, wait_s, now
                         )
-                    self._dispatched(attempt, wait_s, waiter.predicted_s, since_s, waiter.given)
+                    self._dispatched(
+                        attempt, wait_s, waiter.predicted_s, since_s, waiter.protected, waiter.given
+                    )
                     waiter.future.set_result(None)
                 break
             else:
@@ -999,10 +1014,12 @@ class Dispatcher:
         wait_s: float,
         predicted_s: float | None,
         backlogged_since_s: float | None,
+        protected: bool,
         handed_over: bool = False,
     ) -> None:
         """The attempt is the caller's now: charge its tenant and note the dispatch, from
-        its tenant's backlog begun at `backlogged_since_s` (None: it did not queue). One
+        its tenant's backlog begun at `backlogged_since_s` (None: it did not queue), and
+        whether it came `protected` (within its share). One
         into a slot a stream `handed_over` is no service gap: that gap is the time
         between slots coming free, which queued requests wait on, and counting
         hand-overs would shorten it by their rate."""
@@ -1017,7 +1034,7 @@ class Dispatcher:
         stats.in_flight += 1
         stats.wait_s_total += wait_s
         if self._on_wait is not None:
-            self._on_wait(self.model, lane.name, wait_s, predicted_s)
+            self._on_wait(self.model, lane.name, wait_s, predicted_s, protected)
         now = attempt.dispatched_s = self.clock.now()
         prefilling = self._prefilling_at(attempt)
         if prefilling is not None:

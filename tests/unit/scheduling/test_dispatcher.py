@@ -901,6 +901,45 @@ async def test_a_light_tenant_within_its_share_goes_before_a_burst_within_its_ow
         runner.cancel()
 
 
+async def test_the_requests_judged_within_their_share_are_followed_to_their_end(clock):
+    """On a full pool of 2 held by `big`, a lane of one queued request: `mid`'s request
+    is within its share and queues; `small`'s, within its share too, is refused (the
+    queue is full), and so is big's third, beyond its share. Only small's refusal
+    counts as a protected request's (big's first two came within their share too), and
+    mid's wait is reported as protected when a slot frees, big's next, queued beyond its
+    share, as not."""
+    lane = Lane("one", priority=100, queue_size=1, max_queue_age_s=5)
+    pool = Pool(PoolSpec("p", 2), leases(clock))
+    waits: list[tuple[float, bool]] = []
+    dispatcher = dispatcher_for(
+        [lane],
+        pool,
+        clock,
+        on_wait=lambda model, name, wait_s, _, protected: waits.append((wait_s, protected)),
+    )
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        held = [await granted(dispatcher, attempt(clock, tenant="big", lane=lane)) for _ in "ab"]
+        first = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="mid", lane=lane)))
+        await settle()
+        for tenant in ("small", "big"):
+            with pytest.raises(GatewayError):
+                await granted(dispatcher, attempt(clock, tenant=tenant, lane=lane))
+        view = dispatcher.view()
+        assert (view.protected_arrivals, view.protected_refused) == (4, 1), "big's first two"
+        clock.advance(0.5)
+        await dispatcher.release(held.pop())
+        held.append(await first)
+        beyond = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="big", lane=lane)))
+        await settle()
+        clock.advance(0.25)
+        await dispatcher.release(held.pop())
+        await beyond
+        assert waits == [(0.0, True), (0.0, True), (0.5, True), (0.25, False)]
+    finally:
+        runner.cancel()
+
+
 async def test_a_retry_its_caller_announces_never_takes_the_reserve(clock):
     """`small` is within its share, but this request is its caller's second attempt:
     its demand was judged when it first came, so it waits behind the reserve."""
