@@ -59,17 +59,22 @@ def test_the_worst_takes_the_longest_wait_most_refusals_and_lowest_windowed_jain
     results[1]["policy_on"]["gateway_refusal_p99_ms"] = None  # kept by a rescore, as read
     results[0]["policy_on"]["pauses"] = {"answers": 9, "longest_s": 2.75, "past_promise": 4}
     results[1]["policy_on"]["pauses"] = {"answers": 9, "longest_s": 1.5, "past_promise": 0}
-    for run, (wait_ms, refused) in zip(results, ((40.0, 0.01), (310.0, 0.0)), strict=False):
+    for run, (wait_ms, refused) in zip(results[:2], ((40.0, 0.01), (310.0, 0.0)), strict=True):
         run["policy_on"]["gateway_protected"] = {
             "requests": 50.0,
             "refused_fraction": refused,
             "queue_wait_p95_ms": wait_ms,
         }
+    results[2]["policy_on"]["gateway_protected"] = {
+        "requests": 0.0,
+        "refused_fraction": None,
+        "queue_wait_p95_ms": None,
+    }
     worst = familyreport.worst(results, "on")
     assert (worst["protected_queue_wait_p95_ms"], worst["protected_refused_fraction"]) == (
         310.0,
         0.01,
-    ), "v2's gateway did not count them: left out"
+    ), "v2's gateway judged none within: NaN, read back as null, left out"
     assert (worst["longest_pause_s"], worst["paused_past_promise"]) == (2.75, 4)
     assert worst["gateway_refusal_p99_ms"] == 3.0
     assert worst["within_share_queue_wait_p95_ms"] == 120.0
@@ -94,6 +99,7 @@ def test_the_worst_takes_the_longest_wait_most_refusals_and_lowest_windowed_jain
     assert "within share by the gateway: queue wait p95 ms / refused %" in text
     assert "310 / 0.0" in text
     assert "310 / 1.0" in text, "the worst row"
+    assert "- / -" in text, "v2: nothing judged within"
 
 
 def test_a_run_of_the_policy_alone_reports_without_a_pass_through() -> None:

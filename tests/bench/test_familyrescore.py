@@ -46,7 +46,7 @@ def records(policy: str) -> list[Record]:
 def exposition() -> str:
     metrics = GatewayMetrics()
     metrics.refused("chat", "overloaded", 503, 0.0008)
-    metrics.queue_waited("m", family.LANE, 0.3, 0.2)
+    metrics.queue_waited("m", family.LANE, 0.3, 0.2, False)
     return metrics.exposition().decode() + QUEUE_PAGE
 
 

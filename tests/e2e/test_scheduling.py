@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 from collections.abc import Iterator
 from types import FrameType
 
@@ -136,7 +137,9 @@ async def test_a_request_within_its_share_takes_the_slot_of_a_stream_beyond_it(s
 
         long = [asyncio.ensure_future(stream(f"a{n}")) for n in range(2)]
         await asyncio.sleep(0.3)
+        sent_s = time.monotonic()
         status, _ = await chat(http, gw.url, "b", max_tokens=4)
+        b_took_s = time.monotonic() - sent_s
         ended.append("b")
         answers = await asyncio.gather(*long)
         async with http.get(f"{gw.url}/metrics") as resp:
@@ -165,7 +168,7 @@ async def test_a_request_within_its_share_takes_the_slot_of_a_stream_beyond_it(s
         "sluicegate_protected_wait_seconds_count": 3,
         "sluicegate_protected_wait_seconds_sum": samples["sluicegate_protected_wait_seconds_sum"],
     }
-    assert 0 < samples["sluicegate_protected_wait_seconds_sum"] < 2, "queued for a hand-over"
+    assert 0 < samples["sluicegate_protected_wait_seconds_sum"] < b_took_s, "queued, then sent"
 
 
 async def test_streams_that_hand_their_slots_over_again_and_again_all_end_whole(sim, http):

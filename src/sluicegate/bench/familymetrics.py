@@ -56,7 +56,8 @@ PROTECTED_SOURCE = (
     "or after a wait, from its counters sluicegate_protected_{requests,refused}_total, and "
     f"the p95 of its own queue wait of those it dispatched ({PROTECTED_WAIT}, 0 for those "
     "sent at once, interpolated within buckets): the share's promise by the gateway's own "
-    "verdict, the backend's queue not counted; retries are never judged within"
+    "verdict, the backend's queue not counted; a retry the client announces is never "
+    "judged within, an unannounced one is a new arrival"
 )
 REFUSAL_SOURCE = (
     "client: send to end of an attempt the gateway refused at once (its own refusal codes "
@@ -125,8 +126,8 @@ GATEWAY_KEYS = (
 
 def gateway_figures(exposition: str) -> dict[str, object]:
     """What the gateway measured itself: the predictor's error, how many of the requests
-    it queued it refused after their wait, and how long refusals other than the queue's
-    took."""
+    it queued it refused after their wait, how long refusals other than the queue's
+    took, and what became of the requests it judged within their share."""
     error = histogram_buckets(exposition, PREDICTOR_ERROR)
     quantiles = histogram_quantiles(error, (50, 95))
     refusals = histogram_buckets(

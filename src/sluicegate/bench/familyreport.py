@@ -337,9 +337,11 @@ def protected(figures: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def _protected_text(found: Mapping[str, Any] | None) -> str:
+    """A fraction of no arrivals is NaN, read back from the JSON as null."""
     if found is None:
         return "-"
-    return _wait_refused(found["queue_wait_p95_ms"], found["refused_fraction"])
+    fraction = found["refused_fraction"]
+    return _wait_refused(found["queue_wait_p95_ms"], math.nan if fraction is None else fraction)
 
 
 def _percent_text(fraction: float | None) -> str:

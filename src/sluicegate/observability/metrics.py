@@ -512,8 +512,7 @@ class GatewayMetrics:
         self._protected_wait = PlainFamily(
             "sluicegate_protected_wait_seconds",
             "The queue wait of top-lane requests that arrived within their tenant's share "
-            "and were dispatched (0 for immediate dispatch): what the share promises is "
-            "next to none.",
+            "and were dispatched (0 for immediate dispatch).",
             "histogram",
             ("model",),
             buckets((0.0, *LATENCY_BUCKETS_S)),
@@ -694,7 +693,7 @@ class GatewayMetrics:
         lane: str,
         wait_s: float,
         predicted_s: float | None,
-        protected: bool = False,
+        protected: bool,
     ) -> None:
         self._queue_wait.labels(model, lane).observe(wait_s)
         if protected:

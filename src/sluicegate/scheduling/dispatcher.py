@@ -163,7 +163,7 @@ class DispatcherView:
     protected_arrivals: int
     """Top-lane requests that arrived within their tenant's share."""
     protected_refused: int
-    """Of those, the ones refused, at once or after a wait: the share's promise broken."""
+    """Of those, the ones refused, at once or after a wait, whatever the reason."""
     decode_s_per_token: float | None
     """The engine time an output token costs, as learnt (`demand.EngineUnit`); None
     before a stream ended."""
@@ -209,7 +209,7 @@ class Dispatcher:
         """Requests the deployments take at once: before any service gap is measured, a
         promised lane queues at most one such batch."""
         self.reserve = Reserve(self._batch, reserve)
-        self.protected_refused = 0
+        self._protected_refused = 0
         promise = self.protected.ttft_slo_s
         self.unit = EngineUnit()
         self._recent = RecentWork(HORIZON_S if promise is None else promise)
@@ -307,7 +307,7 @@ class Dispatcher:
             {check.name: check.view() for check in self.checks},
             self.reserve.slots(now, self.predictor.gap_s),
             self.reserve.arrivals,
-            self.protected_refused,
+            self._protected_refused,
             self.unit.decode_s_per_token,
             self.unit.prefill_s_per_token,
         )
@@ -377,11 +377,13 @@ class Dispatcher:
         try:
             await self._admit(attempt, protected)
         except GatewayError:
-            self.protected_refused += protected
+            if protected:
+                self._protected_refused += 1
             raise
 
     async def _admit(self, attempt: Attempt, protected: bool) -> None:
-        """`acquire` once the request's share is judged."""
+        """`acquire` past the share's verdict: apart, so that every refusal of a request
+        judged within its share, at once or after its wait, is counted in one place."""
         call, lane = attempt.call, attempt.lane
         ahead = self._queued_ahead(lane)
         if protected:
@@ -389,7 +391,7 @@ class Dispatcher:
         if not ahead and not self._paused(lane):
             refusal = await self._try(attempt, self._spare(protected), queued=False)
             if refusal is None:
-                self._dispatched(attempt, 0.0, None, None, protected)
+                self._dispatched(attempt, 0.0, None, None, protected=protected)
                 return
         else:
             refusal = Refusal.LANE_BACKLOGGED.error(
@@ -698,7 +700,12 @@ class Dispatcher:
                             lane.name, waiter.protected, waiter.predicted_s, wait_s, now
                         )
                     self._dispatched(
-                        attempt, wait_s, waiter.predicted_s, since_s, waiter.protected, waiter.given
+                        attempt,
+                        wait_s,
+                        waiter.predicted_s,
+                        since_s,
+                        protected=waiter.protected,
+                        handed_over=waiter.given,
                     )
                     waiter.future.set_result(None)
                 break
@@ -1014,15 +1021,16 @@ class Dispatcher:
         wait_s: float,
         predicted_s: float | None,
         backlogged_since_s: float | None,
+        *,
         protected: bool,
         handed_over: bool = False,
     ) -> None:
         """The attempt is the caller's now: charge its tenant and note the dispatch, from
         its tenant's backlog begun at `backlogged_since_s` (None: it did not queue), and
-        whether it came `protected` (within its share). One
-        into a slot a stream `handed_over` is no service gap: that gap is the time
-        between slots coming free, which queued requests wait on, and counting
-        hand-overs would shorten it by their rate."""
+        whether it came `protected` (within its share). One into a slot a stream
+        `handed_over` is no service gap: that gap is the time between slots coming free,
+        which queued requests wait on, and counting hand-overs would shorten it by their
+        rate."""
         call, lane = attempt.call, attempt.lane
         output = call.reserved_tokens - call.prompt_tokens
         attempt.charged_output = output

@@ -22,7 +22,7 @@ def worker(answered: int, waited_s: float) -> list:
     metrics = GatewayMetrics()
     for _ in range(answered):
         metrics.answered("chat", "m", 200)
-    metrics.queue_waited("m", "interactive", waited_s, None)
+    metrics.queue_waited("m", "interactive", waited_s, None, False)
     return orjson.loads(metrics.samples())
 
 

@@ -20,6 +20,7 @@ from sluicegate.core.call import Call
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.leases import Leases
 from sluicegate.core.limits import Ask, Lease, Refused
+from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import (
     BreakerPolicy,
     Deployment,
@@ -907,7 +908,8 @@ async def test_the_requests_judged_within_their_share_are_followed_to_their_end(
     queue is full), and so is big's third, beyond its share. Only small's refusal
     counts as a protected request's (big's first two came within their share too), and
     mid's wait is reported as protected when a slot frees, big's next, queued beyond its
-    share, as not."""
+    share, as not. Later a protected request that expires in the queue counts as
+    refused; one whose caller leaves does not."""
     lane = Lane("one", priority=100, queue_size=1, max_queue_age_s=5)
     pool = Pool(PoolSpec("p", 2), leases(clock))
     waits: list[tuple[float, bool]] = []
@@ -923,8 +925,9 @@ async def test_the_requests_judged_within_their_share_are_followed_to_their_end(
         first = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="mid", lane=lane)))
         await settle()
         for tenant in ("small", "big"):
-            with pytest.raises(GatewayError):
+            with pytest.raises(GatewayError) as refused:
                 await granted(dispatcher, attempt(clock, tenant=tenant, lane=lane))
+            assert refused.value.code == Refusal.QUEUE_FULL
         view = dispatcher.view()
         assert (view.protected_arrivals, view.protected_refused) == (4, 1), "big's first two"
         clock.advance(0.5)
@@ -936,6 +939,17 @@ async def test_the_requests_judged_within_their_share_are_followed_to_their_end(
         await dispatcher.release(held.pop())
         await beyond
         assert waits == [(0.0, True), (0.0, True), (0.5, True), (0.25, False)]
+        late = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="late", lane=lane)))
+        await settle()
+        clock.advance(lane.max_queue_age_s)
+        with pytest.raises(GatewayError, match="limit"):
+            await late
+        leaves = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="other", lane=lane)))
+        await settle()
+        leaves.cancel()
+        await settle()
+        view = dispatcher.view()
+        assert (view.protected_arrivals, view.protected_refused) == (6, 2), "expired, not left"
     finally:
         runner.cancel()
 
