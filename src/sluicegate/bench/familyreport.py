@@ -319,8 +319,9 @@ def _pauses(longest_s: float, past_promise: float) -> str:
     return "-" if math.isnan(longest_s) else f"{_num(longest_s, 2)} / {_num(past_promise, 0)}"
 
 
-def _wait_refused(wait_ms: float, fraction: float) -> str:
-    return f"{_num(wait_ms, 0)} / {_num(100 * fraction, 1)}"
+def _wait_refused(wait_ms: float | None, fraction: float | None) -> str:
+    """Either may be None: a NaN figure read back from the JSON as null."""
+    return f"{_num(wait_ms, 0)} / {_num(None if fraction is None else 100 * fraction, 1)}"
 
 
 def queued_unserved(figures: Mapping[str, Any]) -> float | None:
@@ -337,11 +338,9 @@ def protected(figures: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def _protected_text(found: Mapping[str, Any] | None) -> str:
-    """A fraction of no arrivals is NaN, read back from the JSON as null."""
     if found is None:
         return "-"
-    fraction = found["refused_fraction"]
-    return _wait_refused(found["queue_wait_p95_ms"], math.nan if fraction is None else fraction)
+    return _wait_refused(found["queue_wait_p95_ms"], found["refused_fraction"])
 
 
 def _percent_text(fraction: float | None) -> str:

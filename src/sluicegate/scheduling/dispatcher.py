@@ -439,11 +439,7 @@ class Dispatcher:
             prefilling.pending -= attempt.call.prompt_tokens
         budget = self._prefill.get(target.deployment.name)
         rate = None if budget is None else budget.tokens_per_s
-        seen = attempt.prompts_seen
-        if budget is None:
-            prompts: int | None = 0
-        else:
-            prompts = None if seen is None else budget.prompts - seen
+        prompts = _prompts_meanwhile(attempt, budget)
         first_s = attempt.first_byte_s
         if (
             attempt.call.stream
@@ -1067,6 +1063,16 @@ class Dispatcher:
         """Wake when a rate limit's next slot or a cooldown's end comes."""
         if delay_s is not None and not math.isinf(delay_s):
             self._retry.in_s(delay_s)
+
+
+def _prompts_meanwhile(attempt: Attempt, budget: _Prefilling | None) -> int | None:
+    """The prompt tokens its deployment prefilled between `attempt`'s first token and
+    now: 0 without a budget (nothing counted, nothing to take), None when its first
+    token was not counted, so its span cannot be split and teaches nothing."""
+    if budget is None:
+        return 0
+    seen = attempt.prompts_seen
+    return None if seen is None else budget.prompts - seen
 
 
 def _ends_by_s(running: Attempt, now: float) -> float:
