@@ -25,18 +25,18 @@ class Hedging:
 
     async def race(
         self,
-        start: Callable[[], Awaitable[T]],
+        start: Callable[[bool], Awaitable[T]],
         after_s: float,
         discard: Callable[[T], Awaitable[None]],
     ) -> T:
         """The first attempt's result, or whichever of two answers first; the error of
-        the first to fail when both do."""
-        tasks: list[asyncio.Future[T]] = [asyncio.ensure_future(start())]
+        the first to fail when both do. `start` is told whether it starts the hedge."""
+        tasks: list[asyncio.Future[T]] = [asyncio.ensure_future(start(False))]
         winner: asyncio.Future[T] | None = None
         try:
             if not await self._finished_by(tasks[0], self._clock.now() + after_s):
                 self._on_event("sent")
-                tasks.append(asyncio.ensure_future(start()))
+                tasks.append(asyncio.ensure_future(start(True)))
             winner = await _first_success(tasks)
             if winner is not tasks[0]:
                 self._on_event("won")

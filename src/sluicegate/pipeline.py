@@ -253,16 +253,18 @@ class Pipeline:
             return await self._start(call, number, tried)
         per_token = max(d.timeouts.output_token_s for d in call.model.deployments)
         return await self._hedging.race(
-            lambda: self._start(call, number, tried),
+            lambda hedge: self._start(call, number, tried, hedge),
             patience_s(call, hedge_after, per_token),
             _Started.discard,
         )
 
-    async def _start(self, call: Call, number: int, tried: set[str]) -> _Started:
+    async def _start(
+        self, call: Call, number: int, tried: set[str], hedge: bool = False
+    ) -> _Started:
         """One attempt up to its first bytes. Whatever it took is released if it fails or
         is cancelled; on success the caller owns its exit stack."""
         dispatcher = self._dispatchers[call.model.name]
-        attempt = Attempt(call, number, frozenset(tried))
+        attempt = Attempt(call, number, frozenset(tried), hedge=hedge)
         stack = AsyncExitStack()
         try:
             await dispatcher.acquire(attempt)

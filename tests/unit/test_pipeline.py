@@ -171,6 +171,18 @@ async def test_each_hedged_attempt_settles_its_own_reservation():
         assert h.active("a") == h.active("b") == 0
 
 
+async def test_a_hedge_is_not_judged_within_share_again():
+    """The hedge is the same request: judged again, a request within its share counted
+    twice among the protected arrivals (and the reserve's arrival rate)."""
+    raw = config({"name": "a"}, {"name": "b"}, route={"hedge_after_s": 1})
+    async with running(raw, {"a": "hang"}) as h:
+        task = asyncio.ensure_future(h.ask(h.inbound(max_tokens=50)))
+        await driven(h.clock, task)
+        assert len(h.providers["b"].bodies) == 1, "the hedge was sent and answered"
+        view = h.runtime.dispatchers["chat"].view()
+        assert (view.protected_arrivals, view.protected_refused) == (1, 0)
+
+
 @pytest.mark.parametrize("mode", ["hang", "answer"])
 async def test_an_abandoned_half_open_probe_is_no_evidence(mode):
     """The probe's caller leaves (`hang`) or its hedge loses after answering (`answer`

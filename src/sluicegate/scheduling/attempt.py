@@ -80,6 +80,8 @@ class Attempt:
     number: int = 1
     lane: Lane = field(init=False)
     avoid: frozenset[str] = frozenset()
+    hedge: bool = False
+    """The second of a hedged pair: the same request again, not a new arrival."""
     target: Target | None = None
     permit: PoolPermit | None = None
     charged_output: int = 0

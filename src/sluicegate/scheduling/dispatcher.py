@@ -858,12 +858,13 @@ class Dispatcher:
         """Whether `attempt` may take the slots the reserve keeps free: a top-lane request
         that came within its tenant's share of the deployments' batch. Judged once, as
         it comes, as the share is promised: a request sent beyond it does not become
-        protected by waiting, nor by coming back (a retry its caller announces, or the
-        gateway's own next attempt, was judged when it first came; counted again it
-        would take the reserve from the requests within their share while its tenant's
-        backoff hides its demand)."""
+        protected by waiting, nor by coming back (a retry its caller announces, the
+        gateway's own next attempt or its hedge was judged when it first came; counted
+        again it would take the reserve from the requests within their share while its
+        tenant's backoff hides its demand)."""
         lane, call = attempt.lane, attempt.call
-        if lane is not self.protected or call.client_retries or attempt.number > 1 or call.resumed:
+        again = call.client_retries or call.resumed or attempt.number > 1 or attempt.hedge
+        if lane is not self.protected or again:
             return False
         self._note_asked(call)
         queue = self.queues[lane.name]
