@@ -863,7 +863,7 @@ class Dispatcher:
         again it would take the reserve from the requests within their share while its
         tenant's backoff hides its demand)."""
         lane, call = attempt.lane, attempt.call
-        again = call.client_retries or call.resumed or attempt.number > 1 or attempt.hedge
+        again = bool(call.client_retries) or call.resumed or attempt.number > 1 or attempt.hedge
         if lane is not self.protected or again:
             return False
         self._note_asked(call)

@@ -524,6 +524,17 @@ async def test_announced_retries_do_not_count_against_a_first_attempts_promise(
         await dispatcher.release(grant)
 
 
+@pytest.mark.parametrize(("hedge", "protected"), [(False, 1), (True, 0)])
+async def test_a_hedge_is_not_judged_within_its_share_again(clock, hedge, protected):
+    """The second attempt of a hedged pair is its request again, judged when it came."""
+    pool = Pool(PoolSpec("p", 2), leases(clock))
+    lane = Lane("promised", queue_size=10, max_queue_age_s=5, ttft_slo_s=1.0)
+    dispatcher = dispatcher_for([lane], pool, clock)
+    grant = await granted(dispatcher, Attempt(call(clock, lane=lane), hedge=hedge))
+    assert dispatcher.view().protected_arrivals == protected
+    await dispatcher.release(grant)
+
+
 async def test_a_waiter_cancelled_as_it_is_granted_leaves_every_count_at_zero(clock):
     """The pump grants a waiter whose caller was cancelled in the same loop turn: it must
     undo only what it did (the permits), never the dispatch it did not record."""
