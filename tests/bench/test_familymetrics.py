@@ -214,14 +214,15 @@ PROTECTED_PAGE = """\
 # TYPE sluicegate_protected_requests_total counter
 sluicegate_protected_requests_total{model="m"} 40.0
 # TYPE sluicegate_protected_refused_total counter
-sluicegate_protected_refused_total{model="m"} 2.0
+sluicegate_protected_refused_total{model="m",reason="expired"} 1.0
+sluicegate_protected_refused_total{model="m",reason="overloaded"} 1.0
 """
 
 
 def test_the_requests_the_gateway_judged_within_their_share_are_read_from_its_counts():
-    """40 judged within, 2 refused; of the 38 dispatched, 36 at once and 2 after 0.3 s:
-    the p95 falls in the bucket up to 0.5 s. A page without the counts (an older
-    gateway's) gives no figure."""
+    """40 judged within, 2 refused (one expired, one overloaded); of the 38 dispatched,
+    36 at once and 2 after 0.3 s: the p95 falls in the bucket up to 0.5 s. A page
+    without the counts (an older gateway's) gives no figure."""
     metrics = GatewayMetrics()
     for wait_s in [0.0] * 36 + [0.3] * 2:
         metrics.queue_waited("m", "interactive", wait_s, None, True)
@@ -230,6 +231,7 @@ def test_the_requests_the_gateway_judged_within_their_share_are_read_from_its_co
     found = familymetrics.gateway_figures(page + PROTECTED_PAGE)["protected"]
     assert found["requests"] == 40
     assert found["refused_fraction"] == pytest.approx(0.05)
+    assert found["refused_by_reason"] == {"expired": 1, "overloaded": 1}
     assert found["queue_wait_p95_ms"] == pytest.approx(262.5), "9 s beyond share would read 381"
     assert familymetrics.gateway_figures(page)["protected"] is None
 

@@ -163,7 +163,6 @@ async def test_a_request_within_its_share_takes_the_slot_of_a_stream_beyond_it(s
     assert samples == {
         "sluicegate_preempted_total": 1,
         "sluicegate_protected_requests_total": 3,
-        "sluicegate_protected_refused_total": 0,
         "sluicegate_protected_wait_seconds_bucket": 3,
         "sluicegate_protected_wait_seconds_count": 3,
         "sluicegate_protected_wait_seconds_sum": samples["sluicegate_protected_wait_seconds_sum"],

@@ -53,7 +53,8 @@ PROTECTED_COUNTS = ("sluicegate_protected_requests", "sluicegate_protected_refus
 PROTECTED_SOURCE = (
     "gateway: the top-lane requests it judged within their tenant's share on arrival "
     "(the ones it keeps reserved slots and hand-overs for), how many it refused, at once "
-    "or after a wait, from its counters sluicegate_protected_{requests,refused}_total, and "
+    "or after a wait (by refusal code where the gateway labels them), from its counters "
+    "sluicegate_protected_{requests,refused}_total, and "
     f"the p95 of its own queue wait of those it dispatched ({PROTECTED_WAIT}, 0 for those "
     "sent at once, interpolated within buckets): the share's promise by the gateway's own "
     "verdict, the backend's queue not counted; a retry the client announces is never "
@@ -100,6 +101,18 @@ def histogram_buckets(
                 if sample.name.endswith("_bucket") and keep(sample.labels):
                     counts[float(sample.labels["le"])] += sample.value
     return sorted(counts.items())
+
+
+def counter_by_label(exposition: str, name: str, label: str) -> dict[str, float]:
+    """The counter `name` in a /metrics page summed per value of `label`; samples without
+    that label (an older gateway's) are left out."""
+    found: dict[str, float] = defaultdict(float)
+    for metric in text_string_to_metric_families(exposition):
+        if metric.name == name:
+            for sample in metric.samples:
+                if sample.name == f"{name}_total" and label in sample.labels:
+                    found[sample.labels[label]] += sample.value
+    return dict(sorted(found.items()))
 
 
 def counter_totals(exposition: str, names: Sequence[str]) -> dict[str, float]:
@@ -157,6 +170,7 @@ def _protected(exposition: str) -> dict[str, object] | None:
     return {
         "requests": arrivals,
         "refused_fraction": refused / arrivals if arrivals else math.nan,
+        "refused_by_reason": counter_by_label(exposition, PROTECTED_COUNTS[1], "reason"),
         "queue_wait_p95_ms": 1000 * histogram_quantiles(waits, (95,))["p95"],
         "source": PROTECTED_SOURCE,
     }

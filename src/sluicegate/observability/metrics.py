@@ -341,13 +341,14 @@ class CapacityCollector(Collector):
         protected_refused = CounterMetricFamily(
             "sluicegate_protected_refused",
             "Of the top-lane requests that arrived within their tenant's share, those "
-            "refused, at once or after a wait in the queue.",
-            labels=["model"],
+            "refused, at once or after a wait in the queue, by refusal code.",
+            labels=["model", "reason"],
         )
         for view in (d.view() for d in self._dispatchers):
             reserved.add_metric([view.model], view.reserved_slots)
             protected.add_metric([view.model], view.protected_arrivals)
-            protected_refused.add_metric([view.model], view.protected_refused)
+            for reason, count in view.protected_refused.items():
+                protected_refused.add_metric([view.model, reason], count)
             if view.yields:
                 yield_rate.add_metric([view.model], view.yield_rate_per_s or 0.0)
                 yield_cuts.add_metric([view.model], view.yield_cuts)

@@ -162,8 +162,10 @@ class DispatcherView:
     requests within their tenant's share."""
     protected_arrivals: int
     """Top-lane requests that arrived within their tenant's share."""
-    protected_refused: int
-    """Of those, the ones refused, at once or after a wait, whatever the reason."""
+    protected_refused: Mapping[str, int]
+    """Of those, the ones refused, at once or after a wait, by refusal code: an expiry
+    in the queue, the predicted time to first token and a full queue call for
+    different remedies."""
     decode_s_per_token: float | None
     """The engine time an output token costs, as learnt (`demand.EngineUnit`); None
     before a stream ended."""
@@ -209,7 +211,7 @@ class Dispatcher:
         """Requests the deployments take at once: before any service gap is measured, a
         promised lane queues at most one such batch."""
         self.reserve = Reserve(self._batch, reserve)
-        self._protected_refused = 0
+        self._protected_refused: dict[str, int] = {}
         promise = self.protected.ttft_slo_s
         self.unit = EngineUnit()
         self._recent = RecentWork(HORIZON_S if promise is None else promise)
@@ -307,7 +309,7 @@ class Dispatcher:
             {check.name: check.view() for check in self.checks},
             self.reserve.slots(now, self.predictor.gap_s),
             self.reserve.arrivals,
-            self._protected_refused,
+            dict(self._protected_refused),
             self.unit.decode_s_per_token,
             self.unit.prefill_s_per_token,
         )
@@ -376,9 +378,10 @@ class Dispatcher:
             self.reserve.arrived(now)
         try:
             await self._admit(attempt, protected)
-        except GatewayError:
+        except GatewayError as refusal:
             if protected:
-                self._protected_refused += 1
+                code, refused = refusal.code, self._protected_refused
+                refused[code] = refused.get(code, 0) + 1
             raise
 
     async def _admit(self, attempt: Attempt, protected: bool) -> None:

@@ -32,6 +32,7 @@ from sluicegate.core.types import (
     Tenant,
     Timeouts,
 )
+from sluicegate.observability.metrics import CapacityCollector
 from sluicegate.scheduling.attempt import Attempt, Outcome, Target
 from sluicegate.scheduling.demand import SMOOTHING
 from sluicegate.scheduling.dispatcher import Dispatcher
@@ -940,7 +941,8 @@ async def test_the_requests_judged_within_their_share_are_followed_to_their_end(
                 await granted(dispatcher, attempt(clock, tenant=tenant, lane=lane))
             assert refused.value.code == Refusal.QUEUE_FULL
         view = dispatcher.view()
-        assert (view.protected_arrivals, view.protected_refused) == (4, 1), "big's first two"
+        refused = {Refusal.QUEUE_FULL: 1}
+        assert (view.protected_arrivals, view.protected_refused) == (4, refused), "big's 1st two"
         clock.advance(0.5)
         await dispatcher.release(held.pop())
         held.append(await first)
@@ -960,7 +962,15 @@ async def test_the_requests_judged_within_their_share_are_followed_to_their_end(
         leaves.cancel()
         await settle()
         view = dispatcher.view()
-        assert (view.protected_arrivals, view.protected_refused) == (6, 2), "expired, not left"
+        refused = {Refusal.QUEUE_FULL: 1, Refusal.EXPIRED: 1}
+        assert (view.protected_arrivals, view.protected_refused) == (6, refused), "not left"
+        exposed = {
+            sample.labels["reason"]: sample.value
+            for family in CapacityCollector([], [dispatcher], {}).collect()
+            if family.name == "sluicegate_protected_refused"
+            for sample in family.samples
+        }
+        assert exposed == refused
     finally:
         runner.cancel()
 
