@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from sluicegate.bench import shares
 from sluicegate.bench.records import Record
@@ -95,11 +96,10 @@ def histogram_buckets(
     """(upper bound, count) of the histogram `name` in a /metrics page, summed over the
     label sets `keep` accepts."""
     counts: dict[float, float] = defaultdict(float)
-    for metric in text_string_to_metric_families(exposition):
-        if metric.name == name:
-            for sample in metric.samples:
-                if sample.name.endswith("_bucket") and keep(sample.labels):
-                    counts[float(sample.labels["le"])] += sample.value
+    for _, samples in _families(exposition, (name,), "_bucket"):
+        for sample in samples:
+            if keep(sample.labels):
+                counts[float(sample.labels["le"])] += sample.value
     return sorted(counts.items())
 
 
@@ -107,24 +107,29 @@ def counter_by_label(exposition: str, name: str, label: str) -> dict[str, float]
     """The counter `name` in a /metrics page summed per value of `label`; samples without
     that label (an older gateway's) are left out."""
     found: dict[str, float] = defaultdict(float)
-    for metric in text_string_to_metric_families(exposition):
-        if metric.name == name:
-            for sample in metric.samples:
-                if sample.name == f"{name}_total" and label in sample.labels:
-                    found[sample.labels[label]] += sample.value
+    for _, samples in _families(exposition, (name,), "_total"):
+        for sample in samples:
+            if label in sample.labels:
+                found[sample.labels[label]] += sample.value
     return dict(sorted(found.items()))
 
 
 def counter_totals(exposition: str, names: Sequence[str]) -> dict[str, float]:
     """The counters `names` in a /metrics page, each summed over its label sets; a counter
-    the page does not have is left out."""
-    totals: dict[str, float] = {}
+    the page does not have is left out (one it has without samples is 0)."""
+    return {
+        name: sum(sample.value for sample in samples)
+        for name, samples in _families(exposition, names, "_total")
+    }
+
+
+def _families(
+    exposition: str, names: Sequence[str], suffix: str
+) -> Iterator[tuple[str, list[Sample]]]:
+    """Each family of `names` the page has, with its samples named `name + suffix`."""
     for metric in text_string_to_metric_families(exposition):
         if metric.name in names:
-            totals[metric.name] = sum(
-                sample.value for sample in metric.samples if sample.name == f"{metric.name}_total"
-            )
-    return totals
+            yield metric.name, [s for s in metric.samples if s.name == metric.name + suffix]
 
 
 GATEWAY_KEYS = (

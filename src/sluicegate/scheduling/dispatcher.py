@@ -20,6 +20,7 @@ import asyncio
 import heapq
 import itertools
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -211,7 +212,7 @@ class Dispatcher:
         """Requests the deployments take at once: before any service gap is measured, a
         promised lane queues at most one such batch."""
         self.reserve = Reserve(self._batch, reserve)
-        self._protected_refused: dict[str, int] = {}
+        self._protected_refused: Counter[str] = Counter()
         promise = self.protected.ttft_slo_s
         self.unit = EngineUnit()
         self._recent = RecentWork(HORIZON_S if promise is None else promise)
@@ -380,8 +381,7 @@ class Dispatcher:
             await self._admit(attempt, protected)
         except GatewayError as refusal:
             if protected:
-                code, refused = refusal.code, self._protected_refused
-                refused[code] = refused.get(code, 0) + 1
+                self._protected_refused[refusal.code] += 1
             raise
 
     async def _admit(self, attempt: Attempt, protected: bool) -> None:
@@ -866,8 +866,9 @@ class Dispatcher:
         again it would take the reserve from the requests within their share while its
         tenant's backoff hides its demand)."""
         lane, call = attempt.lane, attempt.call
-        again = bool(call.client_retries) or call.resumed or attempt.number > 1 or attempt.hedge
-        if lane is not self.protected or again:
+        if lane is not self.protected:
+            return False
+        if call.client_retries or call.resumed or attempt.number > 1 or attempt.hedge:
             return False
         self._note_asked(call)
         queue = self.queues[lane.name]
