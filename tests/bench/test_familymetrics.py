@@ -47,8 +47,9 @@ def basis(
     duration_s: float,
     cost: familymetrics.Cost = unit_cost,
     batch: int = 8,
+    step_s: float = 0.008,
 ) -> familymetrics.Basis:
-    return familymetrics.Basis(LANES, weights, cost, capacity, batch, duration_s, 2.0, None)
+    return familymetrics.Basis(LANES, weights, cost, capacity, batch, duration_s, 2.0, None, step_s)
 
 
 def test_a_request_and_its_retry_count_once_in_goodput() -> None:
@@ -348,3 +349,30 @@ def test_the_client_reads_the_gateways_queue_from_server_timing() -> None:
     assert queue_from_server_timing("upstream;dur=3") is None
     assert queue_from_server_timing(None) is None
     assert queue_from_server_timing("queue;dur=x") is None
+
+
+def burst(count: int, at: float, tenant: str = "a", output: int = 16) -> list[Record]:
+    attempt = Attempt(at, at + 1.0, 200, first_token_s=at + 0.5, backend_prefill_s=0.05)
+    return [Record(tenant, "interactive", 0, True, at, (attempt,), 100, output)] * count
+
+
+def test_a_burst_beyond_the_batch_is_out_of_any_schedulers_reach() -> None:
+    """16 tokens at 8 ms hold a slot 128 ms: of 12 sent at once on 8 slots, 4 wait past
+    100 ms whatever the order, and the tenant asks no more than its share."""
+    found = familymetrics.figures(
+        burst(12, 1.0), basis({"a": 1.0}, {"rps": 100.0, "work": 100.0}, 10.0)
+    )
+    assert found["tenants"]["a"]["beyond_reach_fraction"] == pytest.approx(4 / 12)
+    below = found["at_or_below_share"]
+    assert below["tenants"] == 1
+    assert below["beyond_reach_fraction_max"] == pytest.approx(4 / 12)
+    assert below["windowed"]["beyond_reach_fraction"] == pytest.approx(4 / 12)
+
+
+def test_the_runs_shortest_answer_sets_the_span_a_slot_may_free_in() -> None:
+    """One answer of a single token anywhere in the run can free a slot within 100 ms."""
+    records = [*burst(12, 1.0), *burst(1, 5.0, tenant="b", output=1)]
+    found = familymetrics.figures(
+        records, basis({"a": 1.0, "b": 1.0}, {"rps": 100.0, "work": 100.0}, 10.0)
+    )
+    assert found["tenants"]["a"]["beyond_reach_fraction"] == 0.0

@@ -18,6 +18,7 @@ BASIS = familymetrics.Basis(
     4.0,
     2.0,
     None,
+    0.008,
 )
 
 
@@ -100,6 +101,16 @@ def test_the_worst_takes_the_longest_wait_most_refusals_and_lowest_windowed_jain
     assert "310 / 0.0" in text
     assert "310 / 1.0" in text, "the worst row"
     assert "- / -" in text, "v2: nothing judged within"
+
+
+def test_the_table_gives_each_readings_part_beyond_any_schedulers_reach() -> None:
+    on = figures(50.0, 0.0, 0.99)
+    on["at_or_below_share"]["beyond_reach_fraction_max"] = 0.354
+    on["at_or_below_share"]["windowed"]["beyond_reach_fraction"] = 0.0
+    on["within_share"]["beyond_reach_fraction"] = math.nan
+    text = familyreport.text(familyreport.document({}, [result("v0", on)]))
+    assert "beyond reach % (run / window / send)" in text
+    assert "35 / 0 / -" in text
 
 
 def test_a_run_of_the_policy_alone_reports_without_a_pass_through() -> None:

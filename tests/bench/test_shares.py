@@ -90,3 +90,25 @@ def test_a_long_answer_is_served_across_the_windows_it_lasts() -> None:
     records += [sent("b", 0.0, 0.5)]
     found = shares.by_window(records, {"a": 1.0, "b": 1.0}, unit_cost, 1.0, 2.0, 8.0)
     assert found.served["a"] == pytest.approx(2.0 + 1 / 6)
+
+
+def test_of_a_burst_only_a_batch_starts_before_a_slot_can_free() -> None:
+    """Answers hold a slot 128 ms at least: of 12 sent within 28 ms on 8 slots, 4 cannot
+    start within 100 ms; another burst once those spans are over counts again."""
+    first = [1.0] * 6 + [1.02] * 6
+    assert shares.beyond_reach(first, 8, 0.1, 0.128) == 4
+    assert shares.beyond_reach([*first, *[1.2] * 12], 8, 0.1, 0.128) == 8
+
+
+def test_requests_spread_beyond_the_span_are_all_in_reach() -> None:
+    spread = [0.05 * i for i in range(40)]
+    assert shares.beyond_reach(spread, 1, 0.1, 0.128) == 0
+
+
+def test_answers_shorter_than_the_wait_put_everything_in_reach() -> None:
+    assert shares.beyond_reach([1.0] * 50, 8, 0.1, 0.09) == 0
+
+
+def test_a_span_that_overlaps_one_counted_is_not_counted_again() -> None:
+    """Its starts could share slots freed by the first span's: left out, not guessed."""
+    assert shares.beyond_reach([0.0] * 10 + [0.05] * 10, 8, 0.1, 0.128) == 2

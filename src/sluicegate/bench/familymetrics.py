@@ -25,6 +25,8 @@ Cost = Callable[[Record], float]
 """A request's work: seconds of a full backend batch (`capacity.request_cost_s`)."""
 
 WINDOW_S = 1.0
+SHARE_WAIT_S = 0.1
+"""The queue wait the issue allows requests of tenants at or below their share (p95)."""
 PREDICTOR_ERROR = "sluicegate_queue_wait_prediction_error_seconds"
 GATEWAY_REFUSALS = "sluicegate_refusal_seconds"
 QUEUE_OUTCOMES = (
@@ -236,6 +238,7 @@ def tenants(
     cost: Cost,
     capacity_work: float,
     duration_s: float,
+    reach: Reach,
 ) -> dict[str, dict[str, object]]:
     """Each tenant's demand (the work its requests asked per second, served or not) against
     its max-min share of the capacity in the same unit, and what it got."""
@@ -254,7 +257,7 @@ def tenants(
             "above_share": demands[tenant] > fair[tenant],
             "served": served,
             "served_of_share": served / fair[tenant] if fair[tenant] > 0 else math.nan,
-            **_group(members),
+            **_group(members, reach),
             "failed_fraction": _fraction(sum(not r.ok for r in members), len(members)),
         }
     return found
@@ -274,6 +277,8 @@ class Basis:
     duration_s: float
     promise_s: float
     slowdown_at_s: float | None
+    step_s: float
+    """The engine's shortest step: no sequence gets a token sooner (`shares.beyond_reach`)."""
 
 
 def figures(
@@ -340,7 +345,8 @@ def share_figures(records: Sequence[Record], basis: Basis) -> dict[str, object]:
     """Tenants against their fair share three ways: by demand over the whole run (the
     first definition, kept), each request at its send, and per window of the promise."""
     weights, duration_s = basis.weights, basis.duration_s
-    per_tenant = tenants(records, weights, basis.cost, basis.capacity["work"], duration_s)
+    reach = _reach(records, basis)
+    per_tenant = tenants(records, weights, basis.cost, basis.capacity["work"], duration_s, reach)
     below = [f for f in per_tenant.values() if not f["above_share"] and f["requests"]]
     above = [f["served_of_share"] for f in per_tenant.values() if f["above_share"]]
     at_send = shares.within_share_at_send(records, weights, basis.batch)
@@ -362,10 +368,11 @@ def share_figures(records: Sequence[Record], basis: Basis) -> dict[str, object]:
             "tenants": len(below),
             "queue_wait_p95_ms_max": _max(f["queue_wait_p95_ms"] for f in below),
             "refused_fraction_max": _max(f["refused_fraction"] for f in below),
+            "beyond_reach_fraction_max": _max(f["beyond_reach_fraction"] for f in below),
             "windowed": {
-                **_group(below_windowed),
+                **_group(below_windowed, reach),
                 **_asked(below_windowed, basis),
-                "beyond_share_at_send": _group(below_beyond),
+                "beyond_share_at_send": _group(below_beyond, reach),
             },
         },
         "above_share": {
@@ -375,15 +382,37 @@ def share_figures(records: Sequence[Record], basis: Basis) -> dict[str, object]:
             "jain_windowed": jain(ratios) if len(ratios) >= 2 else math.nan,
         },
         "within_share": {
-            **_group(within),
+            **_group(within, reach),
             **_asked(within, basis),
-            "per_tenant": {t: _group([r for r in within if r.tenant == t]) for t in weights},
+            "per_tenant": {t: _group([r for r in within if r.tenant == t], reach) for t in weights},
         },
-        "beyond_share": {**_group(beyond), **_asked(beyond, basis)},
+        "beyond_share": {**_group(beyond, reach), **_asked(beyond, basis)},
     }
 
 
-def _group(records: Sequence[Record]) -> dict[str, object]:
+Reach = Callable[[Sequence[Record]], float]
+"""The fraction of a class of requests beyond any scheduler's reach (`_reach`); NaN for
+an empty class."""
+
+
+def _reach(records: Sequence[Record], basis: Basis) -> Reach:
+    """Of a class of the run's requests, the fraction no scheduler that never pauses or
+    cuts an answer it started could serve within `SHARE_WAIT_S` (`shares.beyond_reach`):
+    every answer of the run holds a slot at least the run's fewest output tokens' steps.
+    From 6 % on, the class's target (wait p95 <= 100 ms, < 1 % refused) is out of such a
+    scheduler's reach: with under 1 % refused, over 5 % of those served waited longer."""
+    asked = [r.asked_output_tokens for r in records if r.asked_output_tokens > 0]
+    shortest_s = basis.step_s * min(asked, default=0)
+
+    def fraction(members: Sequence[Record]) -> float:
+        sends = [shares.first_send_s(r) for r in members]
+        late = shares.beyond_reach(sends, basis.batch, SHARE_WAIT_S, shortest_s)
+        return _fraction(late, len(members))
+
+    return fraction
+
+
+def _group(records: Sequence[Record], reach: Reach) -> dict[str, object]:
     waits = [w for r in records if (w := r.queue_wait_s) is not None]
     held = [w for r in records if (w := r.gateway_wait_s) is not None]
     codes = _refusal_codes(records)
@@ -394,6 +423,7 @@ def _group(records: Sequence[Record]) -> dict[str, object]:
         "gateway_wait_p95_ms": 1000 * percentile(held, 95),
         "refused_fraction": _fraction(sum(codes.values()), len(records)),
         "refusals_by_code": codes,
+        "beyond_reach_fraction": reach(records),
     }
 
 

@@ -49,15 +49,17 @@ def basis(
     run and a rescore of it read the same."""
     found = result["parameters"]
     slowdown_at_s = None if found["slowdown"] is None else found["slowdown_at"] * duration_s
+    engine = family.engine(found["batch"])
     return familymetrics.Basis(
         lanes=lanes,
         weights={t["name"]: float(t["weight"]) for t in found["tenants"]},
-        cost=capacity.work(family.engine(found["batch"])),
+        cost=capacity.work(engine),
         capacity=result["capacity"]["effective"],
         batch=found["batch"],
         duration_s=duration_s,
         promise_s=family.PROMISE_S,
         slowdown_at_s=slowdown_at_s,
+        step_s=engine.step_base_s * engine.time_scale,
     )
 
 
@@ -195,6 +197,14 @@ DEFINITIONS = {
     "turned away with each code (overloaded: the predictor, shed: CoDel, expired: the "
     "queue's age limit); the windowed class also gives its requests beyond share at send "
     "apart (beyond_share_at_send), where the two readings disagree",
+    "beyond reach": "of the requests of tenants at or below their share (over the run, the "
+    "worst such tenant; per window; at send), the part no scheduler could serve within "
+    "100 ms of their send unless it paused or cut answers it had started: the backend "
+    "starts at most a batch of sequences in any span shorter than the run's shortest "
+    "answer (its fewest output tokens at the engine's shortest step), so of a class's "
+    "requests sent within that span less 100 ms of one another, those beyond a batch "
+    "wait longer or are refused; from 6 % on, the class's target (wait p95 <= 100 ms, "
+    "< 1 % refused) is out of such a scheduler's reach",
     "recovery": "from the slowdown to the end of the last 1 s window (by attempt start) whose "
     "admitted TTFT p95 broke the promise; 0 when none did",
     "longest pause": "of the streamed answers that succeeded, the longest time one stood "
@@ -226,6 +236,7 @@ def text(doc: Mapping[str, Any]) -> str:
         "within share: gateway wait p95 ms",
         "within share at send: asked x capacity",
         "within share by the gateway: queue wait p95 ms / refused %",
+        "beyond reach % (run / window / send)",
         "Jain above (windowed)",
         "recovery s",
         "longest pause s / past promise",
@@ -266,6 +277,7 @@ def text(doc: Mapping[str, Any]) -> str:
                     _num(f["within_share"]["gateway_wait_p95_ms"], 0),
                     _num(f["within_share"]["asked_of_capacity"], 2),
                     _protected_text(protected(f)),
+                    _beyond_reach(f),
                     _num(f["above_share"]["jain_windowed"], 3),
                     "-" if rec is None else _recovery(rec),
                     _pauses(f["pauses"]["longest_s"], f["pauses"]["past_promise"]),
@@ -296,6 +308,7 @@ def text(doc: Mapping[str, Any]) -> str:
                 _num(w["within_share_gateway_wait_p95_ms"], 0),
                 _num(w["within_share_asked_of_capacity"], 2),
                 _wait_refused(w["protected_queue_wait_p95_ms"], w["protected_refused_fraction"]),
+                "",
                 _num(w["above_share_jain_windowed"], 3),
                 _num(w["recovery_s"], 0),
                 _pauses(w["longest_pause_s"], w["paused_past_promise"]),
@@ -312,6 +325,16 @@ def text(doc: Mapping[str, Any]) -> str:
 def _recovery(found: Mapping[str, Any]) -> str:
     value = _num(found["recovery_s"], 0)
     return value if found["recovered"] else f">{value}"
+
+
+def _beyond_reach(figures: Mapping[str, Any]) -> str:
+    below = figures["at_or_below_share"]
+    parts = (
+        below["beyond_reach_fraction_max"],
+        below["windowed"]["beyond_reach_fraction"],
+        figures["within_share"]["beyond_reach_fraction"],
+    )
+    return " / ".join(_num(100 * part, 0) for part in parts)
 
 
 def _pauses(longest_s: float, past_promise: float) -> str:

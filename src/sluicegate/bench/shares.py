@@ -9,6 +9,7 @@ share at that moment can be asked to wait.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -69,6 +70,32 @@ def within_share_at_send(
         share = max_min_shares(outstanding, weights, batch)[record.tenant]
         within[index] = before < share - TOLERANCE
     return within
+
+
+def beyond_reach(sends: Sequence[float], batch: int, wait_s: float, shortest_s: float) -> int:
+    """How many of the requests first sent at `sends` (a class of them, in seconds) no
+    scheduler could start within `wait_s` of their send, unless it paused or cut an
+    answer it had started: a lower bound on those that wait longer or are refused.
+
+    A backend of `batch` sequences whose every answer holds its slot at least
+    `shortest_s` (its fewest output tokens, a step each) starts at most `batch`
+    sequences in any span shorter than that: a slot frees only when a sequence that
+    was running when the span began ends. So of the requests sent within `shortest_s -
+    wait_s` of one another, beyond `batch` must wait past `wait_s`. Groups are counted
+    only where their spans of starts do not overlap, so each span's `batch` is its own."""
+    reach_s = shortest_s - wait_s
+    if reach_s < 0 or not sends:
+        return 0
+    ordered = sorted(sends)
+    late, first, counted_s = 0, 0, -math.inf
+    while first < len(ordered):
+        opens_s = ordered[first]
+        after = bisect.bisect_right(ordered, opens_s + reach_s, lo=first)
+        if opens_s >= counted_s + shortest_s:
+            late += max(0, after - first - batch)
+            counted_s = opens_s
+        first = after
+    return late
 
 
 @dataclass(frozen=True, slots=True)
