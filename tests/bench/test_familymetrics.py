@@ -353,7 +353,17 @@ def test_the_client_reads_the_gateways_queue_from_server_timing() -> None:
 
 def burst(count: int, at: float, tenant: str = "a", output: int = 16) -> list[Record]:
     attempt = Attempt(at, at + 1.0, 200, first_token_s=at + 0.5, backend_prefill_s=0.05)
-    return [Record(tenant, "interactive", 0, True, at, (attempt,), 100, output)] * count
+    record = Record(
+        tenant,
+        "interactive",
+        0,
+        True,
+        at,
+        (attempt,),
+        asked_prompt_tokens=100,
+        asked_output_tokens=output,
+    )
+    return [record] * count
 
 
 def test_a_burst_beyond_the_batch_is_out_of_any_schedulers_reach() -> None:
@@ -370,7 +380,8 @@ def test_a_burst_beyond_the_batch_is_out_of_any_schedulers_reach() -> None:
 
 
 def test_the_runs_shortest_answer_sets_the_span_a_slot_may_free_in() -> None:
-    """One answer of a single token anywhere in the run can free a slot within 100 ms."""
+    """The run's fewest output tokens bound every slot's hold, the cautious end: with one
+    answer of a single token in the run, nothing is beyond reach."""
     records = [*burst(12, 1.0), *burst(1, 5.0, tenant="b", output=1)]
     found = familymetrics.figures(
         records, basis({"a": 1.0, "b": 1.0}, {"rps": 100.0, "work": 100.0}, 10.0)

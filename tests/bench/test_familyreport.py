@@ -122,3 +122,13 @@ def test_a_run_of_the_policy_alone_reports_without_a_pass_through() -> None:
     lines = familyreport.text(doc).splitlines()
     assert not any(line.split()[:2] in (["v0", "off"], ["WORST", "off"]) for line in lines)
     assert any(line.split()[:2] == ["v0", "on"] for line in lines)
+
+
+def test_a_variant_is_judged_with_the_engines_shortest_step() -> None:
+    """The simulator's engine steps 8 ms at the least: what `beyond reach` rests on."""
+    result = {
+        "parameters": {"tenants": [{"name": "a", "weight": 1}], "batch": 8, "slowdown": None},
+        "capacity": {"effective": {"rps": 1.0, "work": 1.0}},
+    }
+    found = familyreport.basis(result, {"interactive": Slo(ttft_s=2.0)}, 30.0)
+    assert found.step_s == 0.008

@@ -109,6 +109,17 @@ def test_answers_shorter_than_the_wait_put_everything_in_reach() -> None:
     assert shares.beyond_reach([1.0] * 50, 8, 0.1, 0.09) == 0
 
 
-def test_a_span_that_overlaps_one_counted_is_not_counted_again() -> None:
-    """Its starts could share slots freed by the first span's: left out, not guessed."""
-    assert shares.beyond_reach([0.0] * 10 + [0.05] * 10, 8, 0.1, 0.128) == 2
+def test_spans_that_overlap_each_bound_their_own_requests() -> None:
+    """8 start at 0, the next ones not before 0.128 s: of the 10 sent at 0.05, 2 start in
+    time at most, so 4 are late in all, not only the first span's 2."""
+    assert shares.beyond_reach([0.0] * 10 + [0.05] * 10, 8, 0.1, 0.128) == 4
+
+
+def test_a_group_within_the_batch_adds_nothing() -> None:
+    assert shares.beyond_reach([0.0] * 3 + [1.0] * 12, 8, 0.1, 0.128) == 4
+
+
+def test_a_send_as_late_as_the_span_allows_opens_the_next_group() -> None:
+    """Sent 125 ms after the others, it may start 125 ms later still, just as the first
+    slots may come free: in reach."""
+    assert shares.beyond_reach([0.0] * 8 + [0.125], 8, 0.125, 0.25) == 0

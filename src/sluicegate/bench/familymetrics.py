@@ -23,6 +23,9 @@ from sluicegate.bench.summary import REFUSALS, WAITED, goodput_rps, meets
 
 Cost = Callable[[Record], float]
 """A request's work: seconds of a full backend batch (`capacity.request_cost_s`)."""
+Reach = Callable[[Sequence[Record]], float]
+"""The fraction of a class of requests beyond any scheduler's reach (`_reach`); NaN for
+an empty class."""
 
 WINDOW_S = 1.0
 SHARE_WAIT_S = 0.1
@@ -390,19 +393,12 @@ def share_figures(records: Sequence[Record], basis: Basis) -> dict[str, object]:
     }
 
 
-Reach = Callable[[Sequence[Record]], float]
-"""The fraction of a class of requests beyond any scheduler's reach (`_reach`); NaN for
-an empty class."""
-
-
 def _reach(records: Sequence[Record], basis: Basis) -> Reach:
-    """Of a class of the run's requests, the fraction no scheduler that never pauses or
-    cuts an answer it started could serve within `SHARE_WAIT_S` (`shares.beyond_reach`):
-    every answer of the run holds a slot at least the run's fewest output tokens' steps.
-    From 6 % on, the class's target (wait p95 <= 100 ms, < 1 % refused) is out of such a
-    scheduler's reach: with under 1 % refused, over 5 % of those served waited longer."""
-    asked = [r.asked_output_tokens for r in records if r.asked_output_tokens > 0]
-    shortest_s = basis.step_s * min(asked, default=0)
+    """Of a class of the run's requests, the fraction `shares.beyond_reach` finds, every
+    answer holding its slot at least the run's fewest output tokens asked at a step
+    each (the whole run's, not the class's: the cautious end; one that asked none, or
+    did not say, puts everything in reach)."""
+    shortest_s = basis.step_s * min((r.asked_output_tokens for r in records), default=0)
 
     def fraction(members: Sequence[Record]) -> float:
         sends = [shares.first_send_s(r) for r in members]

@@ -200,11 +200,12 @@ DEFINITIONS = {
     "beyond reach": "of the requests of tenants at or below their share (over the run, the "
     "worst such tenant; per window; at send), the part no scheduler could serve within "
     "100 ms of their send unless it paused or cut answers it had started: the backend "
-    "starts at most a batch of sequences in any span shorter than the run's shortest "
+    "starts at most a batch of sequences in any span as long as the run's shortest "
     "answer (its fewest output tokens at the engine's shortest step), so of a class's "
     "requests sent within that span less 100 ms of one another, those beyond a batch "
-    "wait longer or are refused; from 6 % on, the class's target (wait p95 <= 100 ms, "
-    "< 1 % refused) is out of such a scheduler's reach",
+    "wait longer or are refused (for these send times); from about 6 % on, in a class of "
+    "a hundred requests or more, the class's target (wait p95 <= 100 ms, < 1 % refused) "
+    "is out of such a scheduler's reach",
     "recovery": "from the slowdown to the end of the last 1 s window (by attempt start) whose "
     "admitted TTFT p95 broke the promise; 0 when none did",
     "longest pause": "of the streamed answers that succeeded, the longest time one stood "
@@ -308,7 +309,7 @@ def text(doc: Mapping[str, Any]) -> str:
                 _num(w["within_share_gateway_wait_p95_ms"], 0),
                 _num(w["within_share_asked_of_capacity"], 2),
                 _wait_refused(w["protected_queue_wait_p95_ms"], w["protected_refused_fraction"]),
-                "",
+                "-",
                 _num(w["above_share_jain_windowed"], 3),
                 _num(w["recovery_s"], 0),
                 _pauses(w["longest_pause_s"], w["paused_past_promise"]),

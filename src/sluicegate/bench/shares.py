@@ -75,25 +75,23 @@ def within_share_at_send(
 def beyond_reach(sends: Sequence[float], batch: int, wait_s: float, shortest_s: float) -> int:
     """How many of the requests first sent at `sends` (a class of them, in seconds) no
     scheduler could start within `wait_s` of their send, unless it paused or cut an
-    answer it had started: a lower bound on those that wait longer or are refused.
+    answer it had started: a lower bound on those that wait longer or are refused, for
+    these send times (a closed loop's would move with its answers).
 
     A backend of `batch` sequences whose every answer holds its slot at least
-    `shortest_s` (its fewest output tokens, a step each) starts at most `batch`
-    sequences in any span shorter than that: a slot frees only when a sequence that
-    was running when the span began ends. So of the requests sent within `shortest_s -
-    wait_s` of one another, beyond `batch` must wait past `wait_s`. Groups are counted
-    only where their spans of starts do not overlap, so each span's `batch` is its own."""
+    `shortest_s` starts at most `batch` sequences in any span of that length: a slot
+    frees only when a sequence that was running as the span began ends. The requests
+    sent in `[t, t + shortest_s - wait_s)` that start in time start in `[t, t +
+    shortest_s)`, so beyond `batch` of them wait longer. Each group of such requests
+    bounds its own; the groups share no request, so their sums add up."""
     reach_s = shortest_s - wait_s
-    if reach_s < 0 or not sends:
+    if reach_s <= 0:
         return 0
     ordered = sorted(sends)
-    late, first, counted_s = 0, 0, -math.inf
+    late, first = 0, 0
     while first < len(ordered):
-        opens_s = ordered[first]
-        after = bisect.bisect_right(ordered, opens_s + reach_s, lo=first)
-        if opens_s >= counted_s + shortest_s:
-            late += max(0, after - first - batch)
-            counted_s = opens_s
+        after = bisect.bisect_left(ordered, ordered[first] + reach_s, lo=first)
+        late += max(0, after - first - batch)
         first = after
     return late
 
