@@ -329,7 +329,7 @@ class Running:
             found[f"route {route} slots"] = await store.in_use(keys.route_slots(route))
         found["aggregate slots"] = await store.in_use(keys.AGGREGATE_SLOTS)
         for name, dispatcher in runtime.dispatchers.items():
-            found[f"{name} queued"] = sum(q.size for q in dispatcher.queues.values())
+            found[f"{name} queued"] = sum(lane.queued for lane in dispatcher.view().lanes)
             for target in dispatcher.targets:
                 found[f"breaker {target.deployment.name}"] = target.breaker.in_flight
         return found

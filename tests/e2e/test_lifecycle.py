@@ -173,9 +173,10 @@ async def counters(gw: InProcessGateway, memory: MemoryLimitStore) -> dict[str, 
             deployment = target.deployment.name
             found[f"breaker {deployment}"] = target.breaker.in_flight
             found[f"gate {deployment}"] = getattr(target.gate, "in_flight", 0)
-        found[f"{name} lane use"] = dispatcher.view().checks["lane_share"]["in_use"]
-        found[f"{name} in flight"] = sum(s.in_flight for s in dispatcher.stats.values())
-        found[f"{name} queued"] = sum(q.size for q in dispatcher.queues.values())
+        view = dispatcher.view()
+        found[f"{name} lane use"] = view.checks["lane_share"]["in_use"]
+        found[f"{name} in flight"] = sum(lane.in_flight for lane in view.lanes)
+        found[f"{name} queued"] = sum(lane.queued for lane in view.lanes)
     found["leases held"] = runtime.pools["fast"].leases.held
     return found
 

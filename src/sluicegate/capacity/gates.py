@@ -236,8 +236,8 @@ class AimdGate(_Listeners):
         self.in_flight += 1
 
     def withdraw(self) -> None:
+        """The gate is as it was before the send: nothing opened that a listener waits on."""
         self.in_flight -= 1
-        self._changed()
 
     def done(self, first_byte_s: float | None) -> None:
         self.in_flight -= 1

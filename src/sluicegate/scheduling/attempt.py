@@ -125,6 +125,14 @@ class Attempt:
         self.preempted = self.preempted or agreed
         return agreed
 
+    def produced(self) -> int | None:
+        """Output tokens, as the provider reported them; None when it did not."""
+        if self.completion_tokens is not None:
+            return self.completion_tokens
+        if self.used_tokens is None:
+            return None
+        return max(0, self.used_tokens - self.call.prompt_tokens)
+
     def end(self, error: BaseException | None) -> None:
         """Decide the outcome from how the attempt ended; the first decision stands."""
         if self.outcome is None:

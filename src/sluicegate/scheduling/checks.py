@@ -1,59 +1,25 @@
-"""Dispatch checks: may lane L go to target T now? If not, why, and until when?
+"""The target's checks: may lane L go to target T now? If not, why, and until when?
 
-Each check answers that one question with plain values and owns the counts it reads:
-`dispatched` records an attempt against them, `withdrawn` undoes that for an attempt
-that did not go out after all (a pool refused it), and `released` for one that ended.
-Check and record happen in one synchronous step of the dispatcher, so no other attempt
-can pass a check between the two. A check that has nothing to decide or count for a lane
-on a target (`applies`) is left out of that pair's plan, built once by the dispatcher.
+Each check answers that one question with plain values and owns the counts it reads
+(`plugin.Check`). Check and record happen in one synchronous step of the dispatcher, so
+no other attempt can pass a check between the two. A check that has nothing to decide
+or count for a lane on a target (`applies`) is left out of that pair's plan, built once
+by the dispatcher.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any
 
 from sluicegate.capacity.gates import OpenGate
-from sluicegate.core.errors import GatewayError
+from sluicegate.core.clock import Clock
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Lane
 from sluicegate.scheduling.attempt import Attempt, Outcome, Target
-
-
-@dataclass(frozen=True, slots=True)
-class NotNow:
-    """A check's "not now": the refusal a caller gets, the time it is told to come back
-    (only a real one), and when the dispatcher itself should look again."""
-
-    reason: Refusal
-    message: str
-    retry_after_s: float | None = None
-    wake_in_s: float | None = None
-
-    def error(self) -> GatewayError:
-        return self.reason.error(self.message, self.retry_after_s)
-
-
-class DispatchCheck(Protocol):
-    name: str
-
-    def applies(self, target: Target, lane: Lane) -> bool:
-        """Whether there is anything to decide or count for `lane` on `target`: asked
-        once per pair, since both are fixed at start."""
-        ...
-
-    def check(self, target: Target, lane: Lane) -> NotNow | None: ...
-
-    def dispatched(self, target: Target, lane: Lane) -> None: ...
-
-    def withdrawn(self, target: Target, lane: Lane) -> None: ...
-
-    def released(self, target: Target, lane: Lane, attempt: Attempt) -> None: ...
-
-    def view(self) -> dict[str, Any]: ...
+from sluicegate.scheduling.plugin import Check, NotNow, Quiet
 
 
 class BreakerCheck:
@@ -63,6 +29,8 @@ class BreakerCheck:
     abandoned one (a probe whose caller left) gives its probe slot back."""
 
     name = "breaker"
+    lane_wide = False
+    holds_rests = True
 
     def __init__(self) -> None:
         self.refused: Counter[str] = Counter()
@@ -93,7 +61,7 @@ class BreakerCheck:
             return NotNow(Refusal.RAMPING, message)
         return None
 
-    def dispatched(self, target: Target, lane: Lane) -> None:
+    def taken(self, target: Target, lane: Lane) -> None:
         target.breaker.started()
 
     def withdrawn(self, target: Target, lane: Lane) -> None:
@@ -116,6 +84,8 @@ class GateCheck:
     backend's."""
 
     name = "backend_gate"
+    lane_wide = False
+    holds_rests = True
 
     def __init__(self) -> None:
         self.refused = 0
@@ -130,7 +100,7 @@ class GateCheck:
         self.refused += 1
         return NotNow(Refusal.BACKEND_BUSY, f"deployment {target.deployment.name} is busy")
 
-    def dispatched(self, target: Target, lane: Lane) -> None:
+    def taken(self, target: Target, lane: Lane) -> None:
         target.gate.sent()
 
     def withdrawn(self, target: Target, lane: Lane) -> None:
@@ -154,18 +124,39 @@ class GateCheck:
         return {"refused": self.refused}
 
 
-class ShareCheck:
+class ShareCheck(Quiet):
     """A lane with `max_share` < 1 holds at most that share of each pool's concurrency
-    while the lanes above it are busy (`busy_above`), so the rest stays for them; while
-    they are not, it uses what they leave, the whole pool."""
+    while a lane above it is busy (had an arrival within `busy_for_s`), so the rest
+    stays for them; while none is, it uses what they leave, the whole pool. A lane
+    counts as busy at the start: a batch submitted before anyone else arrives must not
+    take the whole pool from the top lane's first requests."""
 
     name = "lane_share"
+    lane_wide = False
+    holds_rests = False
 
-    def __init__(self, busy_above: Callable[[Lane], bool] = lambda lane: True) -> None:
+    def __init__(self, lanes: Sequence[Lane], clock: Clock, busy_for_s: float) -> None:
         self.in_use: Counter[tuple[str, str]] = Counter()
         """(pool, lane) -> attempts of that lane holding a permit of that pool."""
         self.refused = 0
-        self._busy_above = busy_above
+        self._lanes = tuple(lanes)
+        self._clock = clock
+        self._busy_for_s = busy_for_s
+        started = clock.now()
+        self._arrived_s = {lane.name: started for lane in self._lanes}
+        """Each lane's latest arrival."""
+
+    def arrived(self, attempt: Attempt, protected: bool) -> None:
+        self._arrived_s[attempt.lane.name] = self._clock.now()
+
+    def _busy_above(self, lane: Lane) -> bool:
+        since = self._clock.now() - self._busy_for_s
+        arrived = self._arrived_s
+        return any(
+            arrived.get(other.name, -math.inf) > since
+            for other in self._lanes
+            if other.priority > lane.priority
+        )
 
     def applies(self, target: Target, lane: Lane) -> bool:
         """Always: the counts of every lane are shown, not only of those it limits."""
@@ -182,7 +173,7 @@ class ShareCheck:
                 return NotNow(Refusal.LANE_SHARE, message)
         return None
 
-    def dispatched(self, target: Target, lane: Lane) -> None:
+    def taken(self, target: Target, lane: Lane) -> None:
         for pool in target.pools:
             self.in_use[(pool.name, lane.name)] += 1
 
@@ -198,8 +189,6 @@ class ShareCheck:
         return {"refused": self.refused, "in_use": in_use}
 
 
-def default_checks(
-    busy_above: Callable[[Lane], bool] = lambda lane: True,
-) -> tuple[DispatchCheck, ...]:
+def default_checks(lanes: Sequence[Lane], clock: Clock, busy_for_s: float) -> tuple[Check, ...]:
     """In the order asked: the cheapest and most telling first."""
-    return (BreakerCheck(), GateCheck(), ShareCheck(busy_above))
+    return (BreakerCheck(), GateCheck(), ShareCheck(lanes, clock, busy_for_s))

@@ -1,13 +1,6 @@
-"""What each tenant asked of the engine lately, in the engine's own unit of work.
+"""What does a token cost the engine? Learnt from the backend as it serves.
 
-Requests within their tenant's share all go before the others, but on a full batch they
-still wait for completions in some order among themselves, and the order decides who
-waits. By requests in flight, a burst's first requests (its tenant holds nothing yet)
-go before a steady light tenant's next one (it holds one), and a steady tenant asking
-its share waits behind every burst. By work asked lately per weight, the lightest
-tenant goes first: the one furthest below its share of the engine's time.
-
-The unit is the engine's, learnt from the backend as it serves. Each step of a
+Work is counted in the engine's own unit: seconds of its steps. Each step of a
 continuous batch decodes a token for every running sequence and prefills some prompt
 tokens, and takes about a decode part plus a price per prompt token. A stream that
 ended tells both: over its span after its first token it took one step per token, and
@@ -15,24 +8,26 @@ the dispatcher counted the prompt tokens that got their first token on its deplo
 meanwhile. Per sequence and step, its time is the decode cost of an output token plus
 the prefill price times the prompt tokens per sequence and step: a line through the
 streams, whose slope is the price and whose intercept the decode cost. The prefill
-budget's rate (prompt tokens over the time any waited) is the effective one, its busy
-time holding every decode step's part; read as the price, it made a prompt token cost
-two to seven times what the simulator's engine spends on one (family v2: a tenant of
-1,239-token prompts read 8-10 times as dear a slot as one of decode-only answers, the
-family's unit about 1.9), so the short prompts' tenants were judged beyond their
-share. It stays the bound (the marginal price is no more) and the price until the
-streams tell the slope. A fixed ratio (the VTC's 1:2) is wrong by an order of magnitude
-on a batch that decodes a token for the time it prefills twenty; a ratio fitted to one
-backend would be wrong on the next.
+budget's rate (prompt tokens over the time any waited) is the effective price, its busy
+time holding every decode step's part, several times the marginal one: read as the
+price, it would judge the tenants of long prompts far dearer than they are. It stays
+the bound (the marginal price is no more) and the price until the streams tell the
+slope. A fixed ratio (the VTC's 1:2) is wrong by an order of magnitude on a batch that
+decodes a token for the time it prefills twenty; a ratio fitted to one backend would be
+wrong on the next.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
-HORIZON_S = 2.0
-"""Over how long a tenant's asked work is counted when the top lane makes no promise;
-with one, the promise: a tenant is judged over the time its request may be kept."""
+from sluicegate.core.clock import Clock
+from sluicegate.core.types import Lane
+from sluicegate.scheduling.attempt import Attempt, Target
+from sluicegate.scheduling.fairness import FairnessPolicy
+from sluicegate.scheduling.plugin import Quiet
+
 SMOOTHING = 0.1
 """Weight of the newest stream in the sums the prices are read from."""
 SPREAD = 0.25
@@ -40,9 +35,6 @@ SPREAD = 0.25
 mean) before a slope is read: with all alike, the slope is noise."""
 SAMPLES = 10
 """Streams seen before a slope is read."""
-FORGOTTEN = 1e-6
-"""Work below this fraction of its last value is forgotten with its tenant: the map walks
-only the tenants active lately."""
 
 
 class EngineUnit:
@@ -101,26 +93,49 @@ class EngineUnit:
         return prompt_tokens * price + output_tokens * decode
 
 
-class RecentWork:
-    """Each tenant's work asked, per its weight, fading by e every `horizon_s`."""
+class Learner(Quiet):
+    """Learns the engine's unit from every stream that ends (`EngineUnit`), and tells the
+    lane's fair order the engine time each request held its slot for."""
 
-    def __init__(self, horizon_s: float) -> None:
-        self._horizon_s = horizon_s
-        self._asked: dict[str, tuple[float, float]] = {}
-        """Per tenant: its faded work per weight and when it was last brought up to date."""
+    def __init__(
+        self,
+        targets: int,
+        clock: Clock,
+        in_flight: Callable[[], int],
+        prefill_rate: Callable[[Target], float | None],
+        prompts_meanwhile: Callable[[Attempt, Target], int | None],
+        fairness: Callable[[Lane], FairnessPolicy],
+    ) -> None:
+        self.unit = EngineUnit()
+        self._targets = targets
+        self._clock = clock
+        self._in_flight = in_flight
+        self._prefill_rate = prefill_rate
+        self._prompts_meanwhile = prompts_meanwhile
+        self._fairness = fairness
 
-    def asked(self, flow: str, work_s: float, weight: float, now: float) -> None:
-        self._asked[flow] = (self.level(flow, now) + work_s / weight, now)
-
-    def level(self, flow: str, now: float) -> float:
-        """`flow`'s work asked lately per weight: who has it least is furthest below its
-        share."""
-        found = self._asked.get(flow)
-        if found is None:
-            return 0.0
-        work, at = found
-        faded = work * math.exp(-(now - at) / self._horizon_s)
-        if faded < work * FORGOTTEN:
-            del self._asked[flow]
-            return 0.0
-        return faded
+    def ended(self, attempt: Attempt) -> None:
+        """The rest of a handed-over answer held its slot for a prompt that was mostly
+        its own answer so far: what its slot held says nothing of its tenant's work."""
+        target, call, now = attempt.target, attempt.call, self._clock.now()
+        assert target is not None
+        assert attempt.dispatched_s is not None
+        rate = self._prefill_rate(target)
+        prompts = self._prompts_meanwhile(attempt, target)
+        first_s, tokens = attempt.first_byte_s, attempt.completion_tokens
+        if call.stream and first_s is not None and tokens and prompts is not None:
+            self.unit.streamed(
+                tokens,
+                now - first_s,
+                prompts,
+                math.ceil(self._in_flight() / self._targets),
+                1.0 / rate if rate else None,
+            )
+        produced = attempt.produced()
+        if produced is None or call.resumed:
+            return
+        work_s = self.unit.work_s(call.prompt_tokens, produced, rate)
+        if work_s is not None:
+            self._fairness(attempt.lane).slot_held(
+                call.tenant.name, work_s, now - attempt.dispatched_s
+            )

@@ -11,12 +11,11 @@ dip does not flap it.
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
 from collections.abc import Iterable
 
 from sluicegate.capacity.gates import MetricsGate
-from sluicegate.core.clock import Clock
+from sluicegate.core.clock import Clock, sleep_until
 from sluicegate.core.types import OverloadPolicy, OverloadState, Scheduling
 from sluicegate.scheduling.dispatcher import Dispatcher
 
@@ -102,18 +101,17 @@ class OverloadWatch:
         self._clock = clock
 
     def ratios(self) -> list[float | None]:
-        top, now = self._top, self._clock.now()
+        top = self._top
+        views = [dispatcher.view() for dispatcher in self._dispatchers]
         found: list[float | None] = []
         if top.ttft_slo_s is not None:
-            for dispatcher in self._dispatchers:
-                oldest = dispatcher.queues[top.name].oldest_enqueued_s()
-                if oldest is not None:
-                    found.append((now - oldest) / top.ttft_slo_s)
+            for view in views:
+                lane = view.lane(top.name)
+                if lane.queued:
+                    found.append(lane.oldest_age_s / top.ttft_slo_s)
             p95 = self._window.p95()
             found.append(None if p95 is None else p95 / top.ttft_slo_s)
-        if top.tpot_slo_s is not None and any(
-            d.stats[top.name].in_flight for d in self._dispatchers
-        ):
+        if top.tpot_slo_s is not None and any(view.lane(top.name).in_flight for view in views):
             found += [
                 None if gate.tpot_s is None else gate.tpot_s / top.tpot_slo_s
                 for gate in self._gates
@@ -130,5 +128,5 @@ class OverloadWatch:
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(self._interval_s)
+            await sleep_until(self._clock, self._clock.now() + self._interval_s)
             self.tick()

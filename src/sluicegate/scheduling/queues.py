@@ -8,7 +8,7 @@ which must leave the reserve free, it would wait as long as they do. Under overl
 retry has already spent part of its caller's patience, so of two requests the fresh
 one is likelier to be answered in time. The rest of an answer that gave its slot to
 a request within its share (`Call.resumed`) waits outside the fair order, first come
-first served; the dispatcher tries it before the fair order (`Dispatcher._turns`): its
+first served; the dispatcher tries it before the fair order (`handover.HandOver`): its
 caller is mid-answer.
 Bounded by size here and by age through each waiter's own timeout; a waiter that leaves
 (deadline, age, caller gone) is removed at once and never dispatched.

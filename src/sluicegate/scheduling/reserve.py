@@ -21,6 +21,11 @@ nothing without any.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+
+from sluicegate.core.clock import Clock
+from sluicegate.scheduling.attempt import Attempt, Target
+from sluicegate.scheduling.plugin import Quiet
 
 BLOCKING = 0.05
 """A protected request should find a free slot at least 95 times in 100."""
@@ -81,11 +86,68 @@ class Reserve:
         if now - self._worked_out_at < REFRESH_S:
             return self._slots
         self._worked_out_at = now
+        self._slots = self.slots_at(now, gap_s)
+        return self._slots
+
+    def slots_at(self, now: float, gap_s: float | None) -> int:
+        """`slots`, worked out afresh and kept nowhere."""
         gone = now > self._gone_at
         load = 0.0 if gap_s is None or gone else self.rate_per_s(now) * gap_s
         slots = 0
         if load > 0:
             while slots < self.most and blocking(load, slots) > BLOCKING:
                 slots += 1
-        self._slots = slots
         return slots
+
+
+class SpareSlots(Quiet):
+    """How many slots must an attempt leave free, and where? Work beyond its share and
+    lower lanes leave the reserve free, split over the deployments in proportion to
+    what each takes at once (rounded down, the rest one each from the first), never
+    all of one."""
+
+    def __init__(
+        self,
+        targets: Sequence[Target],
+        most_of_batch: float,
+        clock: Clock,
+        gap_s: Callable[[], float | None],
+    ) -> None:
+        self._targets = tuple(targets)
+        self._batch = sum(target.full for target in self._targets)
+        self.reserve = Reserve(self._batch, most_of_batch)
+        self._clock = clock
+        self._gap_s = gap_s
+        self._splits: dict[int, dict[str, int]] = {}
+
+    def arrived(self, attempt: Attempt, protected: bool) -> None:
+        if protected:
+            self.reserve.arrived(self._clock.now())
+
+    def spare(self, protected: bool) -> int:
+        """The slots an attempt must leave free over all the deployments."""
+        if protected or not self.reserve.most:
+            return 0
+        return self.reserve.slots(self._clock.now(), self._gap_s())
+
+    def at(self, spare: int, target: Target) -> int:
+        """`target`'s part of `spare` slots."""
+        split = self._splits.get(spare)
+        if split is None:
+            split = self._splits[spare] = self._split(spare)
+        return split[target.deployment.name]
+
+    def _split(self, spare: int) -> dict[str, int]:
+        targets, batch = self._targets, self._batch
+        parts = [spare * target.full // batch for target in targets]
+        for index in range(spare - sum(parts)):
+            parts[index % len(parts)] += 1
+        return {
+            target.deployment.name: min(part, target.full - 1)
+            for target, part in zip(targets, parts, strict=True)
+        }
+
+    def view(self) -> tuple[int, int]:
+        """The slots kept free now, and the protected arrivals so far."""
+        slots = self.reserve.slots_at(self._clock.now(), self._gap_s()) if self.reserve.most else 0
+        return slots, self.reserve.arrivals

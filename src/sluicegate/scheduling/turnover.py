@@ -1,6 +1,6 @@
 """How often slots come free by themselves: what the rest of a handed-over answer waits on.
 
-One of the two readings of a hand-over's pause (`Dispatcher._pause_s`), the expected
+One of the two readings of a hand-over's pause (`handover.HandOver`), the expected
 one; the other (`latest_free_s`) bounds it by the running streams' `max_tokens`.
 
 A stream that gives its slot away stands still until a slot comes free for its rest,
@@ -8,9 +8,8 @@ so the dispatcher asks one only while the rests already waiting, and this one, w
 resume within its lane's promise. That needs the time between slots coming free, and
 the dispatcher's service gap (`promise.WaitPredictor.gap_s`) is not it: it is the time
 between dispatches from a queue, which a batch filling at its start, or a gate
-opening, sends many at once, so a burst of them read it as a thousandth of a second
-while the first answers were still seconds from ending (a family run, v4: twelve
-streams asked at once, their rests standing still 7-9 s). Only an end frees a slot
+opening, sends many at once, so a burst of them reads it as a thousandth of a second
+while the first answers are still seconds from ending. Only an end frees a slot
 for a rest, so only ends are counted here, as a rate over recent time rather than an
 average over recent events: ends that come together count for what they are, a few
 in an instant, and a stall shows as the rate falling while nothing ends. Before any

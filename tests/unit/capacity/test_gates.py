@@ -118,6 +118,21 @@ def test_aimd_grows_while_fast_and_in_use_and_shrinks_on_slow_answers():
     assert g.limit >= 1
 
 
+def test_a_withdrawn_send_wakes_nobody():
+    """A send a pool refused leaves the gate as it was: waking the dispatcher for it would
+    have it try the same request again at once, and again, as long as the pool refuses."""
+    g = AimdGate(AdaptiveLimit(initial=4, minimum=1, maximum=10, latency_target_s=1.0))
+    heard: list[int] = []
+    g.on_change(lambda: heard.append(1))
+    g.sent()
+    g.withdraw()
+    assert heard == []
+    assert g.in_flight == 0
+    g.sent()
+    g.done(0.1)
+    assert heard == [1], "an end may open it"
+
+
 def fleet_gate(max_num_seqs=None) -> tuple[MetricsGate, FakeClock]:
     clock = FakeClock()
     spec = BackendMetrics("http://x/metrics", 0.25, 1.0, "pools", max_num_seqs)

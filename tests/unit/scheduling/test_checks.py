@@ -28,6 +28,7 @@ from sluicegate.stores.memory import MemoryLimitStore
 from tests.support.clock import FakeClock
 
 HALF = Lane("half", max_share=0.5)
+TOP = Lane("top", priority=100)
 DEPLOYMENT = Deployment("d", "openai", "http://x/v1", "m", None, Timeouts(1, 1, 1), 8, ("p",))
 
 
@@ -54,18 +55,23 @@ def ended(outcome: Outcome, stream: bool = True) -> Attempt:
     return Attempt(call, dispatched_s=0.0, first_byte_s=0.5, outcome=outcome)
 
 
+def checks(clock: FakeClock) -> tuple:
+    """The default checks, the top lane above `HALF` busy since the start."""
+    return default_checks((TOP, HALF), clock, 30.0)
+
+
 def counts(t: Target, check) -> tuple:
     return (t.breaker.in_flight, t.gate.in_flight, dict(check.view().get("in_use", {})))
 
 
-@pytest.mark.parametrize("check_type", [type(c) for c in default_checks()])
+@pytest.mark.parametrize("index", range(len(checks(FakeClock()))))
 @pytest.mark.parametrize("outcome", list(Outcome))
-def test_dispatched_is_undone_by_withdrawn_and_by_released(check_type, outcome):
+def test_taken_is_undone_by_withdrawn_and_by_released(index, outcome):
     clock = FakeClock()
-    t, check = target(clock), check_type()
+    t, check = target(clock), checks(clock)[index]
     before = counts(t, check)
     for _ in range(2):
-        check.dispatched(t, HALF)
+        check.taken(t, HALF)
     assert counts(t, check) != before
     check.withdrawn(t, HALF)
     check.released(t, HALF, ended(outcome))
@@ -74,10 +80,10 @@ def test_dispatched_is_undone_by_withdrawn_and_by_released(check_type, outcome):
 
 def test_the_share_check_refuses_at_the_lanes_share_of_each_pool():
     clock = FakeClock()
-    t, check = target(clock), ShareCheck()
+    t, check = target(clock), ShareCheck((TOP, HALF), clock, 30.0)
     for _ in range(2):
         assert check.check(t, HALF) is None
-        check.dispatched(t, HALF)
+        check.taken(t, HALF)
     verdict = check.check(t, HALF)
     assert verdict is not None
     assert verdict.reason == "lane_share_exhausted"
@@ -89,7 +95,7 @@ def test_the_breaker_check_refuses_for_the_ramp_only_while_ramping():
     clock = FakeClock()
     t, check = target(clock), BreakerCheck()
     for _ in range(4):
-        check.dispatched(t, HALF)
+        check.taken(t, HALF)
     assert check.check(t, HALF) is None
     t.breaker.ramp_after(0)
     clock.advance(0.1)
@@ -106,15 +112,15 @@ def test_only_evidence_teaches_the_adaptive_gate():
     t.gate = AimdGate(slow)
     for outcome in (Outcome.ABANDONED, Outcome.REJECTED):
         for _ in range(4):
-            check.dispatched(t, HALF)
+            check.taken(t, HALF)
             check.released(t, HALF, ended(outcome))
     assert t.gate.limit == 4
     for _ in range(4):
-        check.dispatched(t, HALF)
+        check.taken(t, HALF)
         check.released(t, HALF, ended(Outcome.OK, stream=False))
     assert t.gate.limit == 4, "a non-streamed answer's first byte is its whole body"
     for _ in range(4):
-        check.dispatched(t, HALF)
+        check.taken(t, HALF)
         check.released(t, HALF, ended(Outcome.FAILED))
     assert t.gate.limit < 4
 
@@ -122,6 +128,6 @@ def test_only_evidence_teaches_the_adaptive_gate():
 def test_a_gate_without_a_backend_signal_is_left_out_of_the_plan():
     clock = FakeClock()
     t = target(clock)
-    assert all(check.applies(t, HALF) for check in default_checks())
+    assert all(check.applies(t, HALF) for check in checks(clock))
     t.gate = OpenGate()
-    assert [c.name for c in default_checks() if c.applies(t, HALF)] == ["breaker", "lane_share"]
+    assert [c.name for c in checks(clock) if c.applies(t, HALF)] == ["breaker", "lane_share"]

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from sluicegate.scheduling.demand import SAMPLES, SMOOTHING, EngineUnit, RecentWork
+from sluicegate.scheduling.demand import SAMPLES, SMOOTHING, EngineUnit
+from sluicegate.scheduling.share import RecentWork
 
 
 def test_an_output_token_costs_its_decode_step_shared_by_the_sequences_in_it():

@@ -326,7 +326,7 @@ async def test_a_lane_whose_expected_wait_breaks_its_promise_refuses(
     grant = await granted(dispatcher, attempt(clock))
     waiters = [asyncio.create_task(granted(dispatcher, attempt(clock))) for _ in range(3)]
     await settle()
-    dispatcher.predictor.gap_s = 0.5
+    dispatcher.rule.predictor.gap_s = 0.5
     with pytest.raises(GatewayError) as info:
         await granted(dispatcher, attempt(clock, lane=promised))
     assert (info.value.status, info.value.code) == (503, "overloaded")
@@ -511,7 +511,7 @@ async def test_announced_retries_do_not_count_against_a_first_attempts_promise(
         for _ in range(3)
     ]
     await settle()
-    dispatcher.predictor.gap_s = 0.5
+    dispatcher.rule.predictor.gap_s = 0.5
     newcomer = asyncio.create_task(
         dispatcher.acquire(Attempt(call(clock, lane=lane)._replace(client_retries=retries)))
     )
@@ -553,7 +553,7 @@ async def test_a_waiter_cancelled_as_it_is_granted_leaves_every_count_at_zero(cl
         target = dispatcher.targets[0]
         assert target.breaker.in_flight == 0
         assert pool.counters.active == 0
-        assert all(stats.in_flight == 0 for stats in dispatcher.stats.values())
+        assert all(stats.in_flight == 0 for stats in dispatcher.stats.lanes.values())
         assert dispatcher.view().checks["lane_share"]["in_use"] == {}
         assert not runner.done()
         again = await granted(dispatcher, attempt(clock, lane=BACKGROUND))
@@ -632,9 +632,9 @@ def reserving(dispatcher: Dispatcher, slots: int) -> None:
     """Protected arrivals at 2/s and a completion every 0.5 s: load 1, so the reserve
     is as large as it may be (a quarter of the batch)."""
     for _ in range(40):
-        dispatcher.reserve.arrived(dispatcher.clock.now())
-    dispatcher.predictor.gap_s = 0.5
-    assert dispatcher.reserve.slots(dispatcher.clock.now(), 0.5) == slots
+        dispatcher.spares.reserve.arrived(dispatcher.clock.now())
+    dispatcher.rule.predictor.gap_s = 0.5
+    assert dispatcher.spares.reserve.slots(dispatcher.clock.now(), 0.5) == slots
 
 
 async def big_backlog_beside_small(
@@ -1033,14 +1033,14 @@ async def test_a_burst_judged_while_the_store_answers_sees_its_own_earlier_reque
     runner = asyncio.create_task(dispatcher.run())
     try:
         held = [await granted(dispatcher, attempt(clock, tenant="other")) for _ in range(4)]
-        before = dispatcher.reserve.arrivals
+        before = dispatcher.spares.reserve.arrivals
         burst = [
             asyncio.create_task(granted(dispatcher, attempt(clock, tenant="burst")))
             for _ in range(8)
         ]
         await settle()
         await settle()
-        assert dispatcher.reserve.arrivals - before == 4
+        assert dispatcher.spares.reserve.arrivals - before == 4
         for task in burst:
             task.cancel()
         for grant in held:
@@ -1289,7 +1289,7 @@ async def test_a_prompt_whose_wait_and_own_prefill_break_the_promise_is_refused(
     fits a 1 s promise, 0.9375 s for 15,000 does not (the lane's 0.125 s after dispatch
     would let both queue)."""
     async with full_after_a_measure(clock) as dispatcher:
-        dispatcher.predictor.gap_s = 0.1
+        dispatcher.rule.predictor.gap_s = 0.1
         prompt = streamed(clock, ONE_SECOND, prompt_tokens)
         waiter = asyncio.create_task(granted(dispatcher, prompt))
         await settle()
@@ -1307,7 +1307,7 @@ async def test_a_prompt_whose_prefill_alone_takes_the_whole_promise_is_refused_a
     pool full the prompt is refused, before any service gap is measured, rather than
     queued to expire; 15,000 queue."""
     async with full_after_a_measure(clock) as dispatcher:
-        assert dispatcher.predictor.gap_s is None
+        assert dispatcher.rule.predictor.gap_s is None
         with pytest.raises(GatewayError) as info:
             await granted(dispatcher, streamed(clock, ONE_SECOND, 17_000))
         assert info.value.code == "overloaded"
@@ -1393,7 +1393,7 @@ async def test_a_request_within_its_share_takes_the_slot_of_a_stream_beyond_it(c
     the other), and b gets the slot when it does. a's own next request, beyond its
     share, asks nothing."""
     pool = Pool(PoolSpec("p", 2), leases(clock))
-    dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
+    dispatcher = dispatcher_for([INTERACTIVE], pool, clock, deployment=RESUMABLE)
     runner = asyncio.create_task(dispatcher.run())
     try:
         first, last = [await streaming(dispatcher, clock, "a", INTERACTIVE) for _ in range(2)]
@@ -1424,7 +1424,7 @@ async def test_a_lower_lane_gives_its_slot_before_a_tenant_beyond_its_share(cloc
     lower lane's stream: for `b`'s request within its share the lower lane's goes, though
     it began last and has more to prefill again."""
     pool = Pool(PoolSpec("p", 2), leases(clock))
-    dispatcher = dispatcher_for([INTERACTIVE, HEAVY], pool, clock)
+    dispatcher = dispatcher_for([INTERACTIVE, HEAVY], pool, clock, deployment=RESUMABLE)
     runner = asyncio.create_task(dispatcher.run())
     try:
         high = await streaming(dispatcher, clock, "a", INTERACTIVE)
@@ -1486,7 +1486,7 @@ async def test_a_tenant_within_its_share_never_takes_a_slot_from_its_own_stream(
     or more, and a's stream is the cheapest to prefill again, yet b's is the one asked:
     a's request would only take its own tenant's slot."""
     pool = Pool(PoolSpec("p", 3), leases(clock))
-    dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
+    dispatcher = dispatcher_for([INTERACTIVE], pool, clock, deployment=RESUMABLE)
     runner = asyncio.create_task(dispatcher.run())
     try:
         own = await streaming(dispatcher, clock, "a", INTERACTIVE)
@@ -1507,7 +1507,7 @@ async def test_of_the_streams_that_may_give_their_slot_the_cheapest_to_prefill_a
     of 100 tokens with 50 answered (150 to prefill again) costs the engine least, less
     than a's 10 with 200 answered and d's 1,000-token prompt just begun."""
     pool = Pool(PoolSpec("p", 3), leases(clock))
-    dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
+    dispatcher = dispatcher_for([INTERACTIVE], pool, clock, deployment=RESUMABLE)
     runner = asyncio.create_task(dispatcher.run())
     try:
         a = await streaming(dispatcher, clock, "a", INTERACTIVE)
@@ -1584,7 +1584,7 @@ async def hand_overs_asked(
             running.first_byte_s = clock.now() - 0.1 * events - 0.05
             left = round(end_s / 0.1)
             running.call = running.call._replace(reserved_tokens=10 + events + left)
-        dispatcher.predictor.gap_s = 0.001
+        dispatcher.rule.predictor.gap_s = 0.001
         waiting = [
             asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b")))
             for _ in range(asking)
@@ -1704,17 +1704,17 @@ async def test_a_slot_handed_over_is_no_slot_coming_free(clock):
         assert stream.preempted
         clock.advance(start + 0.5 - clock.now())
         await dispatcher.release(stream)
-        assert dispatcher.turnover.gap_s(clock.now()) == math.inf
+        assert dispatcher.handover.turnover.gap_s(clock.now()) == math.inf
         b = await given
         clock.advance(1.0)
         await dispatcher.release(b)
-        assert dispatcher.turnover.gap_s(clock.now()) < math.inf
+        assert dispatcher.handover.turnover.gap_s(clock.now()) < math.inf
         first = await queued[0]
         clock.advance(2.0)
         await dispatcher.release(first)
         await settle()
         assert queued[1].done()
-        assert dispatcher.predictor.gap_s == pytest.approx(2.0)
+        assert dispatcher.rule.predictor.gap_s == pytest.approx(2.0)
         await dispatcher.release(queued[1].result())
     finally:
         runner.cancel()
@@ -1730,7 +1730,7 @@ async def test_a_waiter_whose_stream_withdrew_may_ask_again(clock, gave):
     for a completion."""
     gate = Gate()
     pool = Pool(PoolSpec("p", 1), leases(clock))
-    dispatcher = dispatcher_for([INTERACTIVE], pool, clock, gate)
+    dispatcher = dispatcher_for([INTERACTIVE], pool, clock, gate, RESUMABLE)
     runner = asyncio.create_task(dispatcher.run())
     try:
         stream = await streaming(dispatcher, clock, "a", INTERACTIVE)

@@ -121,5 +121,5 @@ def test_slow_decoding_counts_only_while_the_top_lane_has_requests_running():
     monitor = OverloadMonitor(POLICY, clock)
     watch = OverloadWatch(monitor, scheduling, [dispatcher], [gate], TtftWindow(clock), clock)
     assert watch.tick() is OverloadState.NORMAL
-    dispatcher.stats[top.name].in_flight = 1
+    dispatcher.stats.lanes[top.name].in_flight = 1
     assert watch.tick() is OverloadState.INTERACTIVE_ONLY

@@ -375,7 +375,7 @@ async def test_the_tenant_above_its_share_is_refused_and_the_one_below_it_queues
     plus 0.6 s after dispatch: refused; the light one goes after one of them: queued."""
     pool = Pool(PoolSpec("p", 3), leases(clock))
     dispatcher = dispatcher_for([PROMISED], pool, clock)
-    dispatcher.predictor.first_token("promised", 0.6)
+    dispatcher.rule.predictor.first_token("promised", 0.6)
     grants = [
         await granted(dispatcher, attempt(clock, tenant="heavy", lane=PROMISED)) for _ in range(3)
     ]
@@ -384,7 +384,7 @@ async def test_the_tenant_above_its_share_is_refused_and_the_one_below_it_queues
         for _ in range(3)
     ]
     await settle()
-    dispatcher.predictor.gap_s = 0.4
+    dispatcher.rule.predictor.gap_s = 0.4
     with pytest.raises(GatewayError) as info:
         await granted(dispatcher, attempt(clock, tenant="heavy", lane=PROMISED))
     assert (info.value.status, info.value.code, info.value.retry_after_s) == (
@@ -457,7 +457,7 @@ async def test_a_request_that_leaves_unserved_corrects_its_class_of_predictions(
     runner = asyncio.create_task(dispatcher.run())
     try:
         holder = await granted(dispatcher, attempt(clock, tenant="heavy", lane=PROMISED))
-        dispatcher.predictor.gap_s = 0.1
+        dispatcher.rule.predictor.gap_s = 0.1
         waiter = asyncio.create_task(
             granted(dispatcher, attempt(clock, tenant="heavy", lane=PROMISED))
         )
@@ -491,7 +491,7 @@ async def test_after_requests_expire_the_queue_refuses_at_once_what_only_its_cen
     pool = Pool(PoolSpec("p", 1), leases(clock))
     dispatcher = dispatcher_for([PROMISED], pool, clock)
     holder = await granted(dispatcher, attempt(clock, lane=PROMISED))
-    dispatcher.predictor.gap_s = 0.5
+    dispatcher.rule.predictor.gap_s = 0.5
     tasks: list[asyncio.Task[Attempt]] = []
 
     def arrive(tenant: str = "a") -> asyncio.Task[Attempt]:
@@ -511,7 +511,7 @@ async def test_after_requests_expire_the_queue_refuses_at_once_what_only_its_cen
         queued = [arrive(), arrive()]
         await settle()
         assert not any(task.done() for task in queued)
-        predictor = dispatcher.predictor
+        predictor = dispatcher.rule.predictor
         centre = predictor.wait_s("promised", "a", 2, 2, clock.now())
         assert centre is not None
         assert 1.9 < centre < 2.0
@@ -621,7 +621,7 @@ async def light_behind_its_own_backlog(
     beyond its share and queued; then light's two in flight ended and others outside
     the fair order took their slots. Light, with one request queued and none in flight,
     is now within its share again."""
-    dispatcher.predictor.first_token("promised", 0.6)
+    dispatcher.rule.predictor.first_token("promised", 0.6)
     held = [
         await granted(dispatcher, attempt(clock, tenant=tenant, lane=PROMISED))
         for tenant in ("heavy", "heavy", "light", "light")
@@ -649,10 +649,10 @@ async def test_a_request_within_its_share_is_promised_its_place_among_those_with
     held, others, beyond = await light_behind_its_own_backlog(dispatcher, pool, clock)
     since_s = dispatcher.queues["promised"].backlogged_since("light")
     assert since_s is not None
-    dispatcher.predictor.flow_dispatched("promised", "light", since_s, since_s)
+    dispatcher.rule.predictor.flow_dispatched("promised", "light", since_s, since_s)
     clock.advance(0.9)
-    dispatcher.predictor.flow_dispatched("promised", "light", clock.now(), since_s)
-    dispatcher.predictor.gap_s = 0.1
+    dispatcher.rule.predictor.flow_dispatched("promised", "light", clock.now(), since_s)
+    dispatcher.rule.predictor.gap_s = 0.1
     within = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="light", lane=PROMISED)))
     await settle()
     assert not within.done(), within.exception() if within.done() else None

@@ -1,0 +1,109 @@
+"""The two shapes a scheduling concern takes in the dispatcher.
+
+A *check* answers "may lane L go to target T now?" and owns the counts it reads:
+`taken` records an attempt against them before the dispatcher's first await,
+`withdrawn` undoes that for an attempt that did not go out after all (a pool refused
+it), and `released` for one that ended. A check that counts nothing has empty ones.
+
+An *observer* hears what happens to requests (`arrived`, `dispatched`, `first_token`,
+`ended`) and keeps what it learns; others read it through its own methods or a pure
+`view()`. The dispatcher holds both as tuples and calls them in order, so undoing a
+dispatch is a loop, never a list of updates kept in step by hand.
+
+This module imports no plug-in: plug-ins import it, never each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from sluicegate.core.errors import GatewayError
+from sluicegate.core.refusals import Refusal
+from sluicegate.core.types import Lane
+from sluicegate.scheduling.attempt import Attempt, Target
+
+
+@dataclass(frozen=True, slots=True)
+class NotNow:
+    """A check's "not now": the refusal a caller gets, the time it is told to come back
+    (only a real one), and when the dispatcher itself should look again."""
+
+    reason: Refusal
+    message: str
+    retry_after_s: float | None = None
+    wake_in_s: float | None = None
+
+    def error(self) -> GatewayError:
+        return self.reason.error(self.message, self.retry_after_s)
+
+
+class Check(Protocol):
+    name: str
+    lane_wide: bool
+    """Whether it answers for the lane alone, whatever the target: asked once per try,
+    before a deployment is chosen."""
+    holds_rests: bool
+    """Whether the rest of a handed-over answer is held to it: that rest held its slot
+    within the lane's limits until it gave it away."""
+
+    def applies(self, target: Target, lane: Lane) -> bool:
+        """Whether there is anything to decide or count for `lane` on `target`: asked
+        once per pair, since both are fixed at start."""
+        ...
+
+    def check(self, target: Target, lane: Lane) -> NotNow | None: ...
+
+    def taken(self, target: Target, lane: Lane) -> None: ...
+
+    def withdrawn(self, target: Target, lane: Lane) -> None: ...
+
+    def released(self, target: Target, lane: Lane, attempt: Attempt) -> None: ...
+
+    def view(self) -> Mapping[str, Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """How an attempt went out, as its observers hear it."""
+
+    wait_s: float
+    predicted_s: float | None
+    """The queue wait it was admitted on; None when it did not queue or none was
+    predicted."""
+    backlogged_since_s: float | None
+    """When its tenant's backlog began; None when it did not queue."""
+    protected: bool
+    """It came within its tenant's share."""
+    handed_over: bool
+    """It took a slot a stream gave away for it: no slot came free for it."""
+    still_queued: bool
+    """Work still waits in some queue after it."""
+
+
+@runtime_checkable
+class Observer(Protocol):
+    def arrived(self, attempt: Attempt, protected: bool) -> None: ...
+
+    def dispatched(self, attempt: Attempt, how: Dispatch) -> None: ...
+
+    def first_token(self, attempt: Attempt, ttft_s: float) -> None: ...
+
+    def ended(self, attempt: Attempt) -> None: ...
+
+
+class Quiet:
+    """An observer's four events, ignored: a plug-in overrides those it learns from."""
+
+    def arrived(self, attempt: Attempt, protected: bool) -> None:
+        return None
+
+    def dispatched(self, attempt: Attempt, how: Dispatch) -> None:
+        return None
+
+    def first_token(self, attempt: Attempt, ttft_s: float) -> None:
+        return None
+
+    def ended(self, attempt: Attempt) -> None:
+        return None
