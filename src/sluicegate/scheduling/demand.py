@@ -121,16 +121,17 @@ class Learner(Quiet):
         assert target is not None
         assert attempt.dispatched_s is not None
         rate = self._prefill_rate(target)
-        prompts = self._prompts_meanwhile(attempt, target)
         first_s, tokens = attempt.first_byte_s, attempt.completion_tokens
-        if call.stream and first_s is not None and tokens and prompts is not None:
-            self.unit.streamed(
-                tokens,
-                now - first_s,
-                prompts,
-                math.ceil(self._in_flight() / self._targets),
-                1.0 / rate if rate else None,
-            )
+        if call.stream and first_s is not None and tokens:
+            prompts = self._prompts_meanwhile(attempt, target)
+            if prompts is not None:
+                self.unit.streamed(
+                    tokens,
+                    now - first_s,
+                    prompts,
+                    math.ceil(self._in_flight() / self._targets),
+                    1.0 / rate if rate else None,
+                )
         produced = attempt.produced()
         if produced is None or call.resumed:
             return

@@ -22,6 +22,7 @@ import asyncio
 import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 
 from sluicegate.core.clock import Clock, Wakeup
 from sluicegate.core.errors import GatewayError
@@ -33,7 +34,7 @@ from sluicegate.scheduling.demand import Learner
 from sluicegate.scheduling.fairness import FairnessPolicy
 from sluicegate.scheduling.handover import HandOver
 from sluicegate.scheduling.pacing import Pacing
-from sluicegate.scheduling.plugin import Check, Dispatch, NotNow, Observer
+from sluicegate.scheduling.plugin import Check, Dispatch, NotNow, Observer, hearing
 from sluicegate.scheduling.prefilling import PrefillBudgets
 from sluicegate.scheduling.promise import QueueExit
 from sluicegate.scheduling.queueing import QueueRule
@@ -44,8 +45,16 @@ from sluicegate.scheduling.stats import Exit, OnWait, Stats
 from sluicegate.scheduling.turns import Turns
 from sluicegate.scheduling.views import DispatcherView, LaneView, TargetView
 
-Plan = tuple[tuple[Check, ...], tuple[Check, ...]]
-"""The lane-wide checks and the target's checks a lane passes on a target."""
+
+class Plan(NamedTuple):
+    """The checks a lane passes on a target: chosen once per pair."""
+
+    lane_wide: tuple[Check, ...]
+    """Asked once per try, before a target is chosen."""
+    target: tuple[Check, ...]
+    """Asked of each candidate target."""
+    every: tuple[Check, ...]
+    """Both: what counts the attempt, and undoes it."""
 
 
 class Dispatcher:
@@ -86,7 +95,7 @@ class Dispatcher:
             self.stats.in_flight,
             self.budgets.rate,
             self.budgets.prompts_meanwhile,
-            self._fairness,
+            lambda lane: self.queues[lane.name].fairness,
         )
         unit = self.learner.unit
         self.share = WithinShare(self.top, top_queue, batch, clock, unit.work_s, self.budgets.rates)
@@ -107,6 +116,10 @@ class Dispatcher:
         )
         """In the order they hear an end: the learner reads the requests in flight
         before the stats count this one out."""
+        self._arrived = hearing(self.observers, "arrived")
+        self._on_dispatch = hearing(self.observers, "dispatched")
+        self._first_token = hearing(self.observers, "first_token")
+        self._ended_by = hearing(self.observers, "ended")
         for target in self.targets:
             target.gate.on_change(self.kick)
             for pool in target.pools:
@@ -127,8 +140,8 @@ class Dispatcher:
         the caller's to `release`. Every refusal of a request judged within its share,
         at once or after its wait, is counted here."""
         protected = self.share.judge(attempt)
-        for observer in self.observers:
-            observer.arrived(attempt, protected)
+        for arrived in self._arrived:
+            arrived(attempt, protected)
         try:
             await self._admit(attempt, protected)
         except GatewayError as refusal:
@@ -163,8 +176,8 @@ class Dispatcher:
 
     def first_token(self, attempt: Attempt, ttft_s: float) -> None:
         """A streamed request got its first token `ttft_s` after arrival."""
-        for observer in self.observers:
-            observer.first_token(attempt, ttft_s)
+        for heard in self._first_token:
+            heard(attempt, ttft_s)
 
     async def release(self, attempt: Attempt) -> None:
         """End an attempt: undo what dispatching it recorded, tell the observers of an
@@ -173,7 +186,7 @@ class Dispatcher:
         if target is None:
             return
         if attempt.dispatched_s is None:
-            self._untake(attempt)
+            self._untake(attempt, self._plan(target, attempt.lane).every)
         else:
             self._ended(attempt, target)
         attempt.target = None
@@ -186,11 +199,11 @@ class Dispatcher:
 
     def _ended(self, attempt: Attempt, target: Target) -> None:
         lane = attempt.lane
-        for check in itertools.chain(*self._plan(target, lane)):
+        for check in self._plan(target, lane).every:
             check.released(target, lane, attempt)
-        for observer in self.observers:
-            observer.ended(attempt)
-        fairness, tenant = self._fairness(lane), attempt.call.tenant.name
+        for ended in self._ended_by:
+            ended(attempt)
+        fairness, tenant = self.queues[lane.name].fairness, attempt.call.tenant.name
         fairness.in_flight(tenant, -1)
         produced = attempt.produced()
         if produced is not None:
@@ -309,6 +322,8 @@ class Dispatcher:
         The rest of an answer goes only where a final assistant message is continued
         (one at least: its first part came from such a deployment of this model)."""
         targets = self.targets
+        if len(targets) == 1:
+            return targets
         if attempt.call.resumed:
             targets = [target for target in targets if target.deployment.resumable]
         if not self._chain:
@@ -329,33 +344,35 @@ class Dispatcher:
         the candidates come in, since a line entry whose replica took a slot elsewhere
         would have a slot set aside for nobody."""
         lane, rest = attempt.lane, attempt.call.resumed
-        lane_wide, _ = self._plan(self.targets[0], lane)
-        verdict = _first_refusal(lane_wide, self.targets[0], lane, rest)
-        if verdict is not None:
-            self._retry_after(verdict.wake_in_s)
-            return verdict.error()
+        lane_wide = self._plan(self.targets[0], lane).lane_wide
+        if lane_wide:
+            verdict = _first_refusal(lane_wide, self.targets[0], lane, rest)
+            if verdict is not None:
+                self._retry_after(verdict.wake_in_s)
+                return verdict.error()
         refusals: list[GatewayError] = []
         # When a refusal may end: callers are told a later, spread time, but the
         # dispatcher itself looks again at the earliest one.
         wakes: list[float] = []
         for target in self._candidates(attempt):
-            verdict = _first_refusal(self._plan(target, lane)[1], target, lane, rest)
+            plan = self._plan(target, lane)
+            verdict = _first_refusal(plan.target, target, lane, rest)
             if verdict is not None:
                 refusals.append(verdict.error())
                 wakes += [] if verdict.wake_in_s is None else [verdict.wake_in_s]
                 continue
-            self._take(attempt, target)
+            self._take(attempt, target, plan.every)
             try:
                 tokens, backend = attempt.call.reserved_tokens, target.gate.fleet_slot(lane)
-                spare_here = self.spares.at(spare, target)
+                spare_here = self.spares.at(spare, target) if spare else 0
                 waits = queued and target is self.targets[-1]
                 prefill = self.budgets.ask(attempt, target)
                 permit = await target.group.acquire(tokens, backend, spare_here, waits, prefill)
             except BaseException:
-                self._untake(attempt)
+                self._untake(attempt, plan.every)
                 raise
             if isinstance(permit, GatewayError):
-                self._untake(attempt)
+                self._untake(attempt, plan.every)
                 refusals.append(permit)
                 wakes += [] if permit.retry_after_s is None else [permit.retry_after_s]
                 continue
@@ -365,23 +382,23 @@ class Dispatcher:
             self._retry_after(min(wakes))
         return _most_telling(refusals)
 
-    def _take(self, attempt: Attempt, target: Target) -> None:
+    def _take(self, attempt: Attempt, target: Target, checks: tuple[Check, ...]) -> None:
         """Record the attempt against what the checks count, and its tenant as holding one
         more, before any await: a request judged while this one waits for the store
         sees it (`WithinShare`)."""
         attempt.target = target
         lane = attempt.lane
-        for check in itertools.chain(*self._plan(target, lane)):
+        for check in checks:
             check.taken(target, lane)
-        self._fairness(lane).in_flight(attempt.call.tenant.name, 1)
+        self.queues[lane.name].fairness.in_flight(attempt.call.tenant.name, 1)
 
-    def _untake(self, attempt: Attempt) -> None:
+    def _untake(self, attempt: Attempt, checks: tuple[Check, ...]) -> None:
         """Undo `_take` for an attempt that did not go out."""
         target, lane = attempt.target, attempt.lane
         assert target is not None
-        for check in itertools.chain(*self._plan(target, lane)):
+        for check in checks:
             check.withdrawn(target, lane)
-        self._fairness(lane).in_flight(attempt.call.tenant.name, -1)
+        self.queues[lane.name].fairness.in_flight(attempt.call.tenant.name, -1)
         attempt.target = None
 
     def _plan(self, target: Target, lane: Lane) -> Plan:
@@ -390,10 +407,11 @@ class Dispatcher:
         key = (lane.name, target.deployment.name)
         plan = self._plans.get(key)
         if plan is None:
-            applying = [check for check in self.checks if check.applies(target, lane)]
-            plan = self._plans[key] = (
-                tuple(check for check in applying if check.lane_wide),
-                tuple(check for check in applying if not check.lane_wide),
+            every = tuple(check for check in self.checks if check.applies(target, lane))
+            plan = self._plans[key] = Plan(
+                tuple(check for check in every if check.lane_wide),
+                tuple(check for check in every if not check.lane_wide),
+                every,
             )
         return plan
 
@@ -413,14 +431,11 @@ class Dispatcher:
         output = call.reserved_tokens - call.prompt_tokens
         attempt.charged_output = output
         prompt = 0 if call.resumed else call.prompt_tokens
-        self._fairness(attempt.lane).charge(call.tenant.name, prompt, output)
+        self.queues[attempt.lane.name].fairness.charge(call.tenant.name, prompt, output)
         queued = any(queue.size for queue in self.queues.values())
         how = Dispatch(wait_s, predicted_s, backlogged_since_s, protected, handed_over, queued)
-        for observer in self.observers:
-            observer.dispatched(attempt, how)
-
-    def _fairness(self, lane: Lane) -> FairnessPolicy:
-        return self.queues[lane.name].fairness
+        for dispatched in self._on_dispatch:
+            dispatched(attempt, how)
 
     def _gap_s(self) -> float | None:
         return self.rule.predictor.gap_s
@@ -431,8 +446,7 @@ class Dispatcher:
             self._retry.in_s(delay_s)
 
     def view(self) -> DispatcherView:
-        now = self.clock.now()
-        lanes = tuple(self._lane_view(lane, now) for lane in self.lanes)
+        lanes = tuple(self.lane_view(lane.name) for lane in self.lanes)
         targets = tuple(self._target_view(target) for target in self.targets)
         pacing = self.pacing.view()
         reserved, arrivals = self.spares.view()
@@ -453,8 +467,10 @@ class Dispatcher:
             unit.prefill_s_per_token,
         )
 
-    def _lane_view(self, lane: Lane, now: float) -> LaneView:
-        queue, stats = self.queues[lane.name], self.stats.lanes[lane.name]
+    def lane_view(self, name: str) -> LaneView:
+        now = self.clock.now()
+        queue, stats = self.queues[name], self.stats.lanes[name]
+        lane = queue.lane
         oldest = queue.oldest_enqueued_s()
         forecast = self.rule.forecast(lane.name)
         exits = stats.exits

@@ -102,16 +102,15 @@ class OverloadWatch:
 
     def ratios(self) -> list[float | None]:
         top = self._top
-        views = [dispatcher.view() for dispatcher in self._dispatchers]
+        if top.ttft_slo_s is None and top.tpot_slo_s is None:
+            return []
+        lanes = [dispatcher.lane_view(top.name) for dispatcher in self._dispatchers]
         found: list[float | None] = []
         if top.ttft_slo_s is not None:
-            for view in views:
-                lane = view.lane(top.name)
-                if lane.queued:
-                    found.append(lane.oldest_age_s / top.ttft_slo_s)
+            found += [lane.oldest_age_s / top.ttft_slo_s for lane in lanes if lane.queued]
             p95 = self._window.p95()
             found.append(None if p95 is None else p95 / top.ttft_slo_s)
-        if top.tpot_slo_s is not None and any(view.lane(top.name).in_flight for view in views):
+        if top.tpot_slo_s is not None and any(lane.in_flight for lane in lanes):
             found += [
                 None if gate.tpot_s is None else gate.tpot_s / top.tpot_slo_s
                 for gate in self._gates

@@ -36,6 +36,10 @@ class Pacing(Quiet):
         self._prefilling: set[int] = set()
         """Streamed top-lane requests dispatched and still waiting for their first token,
         while lower lanes yield."""
+        self.listening = self.yielding is not None or any(
+            lane.max_dispatch_rate is not None for lane in lanes
+        )
+        """Without a pace to keep, there is nothing to hear."""
 
     def applies(self, target: Target, lane: Lane) -> bool:
         return lane.max_dispatch_rate is not None or self._yields(lane)

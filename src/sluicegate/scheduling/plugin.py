@@ -15,9 +15,9 @@ This module imports no plug-in: plug-ins import it, never each other.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.refusals import Refusal
@@ -64,8 +64,7 @@ class Check(Protocol):
     def view(self) -> Mapping[str, Any]: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Dispatch:
+class Dispatch(NamedTuple):
     """How an attempt went out, as its observers hear it."""
 
     wait_s: float
@@ -94,7 +93,10 @@ class Observer(Protocol):
 
 
 class Quiet:
-    """An observer's four events, ignored: a plug-in overrides those it learns from."""
+    """An observer's four events, ignored: a plug-in overrides those it learns from, and
+    says when it has nothing to learn in its configuration (`listening`)."""
+
+    listening = True
 
     def arrived(self, attempt: Attempt, protected: bool) -> None:
         return None
@@ -107,3 +109,16 @@ class Quiet:
 
     def ended(self, attempt: Attempt) -> None:
         return None
+
+
+def hearing(observers: Iterable[Observer], event: str) -> tuple[Callable[..., None], ...]:
+    """The bound `event` handlers of those `observers` that learn from it: the ones `Quiet`
+    ignores, and those of an observer not listening, are left out once, not called for
+    every request."""
+    ignored = getattr(Quiet, event)
+    return tuple(
+        getattr(observer, event)
+        for observer in observers
+        if getattr(type(observer), event, None) is not ignored
+        and getattr(observer, "listening", True)
+    )

@@ -54,6 +54,8 @@ class PrefillBudgets(Quiet):
         names = [] if promise is None else [target.deployment.name for target in targets]
         self._budgets = {name: _Budget(keys.prefill(name)) for name in names}
         self._clock = clock
+        self.listening = bool(self._budgets)
+        """Without a budget, no prompt is counted."""
 
     def ask(self, attempt: Attempt, target: Target) -> Prefill | None:
         """A streamed `attempt`'s part in `target`'s budget: its prompt, to be prefilled

@@ -86,6 +86,3 @@ class DispatcherView:
     prefill_s_per_token: float | None
     """The engine time a prompt token costs, as learnt from the streams; None before
     they tell it."""
-
-    def lane(self, name: str) -> LaneView:
-        return next(lane for lane in self.lanes if lane.name == name)
