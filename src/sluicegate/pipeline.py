@@ -41,16 +41,10 @@ from sluicegate.core.types import Deployment, Endpoint, Lane, Model, OverloadSta
 from sluicegate.hedging import Hedging
 from sluicegate.observability.metrics import UNKNOWN_MODEL, GatewayMetrics
 from sluicegate.providers.base import Provider, UpstreamResponse, timed_out
-from sluicegate.providers.resume import (
-    answered_so_far,
-    continuation,
-    ends_event,
-    finishing,
-    resumable,
-    without_opening,
-)
+from sluicegate.providers.resume import Relay, continuation, resumable, without_opening
 from sluicegate.scheduling.attempt import Attempt, Target, patience_s
 from sluicegate.scheduling.dispatcher import Dispatcher
+from sluicegate.scheduling.handover import Giver
 from sluicegate.scheduling.ladder import degrade
 from sluicegate.scheduling.lanes import Demand, classify
 from sluicegate.scheduling.overload import OverloadMonitor, TtftWindow
@@ -209,16 +203,19 @@ class Pipeline:
             self._metrics.ladder_action(action)
         return model
 
-    def _first_token(self, attempt: Attempt) -> None:
+    def _first_token(self, attempt: Attempt, giver: Giver | None) -> None:
         """Feed the model's dispatcher every streamed request's time to first token (its
         predictor learns each lane's time after dispatch) and the overload monitor the
-        protected lane's."""
+        protected lane's; a stream that may give its slot away offers it (`giver`)."""
         call = attempt.call
         if attempt.first_byte_s is not None:
             ttft_s = attempt.first_byte_s - call.arrived_s
             if call.lane is self._scheduling.top and not call.resumed:
                 self.ttft.add(ttft_s)
-            self._dispatchers[call.model.name].first_token(attempt, ttft_s)
+            dispatcher = self._dispatchers[call.model.name]
+            dispatcher.first_token(attempt, ttft_s)
+            if giver is not None:
+                dispatcher.may_give(attempt, giver)
 
     async def _first_answer(self, call: Call, avoid: frozenset[str]) -> _Started:
         """An attempt whose first bytes have arrived, after as many attempts as the route
@@ -272,7 +269,6 @@ class Pipeline:
             target = attempt.target
             assert target is not None
             tried.add(target.deployment.name)
-            attempt.resumable = not call.resumed and resumable(call, target.deployment)
             try:
                 answer = await self._first_bytes(stack, attempt, target)
             except GatewayError as err:
@@ -297,7 +293,10 @@ class Pipeline:
                 upstream = await stack.enter_async_context(
                     self._open(attempt, deployment, self._budget_s(call))
                 )
-                answer = Answer(upstream, attempt, self._clock, self._first_token, self._resume)
+                gives = not call.resumed and resumable(call, deployment)
+                answer = Answer(
+                    upstream, attempt, self._clock, self._first_token, self._resume, gives
+                )
                 await answer.prime()
         except TimeoutError:
             raise timed_out(deployment.name) from None
@@ -501,9 +500,10 @@ class _Failed(Exception):
 
 class Answer:
     """An upstream answer whose first bytes are in hand: from here on no retry can happen
-    without the client seeing it. A stream asked to give its slot away (`Attempt.
-    preempted`) goes on from a new attempt, its caller seeing a pause between two whole
-    events (`providers.resume`); `part` holds the current attempt's permits and
+    without the client seeing it. A stream that may give its slot away (`gives`) offers
+    it to its dispatcher through a `Giver`; asked, it goes on from a new attempt, its
+    caller seeing a pause between two whole events (`providers.resume`); `part` holds
+    the current attempt's permits and
     upstream, released when the answer ends. The last attempt's usage is the request's
     own (the answer before the pause counted as its prompt), what its quotas settle on;
     the prefill again is the hand-over's cost, not the caller's."""
@@ -512,12 +512,13 @@ class Answer:
         "_body",
         "_clock",
         "_first",
-        "_handing_over",
+        "_gives",
         "_on_first",
         "_rest",
         "_resume",
         "_upstream",
         "attempt",
+        "giver",
         "opened",
         "part",
     )
@@ -527,8 +528,9 @@ class Answer:
         upstream: UpstreamResponse,
         attempt: Attempt,
         clock: Clock,
-        on_first: Callable[[Attempt], None],
+        on_first: Callable[[Attempt, Giver | None], None],
         resume: Callable[[Call, str, int], Awaitable[_Started]],
+        gives: bool = False,
     ) -> None:
         self._upstream = upstream
         self.attempt = attempt
@@ -540,7 +542,9 @@ class Answer:
         self._body = b""
         self._first = b""
         self._rest: AsyncIterator[bytes] | None = None
-        self._handing_over: tuple[str, int] | None = None
+        self._gives = gives
+        self.giver: Giver | None = None
+        """The current stream's side of a hand-over, while it may give its slot away."""
         self.part: AsyncExitStack | None = None
 
     async def __aenter__(self) -> Answer:
@@ -572,76 +576,24 @@ class Answer:
     async def chunks(self) -> AsyncIterator[bytes]:
         """The stream as it arrives; its first byte is timed as it is handed over."""
         self.attempt.first_byte_s = self._clock.now()
-        self._on_first(self.attempt)
+        self.giver = Giver() if self._gives else None
+        self._on_first(self.attempt, self.giver)
         first = self._first
         while True:
-            rest, attempt = self._rest, self.attempt
+            rest, giver = self._rest, self.giver
             assert rest is not None, "chunks() of a non-streamed answer"
             if first:
                 yield first
-            if not attempt.resumable:
+            if giver is None:
                 async for chunk in rest:
                     yield chunk
                 return
-            relayed = [first]
-            self._handing_over = None
-            async for chunk in self._until_preempted(rest, attempt, relayed):
+            relay = Relay(giver, first)
+            async for chunk in relay.chunks(rest):
                 yield chunk
-            if self._handing_over is None:
+            if relay.handing_over is None:
                 return
-            first = await self._go_on(*self._handing_over)
-
-    async def _until_preempted(
-        self, rest: AsyncIterator[bytes], attempt: Attempt, relayed: list[bytes]
-    ) -> AsyncIterator[bytes]:
-        """A stream that may give its slot away, until it ends or, asked to, reaches the
-        end of an event (`_handing_over`, the answer so far): at once if its bytes so
-        far end one, the wait for the upstream's next bytes (a long engine step)
-        interrupted. Its bytes are kept, to be read back only when asked and at the cut:
-        an answer that turned to more than text, or ended, meanwhile withdraws (read
-        back whole, an end is found even if its marker came split between two reads)."""
-        reader: asyncio.Task[Any] | None = None
-        interrupted: tuple[str, int] | None = None  # the answer the read was stopped for
-        finished = False
-
-        def interrupt() -> bool:
-            nonlocal interrupted
-            answered = None if finished else answered_so_far(relayed)
-            if answered is None:
-                return False
-            if reader is not None and interrupted is None:
-                interrupted = answered
-                reader.cancel()
-            return True
-
-        attempt.on_preempt = interrupt
-        between = ends_event(relayed[0])
-        while True:
-            if attempt.preempted and between:
-                answered = answered_so_far(relayed)
-                if answered is not None:
-                    self._handing_over = answered
-                    return
-                attempt.preempted = False  # withdrawn, not read back at every event on
-            if between:
-                reader = asyncio.current_task()
-            try:
-                chunk = await anext(rest)
-            except StopAsyncIteration:
-                attempt.preempted = False
-                return
-            except asyncio.CancelledError:
-                if interrupted is None or (reader is not None and reader.uncancel()):
-                    raise
-                self._handing_over = interrupted
-                return
-            finally:
-                reader = None
-            relayed.append(chunk)
-            attempt.relayed_events += chunk.count(b"\n\n")
-            finished = finished or finishing(chunk)
-            between = not finished and ends_event(chunk)
-            yield chunk
+            first = await self._go_on(*relay.handing_over)
 
     async def _go_on(self, text: str, produced: int) -> bytes:
         """End this part where the caller's stream stands, after `text` (`produced`
@@ -661,5 +613,6 @@ class Answer:
         self.part, self.attempt = started.stack, started.attempt
         self._upstream, self._rest = rest._upstream, rest._rest
         self.attempt.first_byte_s = self._clock.now()
-        self._on_first(self.attempt)
+        self.giver = None
+        self._on_first(self.attempt, None)
         return without_opening(rest._first)

@@ -407,7 +407,7 @@ async def test_a_stream_that_gives_its_slot_away_goes_on_from_where_its_caller_s
             async for chunk in answer.chunks():
                 got.append(chunk)
                 if len(got) == 2:
-                    answer.attempt.preempt()
+                    answer.giver.ask()
         stream = b"".join(got)
         assert stream.count(b'"role"') == 1
         assert contents(stream) == ["w0 ", "w2 ", "w3 ", "w4 "]
@@ -435,7 +435,7 @@ async def test_a_stream_waiting_for_its_next_tokens_gives_its_slot_away_at_once(
             pending = asyncio.ensure_future(anext(chunks))
             await settle()
             assert not pending.done()
-            answer.attempt.preempt()
+            answer.giver.ask()
             async with asyncio.timeout(5):
                 got.append(await pending)
                 got += [chunk async for chunk in chunks]
@@ -453,7 +453,7 @@ async def test_a_stream_asked_once_it_finishes_ends_as_it_is():
             async for chunk in answer.chunks():
                 got.append(chunk)
                 if b'"usage"' in chunk:
-                    assert answer.attempt.preempt() is False
+                    assert answer.giver.ask() is False
         assert contents(b"".join(got)) == ["w0 ", "w1 "]
         assert b"".join(got).endswith(b"data: [DONE]\n\n")
         assert len(h.providers["a"].bodies) == 1
@@ -469,8 +469,8 @@ async def test_a_stream_with_more_than_text_keeps_its_slot():
         async with h.runtime.pipeline.run(h.inbound(stream=True, max_tokens=10)) as answer:
             chunks = answer.chunks()
             got += [await anext(chunks) for _ in range(4)]
-            assert answer.attempt.preempt() is False
-            assert not answer.attempt.preempted
+            assert answer.giver.ask() is False
+            assert not answer.giver.agreed
         assert len(h.providers["a"].bodies) == 1
 
 
@@ -484,7 +484,7 @@ async def test_a_caller_gone_as_its_stream_is_asked_for_its_slot_is_not_kept_wai
                 await anext(chunks)
             pending = asyncio.ensure_future(anext(chunks))
             await settle()
-            answer.attempt.preempt()
+            answer.giver.ask()
             pending.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await pending
@@ -501,7 +501,7 @@ async def test_a_handed_over_request_is_timed_by_its_first_part():
             for _ in range(3):
                 await anext(chunks)
             h.clock.advance(5.0)
-            answer.attempt.preempt()
+            answer.giver.ask()
             rest = [chunk async for chunk in chunks]
         assert contents(b"".join(rest)) == ["w2 ", "w3 ", "w4 "]
         page = (await h.runtime.metrics.page()).decode()
@@ -525,8 +525,8 @@ async def test_a_stream_that_turns_to_more_than_text_after_agreeing_keeps_its_sl
             async for chunk in answer.chunks():
                 got.append(chunk)
                 if chunk == thinking[:10]:
-                    assert answer.attempt.preempt() is True
-            assert not answer.attempt.preempted
+                    assert answer.giver.ask() is True
+            assert not answer.giver.agreed
         assert b"".join(got) == b"".join(first)
         assert len(h.providers["a"].bodies) == 1
 
@@ -541,7 +541,7 @@ async def test_an_end_split_between_two_reads_is_still_an_end():
         async with h.runtime.pipeline.run(h.inbound(stream=True, max_tokens=10)) as answer:
             async for chunk in answer.chunks():
                 if chunk == USAGE:
-                    assert answer.attempt.preempt() is False
+                    assert answer.giver.ask() is False
         assert len(h.providers["a"].bodies) == 1
 
 
@@ -555,7 +555,7 @@ async def test_the_rest_of_an_answer_is_never_hedged():
             chunks = answer.chunks()
             for _ in range(3):
                 await anext(chunks)
-            answer.attempt.preempt()
+            answer.giver.ask()
             rest = asyncio.ensure_future(anext(chunks))
             await driven(h.clock, rest)
             got = [rest.result()] + [chunk async for chunk in chunks]

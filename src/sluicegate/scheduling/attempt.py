@@ -9,7 +9,6 @@ and its outcome is decided once, from how it ended.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,16 +95,6 @@ class Attempt:
     """Prompt + completion, as the provider reported them; None when it did not."""
     completion_tokens: int | None = None
     outcome: Outcome | None = None
-    resumable: bool = False
-    """Its stream may be cut and continued on another slot (`providers.resume`)."""
-    relayed_events: int = 0
-    """Events of its stream relayed so far, about a token each: what it would prefill
-    again after its prompt if it gave its slot away."""
-    preempted: bool = False
-    """Asked to give its slot to a request within its share, and agreed (`preempt`)."""
-    on_preempt: Callable[[], bool] | None = None
-    """Set by the relay that owns its stream once it relays it: told at once, it says
-    whether it can give the slot away."""
 
     @property
     def first_byte_after_s(self) -> float | None:
@@ -116,14 +105,6 @@ class Attempt:
 
     def __post_init__(self) -> None:
         self.lane = self.call.lane
-
-    def preempt(self) -> bool:
-        """Ask it to give its slot away: its relay ends it where the caller's stream
-        stands between two events and continues the answer in a new attempt. False when
-        the relay declines: its answer is finishing or is not plain text."""
-        agreed = self.on_preempt is not None and self.on_preempt()
-        self.preempted = self.preempted or agreed
-        return agreed
 
     def produced(self) -> int | None:
         """Output tokens, as the provider reported them; None when it did not."""

@@ -19,7 +19,6 @@ only one of them fits.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
@@ -32,7 +31,7 @@ from sluicegate.scheduling.attempt import Attempt, Target
 from sluicegate.scheduling.checks import default_checks
 from sluicegate.scheduling.demand import Learner
 from sluicegate.scheduling.fairness import FairnessPolicy
-from sluicegate.scheduling.handover import HandOver
+from sluicegate.scheduling.handover import Giver, HandOver, Rests
 from sluicegate.scheduling.pacing import Pacing
 from sluicegate.scheduling.plugin import Check, Dispatch, NotNow, Observer, hearing
 from sluicegate.scheduling.prefilling import PrefillBudgets
@@ -40,10 +39,14 @@ from sluicegate.scheduling.promise import QueueExit
 from sluicegate.scheduling.queueing import QueueRule
 from sluicegate.scheduling.queues import LaneQueue, Waiter
 from sluicegate.scheduling.reserve import GONE_AFTER_S, MOST_OF_BATCH, SpareSlots
+from sluicegate.scheduling.routing import Routing
 from sluicegate.scheduling.share import WithinShare
 from sluicegate.scheduling.stats import Exit, OnWait, Stats
 from sluicegate.scheduling.turns import Turns
 from sluicegate.scheduling.views import DispatcherView, LaneView, TargetView
+
+Holder = LaneQueue | Rests
+"""What a waiter waits in."""
 
 
 class Plan(NamedTuple):
@@ -77,8 +80,7 @@ class Dispatcher:
         self.clock = clock
         self.queues = {lane.name: LaneQueue(lane, fairness(lane)) for lane in self.lanes}
         self._paused = paused
-        self._chain = chain
-        self._turn = itertools.count()
+        self.routing = Routing(self.targets, chain)
         self._plans: dict[tuple[str, str], Plan] = {}
         self._kicked = asyncio.Event()
         self._retry = Wakeup(clock, self.kick)
@@ -97,14 +99,17 @@ class Dispatcher:
             self.budgets.prompts_meanwhile,
             lambda lane: self.queues[lane.name].fairness,
         )
-        unit = self.learner.unit
-        self.share = WithinShare(self.top, top_queue, batch, clock, unit.work_s, self.budgets.rates)
-        self.turns = Turns(self.lanes, self.queues, clock, self.share.asked_lately)
-        self.pacing = Pacing(self.lanes, clock, self.kick)
         resumable = any(target.deployment.resumable for target in self.targets)
         self.handover = HandOver(batch, clock, self.queues) if resumable else None
         """Built only where a stream may give its slot away: elsewhere the pump's order is
-        the lanes' alone."""
+        the lanes' alone, and no request is the rest of an answer."""
+        queued = top_queue.queued if self.handover is None else self.handover.queued(top_queue)
+        unit = self.learner.unit
+        self.share = WithinShare(
+            self.top, top_queue.fairness, queued, batch, clock, unit.work_s, self.budgets.rates
+        )
+        self.turns = Turns(self.lanes, self.queues, self._queued, clock, self.share.asked_lately)
+        self.pacing = Pacing(self.lanes, clock, self.kick)
         self.checks: tuple[Check, ...] = (
             self.pacing,
             *default_checks(self.lanes, clock, GONE_AFTER_S),
@@ -167,17 +172,23 @@ class Dispatcher:
         predicted_s = None
         if not call.resumed:
             predicted_s = self.rule.promise(call, self.turns.place(call, protected), protected)
-        if queue.full and not call.resumed:
+        if self._queued(lane.name) >= lane.queue_size and not call.resumed:
             raise Refusal.QUEUE_FULL.error(f"the {lane.name} queue of {self.model} is full")
         waiter = Waiter(attempt, self.clock.now(), predicted_s, protected)
-        queue.push(waiter)
+        holder = self._holder(waiter)
+        holder.push(waiter)
         self.kick()
-        await self._wait(waiter, queue)
+        await self._wait(waiter, holder)
 
     def first_token(self, attempt: Attempt, ttft_s: float) -> None:
         """A streamed request got its first token `ttft_s` after arrival."""
         for heard in self._first_token:
             heard(attempt, ttft_s)
+
+    def may_give(self, attempt: Attempt, giver: Giver) -> None:
+        """`attempt`'s stream may give its slot away, through `giver`."""
+        if self.handover is not None:
+            self.handover.may_give(attempt, giver)
 
     async def release(self, attempt: Attempt) -> None:
         """End an attempt: undo what dispatching it recorded, tell the observers of an
@@ -209,7 +220,7 @@ class Dispatcher:
         if produced is not None:
             fairness.charge(tenant, 0, produced - attempt.charged_output)
 
-    async def _wait(self, waiter: Waiter, queue: LaneQueue) -> None:
+    async def _wait(self, waiter: Waiter, queue: Holder) -> None:
         """The intentional wait point: bounded by the request's age limit, as known when
         it queued (a prefill rate learnt later does not move it), and the deadline, both
         timed on the dispatcher's clock."""
@@ -234,31 +245,16 @@ class Dispatcher:
         if refusal is not None:
             raise refusal.renewed()
 
-    def _expire(self, waiter: Waiter, queue: LaneQueue, waited_s: float | None) -> None:
+    def _expire(self, waiter: Waiter, queue: Holder, waited_s: float | None) -> None:
         """Answer a request still queued when its deadline (`waited_s` None) or its age
         limit came."""
-        lane = waiter.lane
-        if waited_s is None:
-            error = Refusal.DEADLINE.error(
-                f"the request's deadline passed while it waited in the {lane.name} queue"
-            )
-        elif waited_s < lane.max_queue_age_s:
-            error = Refusal.EXPIRED.error(
-                f"the request waited {waited_s:.2f}s in the {lane.name} queue: served later, "
-                f"it would miss the lane's {lane.ttft_slo_s:g}s promise"
-            )
-        else:
-            error = Refusal.EXPIRED.error(
-                f"the request waited {lane.max_queue_age_s:g}s in the {lane.name} queue, "
-                "its lane's limit"
-            )
-        how = QueueExit.DEADLINE if waited_s is None else QueueExit.DROPPED
+        error, how = self.rule.expired(waiter.lane, waited_s)
         self._refuse(waiter, queue, error, Exit.EXPIRED, how)
 
     def _refuse(
         self,
         waiter: Waiter,
-        queue: LaneQueue,
+        queue: Holder,
         error: GatewayError,
         exit: Exit,
         learnt: QueueExit | None,
@@ -277,23 +273,24 @@ class Dispatcher:
         while True:
             for waiter in self._turns():
                 lane, attempt = waiter.lane, waiter.attempt
-                queue = self.queues[lane.name]
+                queue, holder = self.queues[lane.name], self._holder(waiter)
                 spare = self.spares.spare(waiter.protected or waiter.call.resumed)
                 refusal = await self._try(attempt, spare, queued=True)
+                handover = self.handover
                 if refusal is not None:
-                    handover = self.handover
                     if waiter.protected and refusal.code == Refusal.POOL_CONCURRENCY and handover:
                         handover.preempt_for(waiter, queue)
                     if not self.rule.outlasts(refusal, waiter.call, waiter.enqueued_s):
                         continue
-                    self._refuse(waiter, queue, refusal, Exit.UNAVAILABLE, None)
+                    self._refuse(waiter, holder, refusal, Exit.UNAVAILABLE, None)
                     break
                 since_s = queue.backlogged_since(waiter.flow)
-                if not queue.remove(waiter) or waiter.future.done():
+                if not holder.remove(waiter) or waiter.future.done():
                     await self.release(attempt)
                 else:
                     wait_s = self.clock.now() - waiter.enqueued_s
-                    predicted_s, given = waiter.predicted_s, waiter.given
+                    given = handover is not None and handover.gave(waiter)
+                    predicted_s = waiter.predicted_s
                     self._dispatched(attempt, wait_s, predicted_s, since_s, waiter.protected, given)
                     waiter.future.set_result(None)
                 break
@@ -314,26 +311,8 @@ class Dispatcher:
             for late, error in list(self.rule.late(queue)):
                 self._refuse(late, queue, error, Exit.SHED, QueueExit.DROPPED)
             waiter = queue.protected_head(self.share.asked_lately) or queue.head()
-            if waiter is not None and not (handover is not None and waiter.given):
+            if waiter is not None and not (handover is not None and handover.gave(waiter)):
                 yield waiter
-
-    def _candidates(self, attempt: Attempt) -> list[Target]:
-        """The chain in order, or rotated; deployments that failed this request go last.
-        The rest of an answer goes only where a final assistant message is continued
-        (one at least: its first part came from such a deployment of this model)."""
-        targets = self.targets
-        if len(targets) == 1:
-            return targets
-        if attempt.call.resumed:
-            targets = [target for target in targets if target.deployment.resumable]
-        if not self._chain:
-            start = next(self._turn) % len(targets)
-            targets = targets[start:] + targets[:start]
-        avoid = attempt.avoid
-        if not avoid:
-            return targets
-        fresh = [t for t in targets if t.deployment.name not in avoid]
-        return fresh or targets
 
     async def _try(self, attempt: Attempt, spare: int, queued: bool) -> GatewayError | None:
         """Take the first candidate deployment that admits the lane and every permit
@@ -354,7 +333,7 @@ class Dispatcher:
         # When a refusal may end: callers are told a later, spread time, but the
         # dispatcher itself looks again at the earliest one.
         wakes: list[float] = []
-        for target in self._candidates(attempt):
+        for target in self.routing.candidates(attempt):
             plan = self._plan(target, lane)
             verdict = _first_refusal(plan.target, target, lane, rest)
             if verdict is not None:
@@ -432,10 +411,23 @@ class Dispatcher:
         attempt.charged_output = output
         prompt = 0 if call.resumed else call.prompt_tokens
         self.queues[attempt.lane.name].fairness.charge(call.tenant.name, prompt, output)
-        queued = any(queue.size for queue in self.queues.values())
+        queued = any(queue.size for queue in self.queues.values()) or bool(
+            self.handover and self.handover.rests.count
+        )
         how = Dispatch(wait_s, predicted_s, backlogged_since_s, protected, handed_over, queued)
         for dispatched in self._on_dispatch:
             dispatched(attempt, how)
+
+    def _queued(self, lane: str) -> int:
+        """The requests waiting in `lane`, the rest of answers included."""
+        queued = self.queues[lane].size
+        return queued if self.handover is None else queued + self.handover.rests.size(lane)
+
+    def _holder(self, waiter: Waiter) -> Holder:
+        """Where `waiter` waits: the rest of an answer apart, outside the fair order."""
+        if self.handover is not None and waiter.call.resumed:
+            return self.handover.rests
+        return self.queues[waiter.lane.name]
 
     def _gap_s(self) -> float | None:
         return self.rule.predictor.gap_s
@@ -476,7 +468,7 @@ class Dispatcher:
         exits = stats.exits
         return LaneView(
             name=lane.name,
-            queued=queue.size,
+            queued=self._queued(name),
             oldest_age_s=0.0 if oldest is None else now - oldest,
             in_flight=stats.in_flight,
             dispatched=stats.dispatched,

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from weakref import WeakSet
 
 from sluicegate.core.clock import Clock
 from sluicegate.scheduling.attempt import Attempt
@@ -37,16 +38,81 @@ RESUMING_PART = 0.25
 """The part of the batch that may be handed over and not yet resumed at once."""
 
 
+class Giver:
+    """A stream's side of a hand-over, kept by the relay that owns the stream: whether it
+    can give its slot away now (`interrupt`, set once the relay relays it: told at
+    once, it says whether it can), whether it agreed, and the events it relayed so far,
+    about a token each: what it would prefill again after its prompt."""
+
+    __slots__ = ("agreed", "interrupt", "relayed_events")
+
+    def __init__(self) -> None:
+        self.agreed = False
+        """Asked to give its slot to a request within its share, and agreed; the relay
+        clears it when its answer ends or turns to more than text first."""
+        self.interrupt: Callable[[], bool] | None = None
+        self.relayed_events = 0
+
+    def ask(self) -> bool:
+        """Ask it to give its slot away: its relay ends it where the caller's stream
+        stands between two events and continues the answer in a new attempt. False when
+        the relay declines: its answer is finishing or is not plain text."""
+        agreed = self.interrupt is not None and self.interrupt()
+        self.agreed = self.agreed or agreed
+        return agreed
+
+
+class Rests:
+    """The rest of answers whose streams gave their slots away, each lane's in arrival
+    order, outside the fair order: their callers are mid-answer. A few at most: the
+    hand-overs under way are bounded."""
+
+    def __init__(self, lanes: Iterable[str]) -> None:
+        self._lanes: dict[str, deque[Waiter]] = {lane: deque() for lane in lanes}
+        self.count = 0
+
+    def push(self, waiter: Waiter) -> None:
+        self._lanes[waiter.lane.name].append(waiter)
+        self.count += 1
+
+    def remove(self, waiter: Waiter) -> bool:
+        """Take `waiter` out (dispatched or leaving); False if it was not queued."""
+        rests = self._lanes[waiter.lane.name]
+        if waiter not in rests:
+            return False
+        rests.remove(waiter)
+        self.count -= 1
+        return True
+
+    def heads(self) -> list[Waiter]:
+        return [rests[0] for rests in self._lanes.values() if rests]
+
+    def size(self, lane: str) -> int:
+        return len(self._lanes[lane])
+
+    def queued(self, lane: str, flow: str) -> int:
+        """`flow`'s rests waiting in `lane`."""
+        rests = self._lanes[lane]
+        return sum(waiter.flow == flow for waiter in rests) if rests else 0
+
+
 class HandOver(Quiet):
     def __init__(self, batch: int, clock: Clock, queues: Mapping[str, LaneQueue]) -> None:
         self._batch = batch
         self._clock = clock
         self._queues = queues
+        self.rests = Rests(queues)
+        self._given: WeakSet[Waiter] = WeakSet()
+        """Waiters a stream gave, or is giving, its slot to: they go first."""
+        self._asking: WeakSet[Waiter] = WeakSet()
+        """Waiters a stream agreed to give its slot to, until that stream ends."""
         self.turnover = Turnover(clock.now())
         """How often slots come free by themselves: how long a handed-over rest waits."""
         self._streaming: dict[int, Attempt] = {}
         """Streams past their first token: each ends at the latest at its `max_tokens`."""
-        self._resumable: dict[int, Attempt] = {}
+        self._givers: dict[int, Giver] = {}
+        """The side of a hand-over of every stream that may give its slot away."""
+        self._resumable: dict[int, tuple[Attempt, Giver]] = {}
         """Streams past their first token that may give their slot away, not yet asked
         to."""
         self._asked: dict[int, Waiter] = {}
@@ -61,27 +127,49 @@ class HandOver(Quiet):
 
     def first_token(self, attempt: Attempt, ttft_s: float) -> None:
         self._streaming[id(attempt)] = attempt
-        if attempt.resumable and not attempt.call.resumed:
-            self._resumable[id(attempt)] = attempt
+
+    def may_give(self, attempt: Attempt, giver: Giver) -> None:
+        """`attempt`'s stream, past its first token, may give its slot away: never the
+        rest of an answer, whose caller already stood still once."""
+        if attempt.call.resumed:
+            return
+        self._givers[id(attempt)] = giver
+        self._resumable[id(attempt)] = (attempt, giver)
 
     def ended(self, attempt: Attempt) -> None:
         """A slot came free unless the attempt handed it over: that slot is its taker's,
         no rest waits on it."""
-        if not attempt.preempted:
+        giver = self._givers.pop(id(attempt), None)
+        handed = giver is not None and giver.agreed
+        if not handed:
             self.turnover.freed(self._clock.now())
         self._streaming.pop(id(attempt), None)
         self._resumable.pop(id(attempt), None)
         waiter = self._asked.pop(id(attempt), None)
-        if waiter is not None and not attempt.preempted:
-            waiter.preempting = False
+        if waiter is not None and not handed:
+            self._asking.discard(waiter)
+
+    def gave(self, waiter: Waiter) -> bool:
+        """Whether a stream gave, or is giving, its slot to `waiter`."""
+        return waiter in self._given
+
+    def asks(self, waiter: Waiter) -> bool:
+        """Whether a stream agreed to give its slot to `waiter` and has not ended."""
+        return waiter in self._asking
+
+    def queued(self, queue: LaneQueue) -> Callable[[str], int]:
+        """Each tenant's waiters in `queue`'s lane, its rests included."""
+        lane, rests = queue.lane.name, self.rests
+        return lambda flow: queue.queued(flow) + rests.queued(lane, flow)
 
     def first_turns(self, top: LaneQueue) -> Iterator[Waiter]:
         """Who goes before the lanes' own order: requests within their share a stream is
         giving its slot to (that slot is theirs); then the rest of answers, oldest first,
         whatever their lane and whether it is paused (their callers are mid-answer, and
         a hand-over must not starve the stream it took a slot from)."""
-        yield from _oldest_first(w for w in top.protected_waiters() if w.given)
-        yield from _oldest_first(w for q in self._queues.values() if (w := q.resumed_head()))
+        given = self._given
+        yield from _oldest_first(w for w in top.protected_waiters() if w in given)
+        yield from _oldest_first(self.rests.heads())
 
     def preempt_for(self, head: Waiter, queue: LaneQueue) -> None:
         """Free slots for the requests within their share queued in the top lane, whose
@@ -89,11 +177,11 @@ class HandOver(Quiet):
         others (they stand behind it for the same slots), as long as streams may give
         theirs and at most `RESUMING_PART` of the batch is handed over and not yet
         resumed: each rest takes the next free slot, so more would each wait longer."""
-        pending = len(self._asked) + sum(len(other.resumed) for other in self._queues.values())
+        pending = len(self._asked) + self.rests.count
         for waiter in (head, *queue.protected_waiters()):
             if pending >= self._at_most:
                 return
-            if not waiter.preempting:
+            if waiter not in self._asking:
                 if not self._preempt_one(waiter, queue, pending):
                     return
                 pending += 1
@@ -111,9 +199,10 @@ class HandOver(Quiet):
         lane, tenant = waiter.lane, waiter.flow
         beyond: dict[str, bool] = {}
         pause_s = self._pause_s(pending)
+        queued = self.queued(queue)
 
-        def may_yield(running: Attempt) -> bool:
-            if not running.lane.queue_size or running.on_preempt is None:
+        def may_yield(running: Attempt, giver: Giver) -> bool:
+            if not running.lane.queue_size or giver.interrupt is None:
                 return False
             promise = running.lane.ttft_slo_s
             if promise is not None and pause_s(running) > promise:
@@ -124,18 +213,20 @@ class HandOver(Quiet):
             if other == tenant:
                 return False
             if other not in beyond:
-                beyond[other] = not queue.fairness.within_share(other, queue.queued, self._batch)
+                beyond[other] = not queue.fairness.within_share(other, queued, self._batch)
             return beyond[other]
 
-        def cheapest(running: Attempt) -> tuple[int, int]:
-            return (running.lane.priority, running.call.prompt_tokens + running.relayed_events)
+        def cheapest(candidate: tuple[Attempt, Giver]) -> tuple[int, int]:
+            running, giver = candidate
+            return (running.lane.priority, running.call.prompt_tokens + giver.relayed_events)
 
-        candidates = [running for running in self._resumable.values() if may_yield(running)]
-        for victim in sorted(candidates, key=cheapest):
+        candidates = [(a, giver) for a, giver in self._resumable.values() if may_yield(a, giver)]
+        for victim, giver in sorted(candidates, key=cheapest):
             del self._resumable[id(victim)]
-            if victim.preempt():
+            if giver.ask():
                 self._asked[id(victim)] = waiter
-                waiter.preempting = waiter.given = True
+                self._asking.add(waiter)
+                self._given.add(waiter)
                 self.preempted[victim.lane.name] += 1
                 return True
         return False
@@ -153,34 +244,36 @@ class HandOver(Quiet):
             if not soonest:
                 asked = self._asked
                 ends = (
-                    _ends_by_s(running, now)
+                    self._ends_by_s(running, now)
                     for key, running in self._streaming.items()
                     if key not in asked
                 )
                 soonest.extend(heapq.nsmallest(pending + 2, ends))
-            return max(expected_s, latest_free_s(soonest, pending, _ends_by_s(victim, now)))
+            own_s = self._ends_by_s(victim, now)
+            return max(expected_s, latest_free_s(soonest, pending, own_s))
 
         return pause_s
+
+    def _ends_by_s(self, running: Attempt, now: float) -> float:
+        """How long `running` may still take: what is left of its `max_tokens` at the
+        slower of its own pace since its first bytes (`Giver.relayed_events` counts the
+        events after those, each a token at least) and its backend's pace now (a slowdown
+        since leaves its own behind). Its own is read only once it has streamed
+        `PACED_S`: its first events may come together and read as no time a token.
+        Unknown, so endless, with neither."""
+        first_s, target = running.first_byte_s, running.target
+        if first_s is None or target is None:
+            return math.inf
+        giver = self._givers.get(id(running))
+        produced = 0 if giver is None else giver.relayed_events
+        streamed_s = now - first_s
+        own_s = streamed_s / max(produced, 1) if streamed_s >= PACED_S else 0.0
+        pace_s = max(own_s, target.gate.tpot_s or 0.0)
+        if pace_s <= 0.0:
+            return math.inf
+        left = running.call.reserved_tokens - running.call.prompt_tokens - produced
+        return max(0, left) * pace_s
 
 
 def _oldest_first(waiters: Iterable[Waiter]) -> list[Waiter]:
     return sorted(waiters, key=lambda waiter: waiter.enqueued_s)
-
-
-def _ends_by_s(running: Attempt, now: float) -> float:
-    """How long `running` may still take: what is left of its `max_tokens` at the
-    slower of its own pace since its first bytes (`relayed_events` counts the events
-    after those, each a token at least) and its backend's pace now (a slowdown since
-    leaves its own behind). Its own is read only once it has streamed `PACED_S`: its
-    first events may come together and read as no time a token. Unknown, so endless,
-    with neither."""
-    first_s, target = running.first_byte_s, running.target
-    if first_s is None or target is None:
-        return math.inf
-    produced, streamed_s = running.relayed_events, now - first_s
-    own_s = streamed_s / max(produced, 1) if streamed_s >= PACED_S else 0.0
-    pace_s = max(own_s, target.gate.tpot_s or 0.0)
-    if pace_s <= 0.0:
-        return math.inf
-    left = running.call.reserved_tokens - running.call.prompt_tokens - produced
-    return max(0, left) * pace_s

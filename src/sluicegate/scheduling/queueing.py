@@ -104,6 +104,23 @@ class QueueRule(Quiet):
         budget_s = self.predictor.budget_s(lane.name, promise, self._own_prefill_s(call))
         return min(lane.max_queue_age_s, budget_s)
 
+    def expired(self, lane: Lane, waited_s: float | None) -> tuple[GatewayError, QueueExit]:
+        """The answer to a request of `lane` still queued when its deadline (`waited_s`
+        None) or its age limit came, and how it left, as the predictor learns it."""
+        if waited_s is None:
+            return Refusal.DEADLINE.error(
+                f"the request's deadline passed while it waited in the {lane.name} queue"
+            ), QueueExit.DEADLINE
+        if waited_s < lane.max_queue_age_s:
+            return Refusal.EXPIRED.error(
+                f"the request waited {waited_s:.2f}s in the {lane.name} queue: served later, "
+                f"it would miss the lane's {lane.ttft_slo_s:g}s promise"
+            ), QueueExit.DROPPED
+        return Refusal.EXPIRED.error(
+            f"the request waited {lane.max_queue_age_s:g}s in the {lane.name} queue, "
+            "its lane's limit"
+        ), QueueExit.DROPPED
+
     def outlasts(self, refusal: GatewayError, call: Call, enqueued_s: float) -> bool:
         """Every deployment named a time (an open circuit, a rate limit's next slot) and
         it comes after this request would have left the queue: answer now, with that time

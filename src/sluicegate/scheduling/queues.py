@@ -6,10 +6,7 @@ first attempts, then the retries its clients announce (the `openai` SDKs send
 promised the next slot: behind its tenant's older requests from beyond the share,
 which must leave the reserve free, it would wait as long as they do. Under overload a
 retry has already spent part of its caller's patience, so of two requests the fresh
-one is likelier to be answered in time. The rest of an answer that gave its slot to
-a request within its share (`Call.resumed`) waits outside the fair order, first come
-first served; the dispatcher tries it before the fair order (`handover.HandOver`): its
-caller is mid-answer.
+one is likelier to be answered in time.
 Bounded by size here and by age through each waiter's own timeout; a waiter that leaves
 (deadline, age, caller gone) is removed at once and never dispatched.
 """
@@ -34,14 +31,13 @@ class Waiter:
     `renewed()` instead)."""
 
     __slots__ = (
+        "__weakref__",
         "attempt",
         "call",
         "enqueued_s",
         "future",
-        "given",
         "lane",
         "predicted_s",
-        "preempting",
         "protected",
     )
 
@@ -61,11 +57,6 @@ class Waiter:
         self.protected = protected
         """It came within its tenant's share: it may take the dispatcher's reserve, and
         it is not shed (it is first in line for the next slot)."""
-        self.preempting = False
-        """A stream (of a lower lane, or of another tenant at or beyond its share) agreed
-        to give its slot to this waiter; cleared when that stream ends."""
-        self.given = False
-        """A stream gave, or is giving, its slot to this waiter: it goes first."""
         self.future: asyncio.Future[GatewayError | None] = (
             asyncio.get_running_loop().create_future()
         )
@@ -131,19 +122,9 @@ class LaneQueue:
         self.protected = 0
         """Waiters that came within their tenant's share: they go before the others,
         which may not take the slots kept free for them anyway."""
-        self.resumed: deque[Waiter] = deque()
-        """The rest of answers whose streams gave their slots away, in arrival order (a
-        few at most: the dispatcher bounds the hand-overs under way)."""
-
-    @property
-    def full(self) -> bool:
-        return self.size >= self.lane.queue_size
 
     def push(self, waiter: Waiter) -> None:
         self.size += 1
-        if waiter.call.resumed:
-            self.resumed.append(waiter)
-            return
         flow = self._flows.get(waiter.flow)
         if flow is None:
             flow = self._flows[waiter.flow] = _Flow()
@@ -162,12 +143,6 @@ class LaneQueue:
 
     def remove(self, waiter: Waiter) -> bool:
         """Take `waiter` out (dispatched or leaving); False if it was not queued."""
-        if waiter.call.resumed:
-            if waiter not in self.resumed:
-                return False
-            self.resumed.remove(waiter)
-            self.size -= 1
-            return True
         flow = self._flows.get(waiter.flow)
         if not flow:
             return False
@@ -235,15 +210,9 @@ class LaneQueue:
         return own.since_s if own else None
 
     def queued(self, flow: str) -> int:
-        """`flow`'s waiters, the rest of its answers included."""
+        """`flow`'s waiters."""
         own = self._flows.get(flow)
-        queued = 0 if own is None else len(own)
-        if self.resumed:
-            queued += sum(waiter.flow == flow for waiter in self.resumed)
-        return queued
-
-    def resumed_head(self) -> Waiter | None:
-        return self.resumed[0] if self.resumed else None
+        return 0 if own is None else len(own)
 
     def protected_head(self, asked: Callable[[str], float]) -> Waiter | None:
         """Of the tenants with requests queued within their share (standing first in
@@ -268,7 +237,6 @@ class LaneQueue:
         return [flow.head() for flow in self._flows.values() if flow]
 
     def oldest_enqueued_s(self) -> float | None:
-        """The oldest wait of the fair order's requests: what starvation and overload
-        read. The rest of an answer waits as long as its deadline allows by design."""
+        """The oldest wait of the queued requests: what starvation and overload read."""
         heads = [flow.oldest_enqueued_s() for flow in self._flows.values() if flow]
         return min(heads, default=None)

@@ -22,11 +22,13 @@ class Turns:
         self,
         lanes: Sequence[Lane],
         queues: Mapping[str, LaneQueue],
+        queued: Callable[[str], int],
         clock: Clock,
         asked_lately: Callable[[str], float],
     ) -> None:
         self._lanes = tuple(lanes)
         self._queues = queues
+        self._queued = queued
         self._clock = clock
         self._asked_lately = asked_lately
 
@@ -45,12 +47,10 @@ class Turns:
         return sorted(self._lanes, key=lambda lane: not starving(lane))
 
     def queued_ahead(self, lane: Lane) -> int:
-        """Requests queued in `lane` and every lane at or above it."""
-        return sum(
-            self._queues[other.name].size
-            for other in self._lanes
-            if other.priority >= lane.priority
-        )
+        """Requests queued in `lane` and every lane at or above it (`queued`: a lane's
+        waiting requests)."""
+        queued = self._queued
+        return sum(queued(other.name) for other in self._lanes if other.priority >= lane.priority)
 
     def place(self, call: Call, protected: bool) -> Place:
         """Where `call` would wait if it queued now."""
@@ -62,5 +62,5 @@ class Turns:
             if protected
             else own.place(tenant, bool(call.client_retries))
         )
-        above = self.queued_ahead(lane) - own.size
+        above = self.queued_ahead(lane) - self._queued(lane.name)
         return Place(above + place.ahead, place.mine, place.since_s)

@@ -71,6 +71,13 @@ def test_the_continuation_asks_for_what_is_left_of_each_cap():
     assert len(payload["messages"]) == 1, "the caller's payload is not written to"
 
 
+def test_the_continuation_asks_for_what_is_left_of_the_least_output():
+    """`min_tokens` counts the whole answer: the continuation owes only what the answer
+    so far has not produced."""
+    assert continuation(call(min_tokens=5).payload, "Hello", 3)["min_tokens"] == 2
+    assert continuation(call(min_tokens=2).payload, "Hello", 3)["min_tokens"] == 0
+
+
 @pytest.mark.parametrize(
     ("change", "may"),
     [
@@ -80,12 +87,16 @@ def test_the_continuation_asks_for_what_is_left_of_each_cap():
         ({"logprobs": True}, False),
         ({"continue_final_message": True}, False),
         ({"response_format": {"type": "json_object"}}, False),
+        ({"response_format": {"type": "text"}}, True),
         ({"guided_json": {"type": "object"}}, False),
-        ({"min_tokens": 5}, False),
+        ({"min_tokens": 1}, True),
+        ({"min_tokens": 5}, True),
         ({"echo": True}, False),
     ],
 )
 def test_only_a_plain_streamed_chat_answer_on_a_resumable_deployment_may_be_resumed(change, may):
+    """Judged on what changes the continuation alone: a least output carries over (less
+    what was produced) and a plain-text response format is no format."""
     assert resumable(call(**change), DEPLOYMENT) is may
 
 

@@ -37,6 +37,7 @@ from sluicegate.scheduling.attempt import Attempt, Outcome, Target
 from sluicegate.scheduling.demand import SMOOTHING
 from sluicegate.scheduling.dispatcher import Dispatcher
 from sluicegate.scheduling.fairness import RoundRobin, VirtualTokenCounter
+from sluicegate.scheduling.handover import Giver
 from sluicegate.stores.memory import MemoryLimitStore
 from tests.support.clock import FakeClock
 from tests.support.fakes import YieldingStore
@@ -1364,6 +1365,28 @@ async def test_the_prefill_budget_is_the_deployments_whoever_sends_to_it(clock):
             runner.cancel()
 
 
+class Streamed(Attempt):
+    """An attempt with its stream's side of a hand-over at hand, as its relay keeps it."""
+
+    giver: Giver
+
+    @property
+    def preempted(self) -> bool:
+        return self.giver.agreed
+
+    @preempted.setter
+    def preempted(self, agreed: bool) -> None:
+        self.giver.agreed = agreed
+
+    @property
+    def relayed_events(self) -> int:
+        return self.giver.relayed_events
+
+    @relayed_events.setter
+    def relayed_events(self, events: int) -> None:
+        self.giver.relayed_events = events
+
+
 async def streaming(
     dispatcher: Dispatcher,
     clock: FakeClock,
@@ -1371,17 +1394,19 @@ async def streaming(
     lane: Lane,
     prompt_tokens: int = 10,
     resumed: bool = False,
-) -> Attempt:
+) -> Streamed:
     """A stream of `tenant` granted now and past its first token, one that may give its
     slot away unless it is the rest of an answer (`resumed`); the clock then moves on
     0.1 s."""
     request = call(clock, tenant=tenant, lane=lane)._replace(resumed=resumed)
-    running = Attempt(request._replace(stream=True, prompt_tokens=prompt_tokens))
+    running = Streamed(request._replace(stream=True, prompt_tokens=prompt_tokens))
+    running.giver = Giver()
+    running.giver.interrupt = lambda: True
     await granted(dispatcher, running)
-    running.resumable = not resumed
-    running.on_preempt = lambda: True
     running.first_byte_s = clock.now()
     dispatcher.first_token(running, 0.0)
+    if not resumed:
+        dispatcher.may_give(running, running.giver)
     clock.advance(0.1)
     return running
 
@@ -1456,7 +1481,8 @@ async def test_the_rest_of_an_answer_waits_ahead_of_new_work_and_is_not_judged_b
         with pytest.raises(GatewayError) as refused:
             await dispatcher.acquire(attempt(clock, tenant="x", lane=PROMISED))
         assert refused.value.code == "overloaded"
-        rest = Attempt(call(clock, tenant="x", lane=PROMISED)._replace(stream=True, resumed=True))
+        rest = Streamed(call(clock, tenant="x", lane=PROMISED)._replace(stream=True, resumed=True))
+        rest.giver = Giver()
         resumed = asyncio.create_task(granted(dispatcher, rest))
         await settle()
         assert not resumed.done()
@@ -1464,10 +1490,10 @@ async def test_the_rest_of_an_answer_waits_ahead_of_new_work_and_is_not_judged_b
         await settle()
         assert resumed.done()
         assert not fresh.done()
-        rest.resumable = True
-        rest.on_preempt = lambda: True
+        rest.giver.interrupt = lambda: True
         rest.first_byte_s = clock.now()
         dispatcher.first_token(rest, 0.0)
+        dispatcher.may_give(rest, rest.giver)
         protected = asyncio.create_task(
             granted(dispatcher, attempt(clock, tenant="b", lane=PROMISED))
         )
@@ -1561,7 +1587,8 @@ async def hand_overs_asked(
     streams in `held_in` hold all eight slots, each `ends_in_s` from its `max_tokens` at
     a pace of about 0.1 s a token over its `events` after the first bytes (the last
     0.05 s ago); the last `rests_holding` of them are rests of answers, which may not
-    give their slot. The backend's metrics read `tpot_s` a token. `b` then sends
+    give their slot: their relays count no events, and they resumed 0.05 s ago, `ends_in_s`
+    at their backend's pace. The backend's metrics read `tpot_s` a token. `b` then sends
     `asking` requests within its share: which streams are asked to give their slot.
     The dispatch gap reads a thousandth of a second, as a burst of dispatches leaves
     it: the pause is not its."""
@@ -1580,9 +1607,13 @@ async def hand_overs_asked(
             for i in range(8)
         ]
         for running, end_s in zip(held, ends_in_s, strict=True):
+            left = round(end_s / 0.1)
+            if running.call.resumed:
+                running.first_byte_s = clock.now() - 0.05
+                running.call = running.call._replace(reserved_tokens=10 + left)
+                continue
             running.relayed_events = events
             running.first_byte_s = clock.now() - 0.1 * events - 0.05
-            left = round(end_s / 0.1)
             running.call = running.call._replace(reserved_tokens=10 + events + left)
         dispatcher.rule.predictor.gap_s = 0.001
         waiting = [
@@ -1676,11 +1707,11 @@ async def test_a_stream_not_yet_a_second_old_is_paced_by_its_backend(clock, tpot
 
 async def test_the_rests_of_answers_holding_slots_end_too(clock):
     """Six streams that may give their slot end in 20 s at the soonest; two rests of
-    answers, which may not, end within 0.5 and 1 s: their slots come free within the
-    promise, so two streams are asked."""
+    answers, which may not, end within 0.5 and 1 s at their backend's pace: their slots
+    come free within the promise, so two streams are asked."""
     ends_in_s = (20.0,) * 6 + (0.5, 1.0)
     asked_of = await hand_overs_asked(
-        clock, [INTERACTIVE, LOWER], LOWER, 2, 0.1, ends_in_s, rests_holding=2
+        clock, [INTERACTIVE, LOWER], LOWER, 2, 0.1, ends_in_s, tpot_s=0.1, rests_holding=2
     )
     assert asked_of == [True, True] + [False] * 6
 
@@ -1738,13 +1769,13 @@ async def test_a_waiter_whose_stream_withdrew_may_ask_again(clock, gave):
         await settle()
         assert stream.preempted
         (waiter,) = dispatcher.queues["interactive"].protected_waiters()
-        assert waiter.preempting
+        assert dispatcher.handover.asks(waiter)
         gate.set(set())
         stream.preempted = gave
         await dispatcher.release(stream)
         await settle()
         assert not waiting.done()
-        assert waiter.preempting is gave
+        assert dispatcher.handover.asks(waiter) is gave
         gate.set(None)
         await settle()
         assert waiting.done()
@@ -1864,7 +1895,7 @@ async def test_the_rest_of_an_answer_waits_past_a_full_queue_and_its_age_limit_u
         holder = await granted(dispatcher, attempt(clock, tenant="x", lane=tight))
         full = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="x", lane=tight)))
         await settle()
-        assert dispatcher.queues["tight"].full
+        assert dispatcher.view().lanes[0].queued == tight.queue_size
         rest = Attempt(
             call(clock, tenant="a", lane=tight, deadline_in_s=1.0)._replace(resumed=True)
         )
@@ -1874,7 +1905,7 @@ async def test_the_rest_of_an_answer_waits_past_a_full_queue_and_its_age_limit_u
         await settle()
         assert full.exception() is not None
         assert not resumed.done()
-        assert dispatcher.queues["tight"].queued("a") == 1
+        assert dispatcher.handover.queued(dispatcher.queues["tight"])("a") == 1
         assert dispatcher.queues["tight"].oldest_enqueued_s() is None, "no starving, no overload"
         clock.advance(0.5)
         await settle()

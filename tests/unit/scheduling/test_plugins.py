@@ -44,7 +44,7 @@ from sluicegate.scheduling.checks import BreakerCheck, GateCheck, ShareCheck
 from sluicegate.scheduling.demand import Learner
 from sluicegate.scheduling.dispatcher import Dispatcher
 from sluicegate.scheduling.fairness import VirtualTokenCounter
-from sluicegate.scheduling.handover import HandOver
+from sluicegate.scheduling.handover import Giver, HandOver
 from sluicegate.scheduling.pacing import Pacing
 from sluicegate.scheduling.prefilling import PrefillBudgets
 from sluicegate.scheduling.queueing import QueueRule
@@ -100,7 +100,13 @@ HELD: dict[type, Callable[[Any, Dispatcher], list[int]]] = {
     ShareCheck: lambda p, d: [sum(p.in_use.values())],
     Pacing: lambda p, d: [len(p._prefilling)],
     PrefillBudgets: lambda p, d: [b.pending for b in p._budgets.values()],
-    HandOver: lambda p, d: [len(p._streaming), len(p._resumable), len(p._asked)],
+    HandOver: lambda p, d: [
+        len(p._streaming),
+        len(p._givers),
+        len(p._resumable),
+        len(p._asked),
+        p.rests.count,
+    ],
     Stats: lambda p, d: [lane.in_flight for lane in p.lanes.values()],
     QueueRule: lambda p, d: [],
     SpareSlots: lambda p, d: [],
@@ -153,23 +159,25 @@ async def life(dispatcher: Dispatcher, clock: FakeClock, rng: random.Random, c: 
     except GatewayError:
         return
     rest: Call | None = None
+    giver = Giver()
     try:
-        attempt.resumable = c.stream and not c.resumed
-        attempt.on_preempt = lambda: rng.random() < 0.8
         await pause(clock, rng)
         if c.stream and rng.random() < 0.8:
             attempt.first_byte_s = clock.now()
             dispatcher.first_token(attempt, clock.now() - c.arrived_s)
+            if not c.resumed:
+                giver.interrupt = lambda: rng.random() < 0.8
+                dispatcher.may_give(attempt, giver)
             for _ in range(rng.randint(0, 3)):
                 await pause(clock, rng)
-                attempt.relayed_events += rng.randint(1, 5)
-                if attempt.preempted:
-                    produced = attempt.relayed_events
+                giver.relayed_events += rng.randint(1, 5)
+                if giver.agreed:
+                    produced = giver.relayed_events
                     rest = c._replace(resumed=True, prompt_tokens=c.prompt_tokens + produced)
                     break
-        attempt.completion_tokens = attempt.relayed_events or None
+        attempt.completion_tokens = giver.relayed_events or None
         if rng.random() < 0.5:
-            attempt.used_tokens = c.prompt_tokens + attempt.relayed_events
+            attempt.used_tokens = c.prompt_tokens + giver.relayed_events
         attempt.end(asyncio.CancelledError() if rest else rng.choices(OUTCOMES, (8, 1, 1))[0])
     except BaseException as err:
         attempt.end(err)
