@@ -87,10 +87,6 @@ class Attempt:
     body: dict[str, Any] | None = None
     dispatched_s: float | None = None
     first_byte_s: float | None = None
-    prompts_seen: int | None = None
-    """Its deployment's prompt tokens prefilled when its first token came: what the
-    engine prefilled since took part of the steps its answer decoded in; None when its
-    first token was not counted (no budget then)."""
     used_tokens: int | None = None
     """Prompt + completion, as the provider reported them; None when it did not."""
     completion_tokens: int | None = None

@@ -114,13 +114,14 @@ class Dispatcher:
             self.pacing,
             *default_checks(self.lanes, clock, GONE_AFTER_S),
         )
-        learners = (self.handover, self.pacing, self.budgets, self.learner, self.stats)
+        learners = (self.handover, self.pacing, self.learner, self.budgets, self.stats)
         plugins = (*self.checks, self.spares, self.rule, *learners)
         self.observers: tuple[Observer, ...] = tuple(
             dict.fromkeys(p for p in plugins if isinstance(p, Observer))
         )
-        """In the order they hear an end: the learner reads the requests in flight
-        before the stats count this one out."""
+        """In the order they hear an end: the learner reads the requests in flight and
+        the prompts prefilled during the answer before the stats and the budgets count
+        this one out."""
         self._arrived = hearing(self.observers, "arrived")
         self._on_dispatch = hearing(self.observers, "dispatched")
         self._first_token = hearing(self.observers, "first_token")

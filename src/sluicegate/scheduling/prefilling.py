@@ -54,6 +54,9 @@ class PrefillBudgets(Quiet):
         names = [] if promise is None else [target.deployment.name for target in targets]
         self._budgets = {name: _Budget(keys.prefill(name)) for name in names}
         self._clock = clock
+        self._seen: dict[int, int] = {}
+        """Per attempt past its first token, its deployment's prompt tokens prefilled then:
+        what the engine prefilled since took part of the steps its answer decoded in."""
         self.listening = bool(self._budgets)
         """Without a budget, no prompt is counted."""
 
@@ -87,7 +90,7 @@ class PrefillBudgets(Quiet):
         budget = self._budgets.get(target.deployment.name)
         if budget is None:
             return 0
-        seen = attempt.prompts_seen
+        seen = self._seen.get(id(attempt))
         return None if seen is None else budget.prompts - seen
 
     def dispatched(self, attempt: Attempt, how: Dispatch) -> None:
@@ -105,11 +108,12 @@ class PrefillBudgets(Quiet):
         budget.pending -= call.prompt_tokens
         if not call.resumed:
             budget.prompts += call.prompt_tokens
-        attempt.prompts_seen = budget.prompts
+        self._seen[id(attempt)] = budget.prompts
         assert attempt.permit is not None
         attempt.permit.first_token(budget.heard, learn=not call.resumed)
 
     def ended(self, attempt: Attempt) -> None:
+        self._seen.pop(id(attempt), None)
         budget = self._counting(attempt)
         if budget is not None:
             budget.pending -= attempt.call.prompt_tokens

@@ -99,7 +99,7 @@ HELD: dict[type, Callable[[Any, Dispatcher], list[int]]] = {
     GateCheck: lambda p, d: [held_by_targets(d, lambda t: t.gate.in_flight)],  # type: ignore[attr-defined]
     ShareCheck: lambda p, d: [sum(p.in_use.values())],
     Pacing: lambda p, d: [len(p._prefilling)],
-    PrefillBudgets: lambda p, d: [b.pending for b in p._budgets.values()],
+    PrefillBudgets: lambda p, d: [len(p._seen), *(b.pending for b in p._budgets.values())],
     HandOver: lambda p, d: [
         len(p._streaming),
         len(p._givers),
