@@ -3,10 +3,8 @@
 Sharing the backend's sequences by count is max-min fair in slots, not in the engine's
 time. A tenant of long prompts and short answers spends most of its slot prefilling,
 which stalls every other sequence's step; one of short prompts spends its slot in
-decode steps shared with the whole batch. At equal counts the first gets several times
-the engine the second does (family v5: a closed loop of 3,200-token prompts holding
-two thirds of the batch took 97 % of the engine's work, a burst tenant of weight one
-in three 3 %). So each tenant's requests in flight are weighed by what a second of
+decode steps shared with the whole batch. At equal counts the first gets several times,
+even tens of times, the engine the second does. So each tenant's requests in flight are weighed by what a second of
 their slot costs the engine, learnt from its requests that ended: the engine seconds
 they asked (`demand.EngineUnit`) over the seconds they held a slot.
 """
