@@ -257,7 +257,7 @@ class Dispatcher:
         waiter: Waiter,
         queue: Holder,
         error: GatewayError,
-        exit: Exit,
+        exited: Exit,
         learnt: QueueExit | None,
     ) -> None:
         """Answer a queued request with `error`, if it is still queued; its wait so far
@@ -266,7 +266,7 @@ class Dispatcher:
             return
         if learnt is not None:
             self.rule.unserved(waiter, learnt)
-        self.stats.left(waiter.lane, exit)
+        self.stats.left(waiter.lane, exited)
         waiter.future.set_result(error)
 
     async def _pump(self) -> None:
