@@ -4,9 +4,10 @@ Sharing the backend's sequences by count is max-min fair in slots, not in the en
 time. A tenant of long prompts and short answers spends most of its slot prefilling,
 which stalls every other sequence's step; one of short prompts spends its slot in
 decode steps shared with the whole batch. At equal counts the first gets several times,
-even tens of times, the engine the second does. So each tenant's requests in flight are weighed by what a second of
-their slot costs the engine, learnt from its requests that ended: the engine seconds
-they asked (`demand.EngineUnit`) over the seconds they held a slot.
+even tens of times, the engine the second does. So each tenant's requests in flight
+are weighed by what a second of their slot costs the engine, learnt from its requests
+that ended: the engine seconds they asked (`demand.EngineUnit`) over the seconds they
+held a slot.
 """
 
 from __future__ import annotations
