@@ -25,8 +25,8 @@ from collections.abc import Callable
 from sluicegate.core.clock import Clock
 from sluicegate.core.types import Lane
 from sluicegate.scheduling.attempt import Attempt, Target
-from sluicegate.scheduling.fairness import FairnessPolicy
 from sluicegate.scheduling.plugin import Quiet
+from sluicegate.scheduling.slotcost import SlotCosts
 
 SMOOTHING = 0.1
 """Weight of the newest stream in the sums the prices are read from."""
@@ -94,8 +94,8 @@ class EngineUnit:
 
 
 class Learner(Quiet):
-    """Learns the engine's unit from every stream that ends (`EngineUnit`), and tells the
-    lane's fair order the engine time each request held its slot for."""
+    """Learns the engine's unit from every stream that ends (`EngineUnit`), and, where a
+    lane's fair order weighs slots by their cost, what each request's slot cost."""
 
     def __init__(
         self,
@@ -104,7 +104,7 @@ class Learner(Quiet):
         in_flight: Callable[[], int],
         prefill_rate: Callable[[Target], float | None],
         prompts_meanwhile: Callable[[Attempt, Target], int | None],
-        fairness: Callable[[Lane], FairnessPolicy],
+        costs: Callable[[Lane], SlotCosts | None],
     ) -> None:
         self.unit = EngineUnit()
         self._targets = targets
@@ -112,7 +112,7 @@ class Learner(Quiet):
         self._in_flight = in_flight
         self._prefill_rate = prefill_rate
         self._prompts_meanwhile = prompts_meanwhile
-        self._fairness = fairness
+        self._costs = costs
 
     def ended(self, attempt: Attempt) -> None:
         """The rest of a handed-over answer held its slot for a prompt that was mostly
@@ -132,11 +132,10 @@ class Learner(Quiet):
                     math.ceil(self._in_flight() / self._targets),
                     1.0 / rate if rate else None,
                 )
+        costs = self._costs(attempt.lane)
         produced = attempt.produced()
-        if produced is None or call.resumed:
+        if costs is None or produced is None or call.resumed:
             return
         work_s = self.unit.work_s(call.prompt_tokens, produced, rate)
         if work_s is not None:
-            self._fairness(attempt.lane).slot_held(
-                call.tenant.name, work_s, now - attempt.dispatched_s
-            )
+            costs.held(call.tenant.name, work_s, now - attempt.dispatched_s)

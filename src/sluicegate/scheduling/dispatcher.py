@@ -30,7 +30,7 @@ from sluicegate.core.types import Lane
 from sluicegate.scheduling.attempt import Attempt, Target
 from sluicegate.scheduling.checks import default_checks
 from sluicegate.scheduling.demand import Learner
-from sluicegate.scheduling.fairness import FairnessPolicy
+from sluicegate.scheduling.fairness import FairnessPolicy, WeighsSlots
 from sluicegate.scheduling.handover import Giver, HandOver, Rests
 from sluicegate.scheduling.pacing import Pacing
 from sluicegate.scheduling.plugin import Check, Dispatch, NotNow, Observer, hearing
@@ -41,6 +41,7 @@ from sluicegate.scheduling.queues import LaneQueue, Waiter
 from sluicegate.scheduling.reserve import GONE_AFTER_S, MOST_OF_BATCH, SpareSlots
 from sluicegate.scheduling.routing import Routing
 from sluicegate.scheduling.share import WithinShare
+from sluicegate.scheduling.slotcost import SlotCosts
 from sluicegate.scheduling.stats import Exit, OnWait, Stats
 from sluicegate.scheduling.turns import Turns
 from sluicegate.scheduling.views import DispatcherView, LaneView, TargetView
@@ -79,6 +80,11 @@ class Dispatcher:
         self.targets = list(targets)
         self.clock = clock
         self.queues = {lane.name: LaneQueue(lane, fairness(lane)) for lane in self.lanes}
+        self._slot_costs = {
+            name: queue.fairness.costs
+            for name, queue in self.queues.items()
+            if isinstance(queue.fairness, WeighsSlots)
+        }
         self._paused = paused
         self.routing = Routing(self.targets, chain)
         self._plans: dict[tuple[str, str], Plan] = {}
@@ -97,7 +103,7 @@ class Dispatcher:
             self.stats.in_flight,
             self.budgets.rate,
             self.budgets.prompts_meanwhile,
-            lambda lane: self.queues[lane.name].fairness,
+            self._costs,
         )
         resumable = any(target.deployment.resumable for target in self.targets)
         self.handover = HandOver(batch, clock, self.queues) if resumable else None
@@ -430,6 +436,10 @@ class Dispatcher:
             return self.handover.rests
         return self.queues[waiter.lane.name]
 
+    def _costs(self, lane: Lane) -> SlotCosts | None:
+        """What a slot of each tenant costs in `lane`, where its fair order weighs them."""
+        return self._slot_costs.get(lane.name)
+
     def _gap_s(self) -> float | None:
         return self.rule.predictor.gap_s
 
@@ -466,6 +476,7 @@ class Dispatcher:
         lane = queue.lane
         oldest = queue.oldest_enqueued_s()
         forecast = self.rule.forecast(lane.name)
+        costs = self._costs(lane)
         exits = stats.exits
         return LaneView(
             name=lane.name,
@@ -476,7 +487,7 @@ class Dispatcher:
             queue_dispatched=stats.queue_dispatched,
             expired=exits[Exit.EXPIRED],
             service=queue.fairness.service(),
-            slot_costs=queue.fairness.slot_costs(),
+            slot_costs={} if costs is None else costs.view(),
             shed=exits[Exit.SHED],
             unavailable=exits[Exit.UNAVAILABLE],
             abandoned=exits[Exit.ABANDONED],

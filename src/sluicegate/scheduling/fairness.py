@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from sluicegate.scheduling.slotcost import SlotCosts
 
@@ -38,11 +38,6 @@ class FairnessPolicy(Protocol):
         """Each flow's service counter, for operators; empty when the policy keeps none."""
         ...
 
-    def slot_costs(self) -> Mapping[str, float]:
-        """What a slot of each flow seen costs the engine, relative to the average flow's,
-        for operators; empty when the policy counts requests alone."""
-        ...
-
     def charge(self, flow: str, prompt_tokens: float, output_tokens: float) -> None:
         """Account one dispatch's service to `flow`; a later call with a negative amount
         corrects an estimate once the real usage is known."""
@@ -58,11 +53,6 @@ class FairnessPolicy(Protocol):
         """`flow` has `change` more (or, negative, fewer) requests at the backend."""
         ...
 
-    def slot_held(self, flow: str, work_s: float, held_s: float) -> None:
-        """One of `flow`'s requests held a slot `held_s` and asked `work_s` seconds of the
-        engine: a policy sharing the engine's time weighs `flow`'s count by it."""
-        ...
-
     def waiting(self, flow: str, change: int) -> None:
         """`flow` has `change` more (or fewer) requests in its queue. A policy that judges
         shares from its queue alone is told `queued` when asked (`within_share`); the
@@ -76,6 +66,14 @@ class FairnessPolicy(Protocol):
         and queued, the newcomer's included. A burst is within up to its share; a flow
         that holds what others left it is not, once it asks for more."""
         ...
+
+
+@runtime_checkable
+class WeighsSlots(Protocol):
+    """A policy that counts a flow's requests in flight by what its slot costs the
+    engine, told as its requests end (`costs`): sharing the engine's time, not slots."""
+
+    costs: SlotCosts
 
 
 def max_min_level(
@@ -140,9 +138,6 @@ class RoundRobin:
     def service(self) -> Mapping[str, float]:
         return {}
 
-    def slot_costs(self) -> Mapping[str, float]:
-        return {}
-
     def charge(self, flow: str, prompt_tokens: float, output_tokens: float) -> None:
         """A dispatch sends its flow to the back of the round; corrections change nothing."""
         if (prompt_tokens > 0 or output_tokens > 0) and flow in self._order:
@@ -157,9 +152,6 @@ class RoundRobin:
         """A round gives each flow one request whatever it has in flight; the count only
         tells who is within its share."""
         adjust(self._in_flight, flow, change)
-
-    def slot_held(self, flow: str, work_s: float, held_s: float) -> None:
-        """A round counts requests, whatever they cost."""
 
     def waiting(self, flow: str, change: int) -> None:
         """Its queue is asked when a share is judged."""
@@ -198,7 +190,8 @@ class VirtualTokenCounter:
         self.counters: dict[str, float] = {}
         self._backlog: dict[str, None] = {}
         self._in_flight: dict[str, int] = {}
-        self._costs = SlotCosts()
+        self.costs = SlotCosts()
+        """What a slot of each flow costs the engine, learnt as its requests end."""
 
     def backlogged(self, flow: str) -> None:
         if flow in self._backlog:
@@ -215,9 +208,6 @@ class VirtualTokenCounter:
     def service(self) -> Mapping[str, float]:
         return dict(self.counters)
 
-    def slot_costs(self) -> Mapping[str, float]:
-        return self._costs.view()
-
     def pick(self) -> str | None:
         return min(self._backlog, key=self._order, default=None)
 
@@ -229,13 +219,10 @@ class VirtualTokenCounter:
 
     def _slot_weight(self, flow: str) -> float:
         """`flow`'s weight in slots: its weight over what its slot costs the engine."""
-        return self._weights.get(flow, 1.0) / self._costs.relative(flow)
+        return self._weights.get(flow, 1.0) / self.costs.relative(flow)
 
     def in_flight(self, flow: str, change: int) -> None:
         adjust(self._in_flight, flow, change)
-
-    def slot_held(self, flow: str, work_s: float, held_s: float) -> None:
-        self._costs.held(flow, work_s, held_s)
 
     def waiting(self, flow: str, change: int) -> None:
         """Its queue is asked when a share is judged."""

@@ -172,7 +172,7 @@ def test_the_fair_order_counts_a_slot_by_what_it_costs_the_engine():
         vtc.in_flight(flow, 2)
     vtc.charge("cheap", 100, 0)
     assert vtc.pick() == "dear"
-    vtc.slot_held("cheap", 1.0, 10.0)
-    vtc.slot_held("dear", 4.0, 10.0)
+    vtc.costs.held("cheap", 1.0, 10.0)
+    vtc.costs.held("dear", 4.0, 10.0)
     assert vtc.pick() == "cheap"
     assert vtc.turns_before("dear", 0, "cheap", 5) == 5

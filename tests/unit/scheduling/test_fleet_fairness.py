@@ -131,8 +131,8 @@ async def test_the_fleets_verdict_weighs_each_slot_by_what_it_costs_the_engine()
     store.flying = {"b": 2}
     await sync.sync_once()
     assert not policy.within_share("a", lambda flow: 0, 4)
-    policy.slot_held("a", 1.0, 10.0)
-    policy.slot_held("b", 4.0, 10.0)
+    policy.costs.held("a", 1.0, 10.0)
+    policy.costs.held("b", 4.0, 10.0)
     assert policy.within_share("a", lambda flow: 0, 4)
 
 

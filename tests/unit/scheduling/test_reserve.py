@@ -151,7 +151,7 @@ def test_a_tenant_whose_slots_cost_the_engine_less_holds_more_of_them():
     engine's time its share is 3.2 slots, and dear's 0.8: dear, holding 2, is beyond."""
     policy = vtc({"cheap": 2, "dear": 2})
     assert not policy.within_share("cheap", none_queued, 4)
-    policy.slot_held("cheap", 1.0, 10.0)
-    policy.slot_held("dear", 4.0, 10.0)
+    policy.costs.held("cheap", 1.0, 10.0)
+    policy.costs.held("dear", 4.0, 10.0)
     assert policy.within_share("cheap", none_queued, 4)
     assert not policy.within_share("dear", none_queued, 4)
