@@ -9,8 +9,8 @@ answers qualify: one choice, no tools, log-probabilities or constrained output (
 grammar would start again on the continuation), nothing the caller itself asked to
 continue (a least output carries over), and no delta but text so far (a reasoning
 model's thinking, a tool call or a refusal is not continued as text). The cut falls
-between two events, so the caller's stream stays well formed; the answer so far is read
-back from the events relayed, only when a hand-over is asked and when it happens.
+between two events, so the caller's stream stays well formed; the answer so far is kept
+as its text while it is relayed (`SoFar`).
 """
 
 from __future__ import annotations
@@ -76,35 +76,90 @@ def finishing(chunk: bytes) -> bool:
     return any(marker in chunk for marker in _FINISHED)
 
 
-def answered_so_far(relayed: list[bytes]) -> tuple[str, int] | None:
-    """The assistant text the caller has received and how many content events carried it
-    (a token each from vLLM's and the simulator's streams); None when an event carried
-    anything but text (thinking, a tool call, a refusal) or the answer ended: that
-    answer is not continued."""
-    parts: list[str] = []
-    for _, data in events(b"".join(relayed)):
+FOLD_AFTER = 32
+"""Relayed chunks kept as they came at most before they are read into the answer's
+text: a stream's bytes are parsed once each, in batches, and a long answer holds its
+text, not the events that carried it."""
+
+
+class SoFar:
+    """The assistant text a stream has relayed, and how many tokens carried it: the
+    backend's own count where its events report usage (an event may carry several
+    tokens), else one per content event (a token each from vLLM's and the simulator's
+    streams). None once an event carried anything but text (thinking, a tool call, a
+    refusal) or the answer ended: that answer is not continued."""
+
+    __slots__ = ("_events", "_plain", "_raw", "_reported", "_text")
+
+    def __init__(self) -> None:
+        self._text: list[str] = []
+        self._raw: list[bytes] = []
+        self._events = 0
+        self._reported: int | None = None
+        self._plain = True
+
+    def add(self, chunk: bytes) -> None:
+        if not self._plain:
+            return
+        self._raw.append(chunk)
+        if len(self._raw) >= FOLD_AFTER:
+            self._read()
+
+    def answered(self) -> tuple[str, int] | None:
+        self._read()
+        if not self._plain:
+            return None
+        produced = self._events if self._reported is None else self._reported
+        return "".join(self._text), produced
+
+    def held_bytes(self) -> int:
+        """What it keeps: the text and the bytes not read yet."""
+        return sum(len(part) for part in self._text) + sum(len(raw) for raw in self._raw)
+
+    def _read(self) -> None:
+        """Read the whole events among the bytes kept; an event cut short waits for the
+        rest of its bytes."""
+        block = b"".join(self._raw)
+        read = 0
+        for raw, data in events(block):
+            read += len(raw)
+            if data is not None:
+                self._take(data)
+            if not self._plain:
+                self._raw.clear()
+                return
+        self._raw = [block[read:]] if read < len(block) else []
+
+    def _take(self, data: bytes) -> None:
         if data == b"[DONE]":
-            return None
-        if data is None:
-            continue
+            self._plain = False
+            return
         try:
-            choices = orjson.loads(data)["choices"]
-        except (orjson.JSONDecodeError, KeyError, TypeError):
-            continue
+            body = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return
+        if not isinstance(body, dict):
+            return
+        usage = body.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            self._reported = usage["completion_tokens"]
+        choices = body.get("choices")
         if not isinstance(choices, list) or not choices:
-            continue
+            return
         choice = choices[0] if isinstance(choices[0], dict) else {}
-        delta = choice.get("delta")
         if choice.get("finish_reason") is not None:
-            return None
+            self._plain = False
+            return
+        delta = choice.get("delta")
         if not isinstance(delta, dict):
-            continue
+            return
         if any(value for key, value in delta.items() if key not in _TEXT):
-            return None
+            self._plain = False
+            return
         content = delta.get("content")
         if isinstance(content, str) and content:
-            parts.append(content)
-    return "".join(parts), len(parts)
+            self._text.append(content)
+            self._events += 1
 
 
 def continuation(payload: dict[str, Any], text: str, produced: int) -> dict[str, Any]:
@@ -141,27 +196,28 @@ class Relay:
     """The stream filter of an answer that may give its slot away: relays it until it
     ends or, asked to through its `giver`, reaches the end of an event (`handing_over`,
     the answer so far): at once if its bytes so far end one, the wait for the upstream's
-    next bytes (a long engine step) interrupted. Its bytes are kept, to be read back
-    only when asked and at the cut: an answer that turned to more than text, or ended,
-    meanwhile withdraws (read back whole, an end is found even if its marker came split
-    between two reads)."""
+    next bytes (a long engine step) interrupted. What it relayed is kept as text
+    (`SoFar`): an answer that turned to more than text, or ended, meanwhile withdraws (an
+    end is found even if its marker came split between two reads)."""
 
-    __slots__ = ("_giver", "_relayed", "handing_over")
+    __slots__ = ("_first", "_giver", "_so_far", "handing_over")
 
     def __init__(self, giver: Giver, first: bytes) -> None:
         self._giver = giver
-        self._relayed = [first]
+        self._first = first
+        self._so_far = SoFar()
+        self._so_far.add(first)
         self.handing_over: tuple[str, int] | None = None
 
     async def chunks(self, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        giver, relayed = self._giver, self._relayed
+        giver, so_far = self._giver, self._so_far
         reader: asyncio.Task[Any] | None = None
         interrupted: tuple[str, int] | None = None  # the answer the read was stopped for
         finished = False
 
         def interrupt() -> bool:
             nonlocal interrupted
-            answered = None if finished else answered_so_far(relayed)
+            answered = None if finished else so_far.answered()
             if answered is None:
                 return False
             if reader is not None and interrupted is None:
@@ -170,10 +226,10 @@ class Relay:
             return True
 
         giver.interrupt = interrupt
-        between = ends_event(relayed[0])
+        between = ends_event(self._first)
         while True:
             if giver.agreed and between:
-                answered = answered_so_far(relayed)
+                answered = so_far.answered()
                 if answered is not None:
                     self.handing_over = answered
                     return
@@ -192,7 +248,7 @@ class Relay:
                 return
             finally:
                 reader = None
-            relayed.append(chunk)
+            so_far.add(chunk)
             giver.relayed_events += chunk.count(b"\n\n")
             finished = finished or finishing(chunk)
             between = not finished and ends_event(chunk)

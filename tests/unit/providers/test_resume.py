@@ -14,7 +14,8 @@ from sluicegate.core.call import Call
 from sluicegate.core.types import Deployment, Endpoint, Lane, Model, RoutePolicy, Tenant, Timeouts
 from sluicegate.providers.base import classify_status
 from sluicegate.providers.resume import (
-    answered_so_far,
+    FOLD_AFTER,
+    SoFar,
     continuation,
     ends_event,
     finishing,
@@ -41,11 +42,38 @@ def call(**payload) -> Call:
     )  # fmt: skip
 
 
+def so_far(*chunks: bytes) -> tuple[str, int] | None:
+    kept = SoFar()
+    for chunk in chunks:
+        kept.add(chunk)
+    return kept.answered()
+
+
 def test_the_answer_so_far_is_read_back_from_events_cut_anywhere():
     stream = event({"role": "assistant", "content": ""}) + event({"content": "Hel"})
     stream += event({"content": "lo"}) + event({"content": ""}) + b": keep-alive\n\n"
-    relayed = [stream[i : i + 7] for i in range(0, len(stream), 7)]
-    assert answered_so_far(relayed) == ("Hello", 2)
+    assert so_far(*(stream[i : i + 7] for i in range(0, len(stream), 7))) == ("Hello", 2)
+
+
+def test_a_long_answer_is_kept_as_its_text_not_its_events():
+    """A thousand one-token events of about 80 bytes each: what is kept grows by the
+    text, a few bytes an event, not by the events."""
+    kept = SoFar()
+    for _ in range(1000):
+        kept.add(event({"content": "ab"}))
+    assert kept.answered() == ("ab" * 1000, 1000)
+    assert kept.held_bytes() < 2000 + FOLD_AFTER * 100
+
+
+def test_the_tokens_produced_are_the_backends_own_count_where_it_reports_one():
+    """An event may carry several tokens: a stream whose events report usage is counted
+    by it, not by its events."""
+    usage = {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
+    tail = b"data: " + orjson.dumps({"choices": [], "usage": usage}) + b"\n\n"
+    assert so_far(event({"content": "Hello"}), event({"content": " you"}), tail) == (
+        "Hello you",
+        7,
+    )
 
 
 @pytest.mark.parametrize(
@@ -58,8 +86,8 @@ def test_the_answer_so_far_is_read_back_from_events_cut_anywhere():
 )
 def test_an_answer_with_more_than_text_so_far_is_not_read_back(delta):
     stream = event({"role": "assistant", "content": ""}) + event(delta) + event({"content": "x"})
-    assert answered_so_far([stream]) is None
-    assert answered_so_far([event({"content": "x", "reasoning_content": None})]) == ("x", 1)
+    assert so_far(stream) is None
+    assert so_far(event({"content": "x", "reasoning_content": None})) == ("x", 1)
 
 
 def test_the_continuation_asks_for_what_is_left_of_each_cap():
