@@ -76,10 +76,10 @@ def finishing(chunk: bytes) -> bool:
     return any(marker in chunk for marker in _FINISHED)
 
 
-FOLD_AFTER = 32
-"""Relayed chunks kept as they came at most before they are read into the answer's
-text: a stream's bytes are parsed once each, in batches, and a long answer holds its
-text, not the events that carried it."""
+FOLD_AFTER = 32 * 1024
+"""Relayed bytes kept as they came at most before they are read into the answer's text:
+a short answer is never parsed unless it is asked for its slot, and a long one holds its
+text (a few bytes a token), not the events that carried it (about 150 bytes each)."""
 
 
 class SoFar:
@@ -89,11 +89,12 @@ class SoFar:
     streams). None once an event carried anything but text (thinking, a tool call, a
     refusal) or the answer ended: that answer is not continued."""
 
-    __slots__ = ("_events", "_plain", "_raw", "_reported", "_text")
+    __slots__ = ("_events", "_plain", "_raw", "_raw_bytes", "_reported", "_text")
 
     def __init__(self) -> None:
         self._text: list[str] = []
         self._raw: list[bytes] = []
+        self._raw_bytes = 0
         self._events = 0
         self._reported: int | None = None
         self._plain = True
@@ -102,7 +103,8 @@ class SoFar:
         if not self._plain:
             return
         self._raw.append(chunk)
-        if len(self._raw) >= FOLD_AFTER:
+        self._raw_bytes += len(chunk)
+        if self._raw_bytes >= FOLD_AFTER:
             self._read()
 
     def answered(self) -> tuple[str, int] | None:
@@ -114,23 +116,38 @@ class SoFar:
 
     def held_bytes(self) -> int:
         """What it keeps: the text and the bytes not read yet."""
-        return sum(len(part) for part in self._text) + sum(len(raw) for raw in self._raw)
+        return sum(len(part) for part in self._text) + self._raw_bytes
 
     def _read(self) -> None:
         """Read the whole events among the bytes kept; an event cut short waits for the
-        rest of its bytes."""
+        rest of its bytes. Events end at a blank line: `\\n\\n` but where an upstream
+        ends its lines otherwise."""
         block = b"".join(self._raw)
-        read = 0
-        for raw, data in events(block):
-            read += len(raw)
-            if data is not None:
-                self._take(data)
-            if not self._plain:
-                self._raw.clear()
-                return
-        self._raw = [block[read:]] if read < len(block) else []
+        self._raw.clear()
+        self._raw_bytes = 0
+        if b"\r" in block:
+            read = 0
+            for raw, data in events(block):
+                read += len(raw)
+                if data is not None:
+                    self._take(data)
+            tail = block[read:]
+        else:
+            *whole, tail = block.split(b"\n\n")
+            for event in whole:
+                if event.startswith(b"data: ") and b"\n" not in event:
+                    self._take(event[6:])
+                else:
+                    for _, data in events(event + b"\n\n"):
+                        if data is not None:
+                            self._take(data)
+        if tail and self._plain:
+            self._raw.append(tail)
+            self._raw_bytes = len(tail)
 
     def _take(self, data: bytes) -> None:
+        if not self._plain:
+            return
         if data == b"[DONE]":
             self._plain = False
             return
@@ -138,26 +155,27 @@ class SoFar:
             body = orjson.loads(data)
         except orjson.JSONDecodeError:
             return
-        if not isinstance(body, dict):
+        if type(body) is not dict:
             return
         usage = body.get("usage")
-        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+        if type(usage) is dict and type(usage.get("completion_tokens")) is int:
             self._reported = usage["completion_tokens"]
         choices = body.get("choices")
-        if not isinstance(choices, list) or not choices:
+        if type(choices) is not list or not choices or type(choices[0]) is not dict:
             return
-        choice = choices[0] if isinstance(choices[0], dict) else {}
+        choice = choices[0]
         if choice.get("finish_reason") is not None:
             self._plain = False
             return
         delta = choice.get("delta")
-        if not isinstance(delta, dict):
+        if type(delta) is not dict:
             return
-        if any(value for key, value in delta.items() if key not in _TEXT):
-            self._plain = False
-            return
+        for key, value in delta.items():
+            if value and key not in _TEXT:
+                self._plain = False
+                return
         content = delta.get("content")
-        if isinstance(content, str) and content:
+        if type(content) is str and content:
             self._text.append(content)
             self._events += 1
 
