@@ -146,7 +146,7 @@ class ShareCheck(Quiet):
         self._arrived_s = {lane.name: started for lane in self._lanes}
         """Each lane's latest arrival."""
 
-    def arrived(self, attempt: Attempt, protected: bool) -> None:
+    def arrived(self, attempt: Attempt, within_share: bool) -> None:
         self._arrived_s[attempt.lane.name] = self._clock.now()
 
     def _busy_above(self, lane: Lane) -> bool:

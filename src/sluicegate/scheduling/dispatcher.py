@@ -151,24 +151,24 @@ class Dispatcher:
         lane's queue; raise the refusal otherwise. Once this returns, the attempt is
         the caller's to `release`. Every refusal of a request judged within its share,
         at once or after its wait, is counted here."""
-        protected = self.share.judge(attempt)
+        within_share = self.share.judge(attempt)
         for arrived in self._arrived:
-            arrived(attempt, protected)
+            arrived(attempt, within_share)
         try:
-            await self._admit(attempt, protected)
+            await self._admit(attempt, within_share)
         except GatewayError as refusal:
-            if protected:
+            if within_share:
                 self.stats.protected_refused[refusal.code] += 1
             raise
 
-    async def _admit(self, attempt: Attempt, protected: bool) -> None:
+    async def _admit(self, attempt: Attempt, within_share: bool) -> None:
         call, lane = attempt.call, attempt.lane
         queue = self.queues[lane.name]
-        ahead = queue.protected if protected else self.turns.queued_ahead(lane)
+        ahead = queue.within_share if within_share else self.turns.queued_ahead(lane)
         if not ahead and not self._paused(lane):
-            refusal = await self._try(attempt, self.spares.spare(protected), queued=False)
+            refusal = await self._try(attempt, self.spares.spare(within_share), queued=False)
             if refusal is None:
-                self._dispatched(attempt, 0.0, None, None, protected)
+                self._dispatched(attempt, 0.0, None, None, within_share)
                 return
         else:
             refusal = Refusal.LANE_BACKLOGGED.error(
@@ -178,10 +178,12 @@ class Dispatcher:
             raise refusal
         predicted_s = None
         if not call.resumed:
-            predicted_s = self.rule.promise(call, self.turns.place(call, protected), protected)
+            predicted_s = self.rule.promise(
+                call, self.turns.place(call, within_share), within_share
+            )
         if self._queued(lane.name) >= lane.queue_size and not call.resumed:
             raise Refusal.QUEUE_FULL.error(f"the {lane.name} queue of {self.model} is full")
-        waiter = Waiter(attempt, self.clock.now(), predicted_s, protected)
+        waiter = Waiter(attempt, self.clock.now(), predicted_s, within_share)
         holder = self._holder(waiter)
         holder.push(waiter)
         self.kick()
@@ -281,11 +283,12 @@ class Dispatcher:
             for waiter in self._turns():
                 lane, attempt = waiter.lane, waiter.attempt
                 queue, holder = self.queues[lane.name], self._holder(waiter)
-                spare = self.spares.spare(waiter.protected or waiter.call.resumed)
+                spare = self.spares.spare(waiter.within_share or waiter.call.resumed)
                 refusal = await self._try(attempt, spare, queued=True)
                 handover = self.handover
                 if refusal is not None:
-                    if waiter.protected and refusal.code == Refusal.POOL_CONCURRENCY and handover:
+                    slots_full = refusal.code == Refusal.POOL_CONCURRENCY
+                    if handover is not None and waiter.within_share and slots_full:
                         handover.preempt_for(waiter, queue)
                     if not self.rule.outlasts(refusal, waiter.call, waiter.enqueued_s):
                         continue
@@ -298,7 +301,9 @@ class Dispatcher:
                     wait_s = self.clock.now() - waiter.enqueued_s
                     given = handover is not None and handover.gave(waiter)
                     predicted_s = waiter.predicted_s
-                    self._dispatched(attempt, wait_s, predicted_s, since_s, waiter.protected, given)
+                    self._dispatched(
+                        attempt, wait_s, predicted_s, since_s, waiter.within_share, given
+                    )
                     waiter.future.set_result(None)
                 break
             else:
@@ -317,7 +322,7 @@ class Dispatcher:
             queue = self.queues[lane.name]
             for late, error in list(self.rule.late(queue)):
                 self._refuse(late, queue, error, Exit.SHED, QueueExit.DROPPED)
-            waiter = queue.protected_head(self.share.asked_lately) or queue.head()
+            waiter = queue.within_share_head(self.share.asked_lately) or queue.head()
             if waiter is not None and not (handover is not None and handover.gave(waiter)):
                 yield waiter
 
@@ -407,7 +412,7 @@ class Dispatcher:
         wait_s: float,
         predicted_s: float | None,
         backlogged_since_s: float | None,
-        protected: bool,
+        within_share: bool,
         handed_over: bool = False,
     ) -> None:
         """The attempt is the caller's now: charge its tenant the work it asked and tell
@@ -421,7 +426,7 @@ class Dispatcher:
         queued = any(queue.size for queue in self.queues.values()) or bool(
             self.handover and self.handover.rests.count
         )
-        how = Dispatch(wait_s, predicted_s, backlogged_since_s, protected, handed_over, queued)
+        how = Dispatch(wait_s, predicted_s, backlogged_since_s, within_share, handed_over, queued)
         for dispatched in self._on_dispatch:
             dispatched(attempt, how)
 

@@ -168,7 +168,7 @@ class HandOver(Quiet):
         whatever their lane and whether it is paused (their callers are mid-answer, and
         a hand-over must not starve the stream it took a slot from)."""
         given = self._given
-        yield from _oldest_first(w for w in top.protected_waiters() if w in given)
+        yield from _oldest_first(w for w in top.within_share_waiters() if w in given)
         yield from _oldest_first(self.rests.heads())
 
     def preempt_for(self, head: Waiter, queue: LaneQueue) -> None:
@@ -178,7 +178,7 @@ class HandOver(Quiet):
         theirs and at most `RESUMING_PART` of the batch is handed over and not yet
         resumed: each rest takes the next free slot, so more would each wait longer."""
         pending = len(self._asked) + self.rests.count
-        for waiter in (head, *queue.protected_waiters()):
+        for waiter in (head, *queue.within_share_waiters()):
             if pending >= self._at_most:
                 return
             if waiter not in self._asking:

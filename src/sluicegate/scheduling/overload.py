@@ -21,7 +21,7 @@ from sluicegate.scheduling.dispatcher import Dispatcher
 
 
 class TtftWindow:
-    """Recent times to first token of the protected lane (at most `size`, none older than
+    """Recent times to first token of the top lane (at most `size`, none older than
     `horizon_s`), for a p95 that forgets an episode once it is over."""
 
     def __init__(self, clock: Clock, size: int = 200, horizon_s: float = 30.0) -> None:

@@ -73,7 +73,7 @@ class Dispatch(NamedTuple):
     predicted."""
     backlogged_since_s: float | None
     """When its tenant's backlog began; None when it did not queue."""
-    protected: bool
+    within_share: bool
     """It came within its tenant's share."""
     handed_over: bool
     """It took a slot a stream gave away for it: no slot came free for it."""
@@ -83,7 +83,7 @@ class Dispatch(NamedTuple):
 
 @runtime_checkable
 class Observer(Protocol):
-    def arrived(self, attempt: Attempt, protected: bool) -> None: ...
+    def arrived(self, attempt: Attempt, within_share: bool) -> None: ...
 
     def dispatched(self, attempt: Attempt, how: Dispatch) -> None: ...
 
@@ -98,7 +98,7 @@ class Quiet:
 
     listening = True
 
-    def arrived(self, attempt: Attempt, protected: bool) -> None:
+    def arrived(self, attempt: Attempt, within_share: bool) -> None:
         return None
 
     def dispatched(self, attempt: Attempt, how: Dispatch) -> None:

@@ -48,7 +48,7 @@ class QueueRule(Quiet):
         self._prefill_rates = prefill_rates
         self._shedders: dict[str, dict[str, Shedder]] = {lane.name: {} for lane in lanes}
 
-    def promise(self, call: Call, place: Place, protected: bool) -> float | None:
+    def promise(self, call: Call, place: Place, within_share: bool) -> float | None:
         """The wait predicted for `call` if it queues at `place`, or the refusal now when
         its predicted time to first token breaks its lane's promise (its prompt's own
         prefill may alone; beyond its tenant's share, at the lane's tail of waits:
@@ -58,7 +58,7 @@ class QueueRule(Quiet):
         predictor = self.predictor
         now = self._now()
         wait = predictor.wait_s(
-            lane.name, call.tenant.name, place.ahead, place.mine, now, place.since_s, protected
+            lane.name, call.tenant.name, place.ahead, place.mine, now, place.since_s, within_share
         )
         promise, own_s = lane.ttft_slo_s, self._own_prefill_s(call)
         if promise is not None and own_s >= promise:
@@ -74,7 +74,7 @@ class QueueRule(Quiet):
                 )
             return None
         if promise is not None:
-            admitted_s = predictor.admitted_wait_s(lane.name, wait, protected, now)
+            admitted_s = predictor.admitted_wait_s(lane.name, wait, within_share, now)
             ttft_s = predictor.ttft_s(lane.name, admitted_s, own_s)
             if ttft_s > promise:
                 raise Refusal.OVERLOADED.error(
@@ -145,7 +145,7 @@ class QueueRule(Quiet):
         target = self.predictor.budget_s(lane.name, promise) * CODEL_TARGET
         shedders = self._shedders[lane.name]
         for waiter in queue.heads():
-            if waiter.protected:
+            if waiter.within_share:
                 continue
             shedder = shedders.get(waiter.flow)
             if shedder is None:
@@ -165,7 +165,7 @@ class QueueRule(Quiet):
             now = self._now()
             lane, waited_s = waiter.lane.name, now - waiter.enqueued_s
             predictor = self.predictor
-            predictor.unserved(lane, waiter.protected, waiter.predicted_s, waited_s, now, how)
+            predictor.unserved(lane, waiter.within_share, waiter.predicted_s, waited_s, now, how)
 
     def dispatched(self, attempt: Attempt, how: Dispatch) -> None:
         """One into a slot a stream handed over is no service gap: that gap is the time
@@ -174,7 +174,7 @@ class QueueRule(Quiet):
         lane, call, now = attempt.lane.name, attempt.call, self._now()
         predictor = self.predictor
         if how.predicted_s is not None:
-            predictor.waited(lane, how.protected, how.predicted_s, how.wait_s, now)
+            predictor.waited(lane, how.within_share, how.predicted_s, how.wait_s, now)
         since_s = how.backlogged_since_s
         if not how.handed_over:
             predictor.dispatched(now, since_s is not None, how.still_queued)

@@ -38,7 +38,7 @@ class Waiter:
         "future",
         "lane",
         "predicted_s",
-        "protected",
+        "within_share",
     )
 
     def __init__(
@@ -46,7 +46,7 @@ class Waiter:
         attempt: Attempt,
         enqueued_s: float,
         predicted_s: float | None,
-        protected: bool = False,
+        within_share: bool = False,
     ) -> None:
         self.attempt = attempt
         self.call = attempt.call
@@ -54,7 +54,7 @@ class Waiter:
         self.enqueued_s = enqueued_s
         self.predicted_s = predicted_s
         """The wait it was admitted on, to learn from once it is dispatched."""
-        self.protected = protected
+        self.within_share = within_share
         """It came within its tenant's share: it may take the dispatcher's reserve, and
         it is not shed (it is first in line for the next slot)."""
         self.future: asyncio.Future[GatewayError | None] = (
@@ -82,31 +82,31 @@ class _Flow:
     """One tenant's waiters: those within its share, its other first attempts, then its
     retries, each FIFO."""
 
-    __slots__ = ("fresh", "protected", "retried", "since_s")
+    __slots__ = ("fresh", "retried", "since_s", "within_share")
 
     def __init__(self) -> None:
-        self.protected: deque[Waiter] = deque()
+        self.within_share: deque[Waiter] = deque()
         self.fresh: deque[Waiter] = deque()
         self.retried: deque[Waiter] = deque()
         self.since_s = 0.0
         """When its current backlog began."""
 
     def __bool__(self) -> bool:
-        return bool(self.protected or self.fresh or self.retried)
+        return bool(self.within_share or self.fresh or self.retried)
 
     def __len__(self) -> int:
-        return len(self.protected) + len(self.fresh) + len(self.retried)
+        return len(self.within_share) + len(self.fresh) + len(self.retried)
 
     def part(self, waiter: Waiter) -> deque[Waiter]:
-        if waiter.protected:
-            return self.protected
+        if waiter.within_share:
+            return self.within_share
         return self.retried if waiter.call.client_retries else self.fresh
 
     def head(self) -> Waiter:
-        return (self.protected or self.fresh or self.retried)[0]
+        return (self.within_share or self.fresh or self.retried)[0]
 
     def oldest_enqueued_s(self) -> float:
-        parts = (self.protected, self.fresh, self.retried)
+        parts = (self.within_share, self.fresh, self.retried)
         return min(part[0].enqueued_s for part in parts if part)
 
 
@@ -119,7 +119,7 @@ class LaneQueue:
         self.fresh = 0
         """Waiters that are first attempts: the only ones a first attempt queues behind
         within its tenant."""
-        self.protected = 0
+        self.within_share = 0
         """Waiters that came within their tenant's share: they go before the others,
         which may not take the slots kept free for them anyway."""
 
@@ -134,7 +134,7 @@ class LaneQueue:
         flow.part(waiter).append(waiter)
         self.fairness.waiting(waiter.flow, 1)
         self.fresh += not waiter.call.client_retries
-        self.protected += waiter.protected
+        self.within_share += waiter.within_share
 
     def head(self) -> Waiter | None:
         """The next waiter: the fairness policy picks the tenant, its queue the waiter."""
@@ -157,7 +157,7 @@ class LaneQueue:
         self.fairness.waiting(waiter.flow, -1)
         self.size -= 1
         self.fresh -= not waiter.call.client_retries
-        self.protected -= waiter.protected
+        self.within_share -= waiter.within_share
         if not flow:
             self.fairness.idle(waiter.flow)
         return True
@@ -169,23 +169,23 @@ class LaneQueue:
         own = self._flows.get(flow)
         if not own:
             return Place(self._served_before(flow, 0), 0, None)
-        mine = len(own.protected) + len(own.fresh) + (len(own.retried) if retried else 0)
+        mine = len(own.within_share) + len(own.fresh) + (len(own.retried) if retried else 0)
         return Place(self._served_before(flow, mine), mine, own.since_s)
 
-    def protected_place(self, flow: str, asked: Callable[[str], float]) -> Place:
+    def within_share_place(self, flow: str, asked: Callable[[str], float]) -> Place:
         """Where a newcomer within its tenant's share would stand: before every request
         beyond a share, so among the requests within theirs alone, in the order
-        `protected_head` serves them: behind those of tenants that asked less lately
+        `within_share_head` serves them: behind those of tenants that asked less lately
         (`asked`), and of those that asked as much, as many as the fair order serves
         first. Its tenant's pace is not its own: that is set by the requests beyond
         the share, which it passes."""
         own = self._flows.get(flow)
-        mine = 0 if own is None else len(own.protected)
+        mine = 0 if own is None else len(own.within_share)
         level = asked(flow)
         turns_before = self.fairness.turns_before
         ahead = mine
         for name, other in self._flows.items():
-            if name == flow or not (queued := len(other.protected)):
+            if name == flow or not (queued := len(other.within_share)):
                 continue
             theirs = asked(name)
             if theirs < level:
@@ -214,23 +214,23 @@ class LaneQueue:
         own = self._flows.get(flow)
         return 0 if own is None else len(own)
 
-    def protected_head(self, asked: Callable[[str], float]) -> Waiter | None:
+    def within_share_head(self, asked: Callable[[str], float]) -> Waiter | None:
         """Of the tenants with requests queued within their share (standing first in
         their tenant's queue), the head of the one that asked least lately (`asked`: a
         steady light tenant before the first requests of a heavy one's burst), and of
         those that asked as little, the one the fair order serves first; None if there
         are none. The fair order's head beyond its share must leave them the reserve,
         and would keep them waiting behind itself."""
-        if not self.protected:
+        if not self.within_share:
             return None
-        levels = {name: asked(name) for name, flow in self._flows.items() if flow.protected}
+        levels = {name: asked(name) for name, flow in self._flows.items() if flow.within_share}
         least = min(levels.values())
         chosen = self.fairness.pick_from(name for name, level in levels.items() if level == least)
         return None if chosen is None else self._flows[chosen].head()
 
-    def protected_waiters(self) -> list[Waiter]:
+    def within_share_waiters(self) -> list[Waiter]:
         """Every waiter within its share, in no particular order."""
-        return [waiter for flow in self._flows.values() for waiter in flow.protected]
+        return [waiter for flow in self._flows.values() for waiter in flow.within_share]
 
     def heads(self) -> list[Waiter]:
         """Every backlogged flow's next waiter."""

@@ -8,13 +8,13 @@ only way is to keep slots free for it. So work above its share (and work of lowe
 may take a pool's slots only while `slots()` of them stay free; a request of the top
 lane within its tenant's share may take any.
 
-How many: each protected arrival takes a free slot, and each completion gives one back
+How many: each arrival within its share takes a free slot, and each completion gives one back
 to the free ones first, since nothing else may take it while they are short. With
-protected arrivals at rate L and completions one per measured service gap, the free
+within-share arrivals at rate L and completions one per measured service gap, the free
 slots behave as an M/M/1/R queue whose load is L x gap, and an arrival finds none free
 with its blocking probability. `slots()` is the fewest R that keep it under `BLOCKING`,
 at most `most_of_batch` of the batch (`scheduling.reserve`, 0 turns it off): the reserve
-is throughput held back from the others, so it follows the protected traffic and is
+is throughput held back from the others, so it follows the within-share traffic and is
 nothing without any.
 """
 
@@ -28,17 +28,17 @@ from sluicegate.scheduling.attempt import Attempt, Target
 from sluicegate.scheduling.plugin import Quiet
 
 BLOCKING = 0.05
-"""A protected request should find a free slot at least 95 times in 100."""
+"""A request within its share should find a free slot at least 95 times in 100."""
 MOST_OF_BATCH = 0.25
 """By default never more than this share of the batch is held back."""
 HORIZON_S = 10.0
-"""The protected arrival rate is a count decayed over this time."""
+"""The within-share arrival rate is a count decayed over this time."""
 GONE_AFTER_S = 3 * HORIZON_S
 """Protected traffic silent this long is gone whatever its rate: the reserve is given
 back to the others. Its decayed rate alone would keep a slot for minutes."""
 GONE_AFTER_GAPS = 5
 """Protected traffic is also gone once silent for this many of its own mean gaps: a
-burst of protected arrivals that stops (closed loops grown beyond their share) must
+burst of within-share arrivals that stops (closed loops grown beyond their share) must
 not keep slots idle for the whole `GONE_AFTER_S`."""
 REFRESH_S = 0.05
 """The reserve is worked out again at most this often: dispatches ask for it each time."""
@@ -58,7 +58,7 @@ def blocking(load: float, slots: int) -> float:
 
 
 class Reserve:
-    """The free slots one dispatcher keeps for protected requests; times on its clock."""
+    """The free slots one dispatcher keeps for requests within their share; times on its clock."""
 
     def __init__(self, batch: int, most_of_batch: float = MOST_OF_BATCH) -> None:
         self.most = math.floor(batch * most_of_batch)
@@ -81,7 +81,7 @@ class Reserve:
         return self._rate * math.exp(-(now - self._rate_at) / HORIZON_S)
 
     def slots(self, now: float, gap_s: float | None) -> int:
-        """How many slots work that is not protected must leave free now; none before
+        """How many slots work beyond its share must leave free now; none before
         any service gap was measured (nothing has waited for a slot yet)."""
         if now - self._worked_out_at < REFRESH_S:
             return self._slots
@@ -120,13 +120,13 @@ class SpareSlots(Quiet):
         self._gap_s = gap_s
         self._splits: dict[int, dict[str, int]] = {}
 
-    def arrived(self, attempt: Attempt, protected: bool) -> None:
-        if protected:
+    def arrived(self, attempt: Attempt, within_share: bool) -> None:
+        if within_share:
             self.reserve.arrived(self._clock.now())
 
-    def spare(self, protected: bool) -> int:
+    def spare(self, within_share: bool) -> int:
         """The slots an attempt must leave free over all the deployments."""
-        if protected or not self.reserve.most:
+        if within_share or not self.reserve.most:
             return 0
         return self.reserve.slots(self._clock.now(), self._gap_s())
 
@@ -148,6 +148,6 @@ class SpareSlots(Quiet):
         }
 
     def view(self) -> tuple[int, int]:
-        """The slots kept free now, and the protected arrivals so far."""
+        """The slots kept free now, and the within-share arrivals so far."""
         slots = self.reserve.slots_at(self._clock.now(), self._gap_s()) if self.reserve.most else 0
         return slots, self.reserve.arrivals

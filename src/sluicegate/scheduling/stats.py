@@ -60,7 +60,7 @@ class Stats(Quiet):
         stats.in_flight += 1
         stats.wait_s_total += how.wait_s
         if self._on_wait is not None:
-            self._on_wait(self._model, lane, how.wait_s, how.predicted_s, how.protected)
+            self._on_wait(self._model, lane, how.wait_s, how.predicted_s, how.within_share)
 
     def ended(self, attempt: Attempt) -> None:
         self.lanes[attempt.lane.name].in_flight -= 1

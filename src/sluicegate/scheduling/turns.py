@@ -4,7 +4,7 @@ Lanes go in priority order, except that a starving lane (its oldest request wait
 its `starvation_s`) goes first: strict priority must not starve a lane forever. A
 newcomer stands behind every request queued in the lanes above and its own, and in its
 own lane behind those the fair order serves first (`LaneQueue.place`), or, within its
-tenant's share, behind the others within theirs (`LaneQueue.protected_place`).
+tenant's share, behind the others within theirs (`LaneQueue.within_share_place`).
 """
 
 from __future__ import annotations
@@ -52,14 +52,14 @@ class Turns:
         queued = self._queued
         return sum(queued(other.name) for other in self._lanes if other.priority >= lane.priority)
 
-    def place(self, call: Call, protected: bool) -> Place:
+    def place(self, call: Call, within_share: bool) -> Place:
         """Where `call` would wait if it queued now."""
         lane = call.lane
         own = self._queues[lane.name]
         tenant = call.tenant.name
         place = (
-            own.protected_place(tenant, self._asked_lately)
-            if protected
+            own.within_share_place(tenant, self._asked_lately)
+            if within_share
             else own.place(tenant, bool(call.client_retries))
         )
         above = self.queued_ahead(lane) - self._queued(lane.name)

@@ -1,12 +1,12 @@
-"""Lower lanes yield to a protected lane's time to first token.
+"""Lower lanes yield to the top lane's time to first token.
 
 Static shares and paces must be set for the worst case and waste capacity the rest of
-the time. This controller paces every lane below the protected one by feedback
-instead. When the protected lane becomes active, the lower lanes are held to the rate
+the time. This controller paces every lane below the top one by feedback
+instead. When the top lane becomes active, the lower lanes are held to the rate
 they had (so a wave of background completions is not refilled at once); while the
-protected lane's recent time to first token is above its target, that rate is cut
+top lane's recent time to first token is above its target, that rate is cut
 multiplicatively; while it is within, the rate grows back additively (up to twice what
-the lower lanes really use); once the protected lane has been quiet for a window
+the lower lanes really use); once the top lane has been quiet for a window
 there is nothing to protect and the limit is lifted, so background work runs at full
 speed.
 
@@ -24,7 +24,7 @@ from sluicegate.core.clock import Clock
 DECIDE_S = 1.0
 """How often the rate is adjusted; a decision uses the samples since the previous one."""
 QUIET_S = 2.0
-"""No protected sample for this long: the protected lane is idle, the limit is lifted."""
+"""No top-lane sample for this long: the top lane is idle, the limit is lifted."""
 CUT_RANGE = (0.5, 0.9)
 """Multiplicative decrease on a breach: target / observed, within these bounds, so a
 slight breach costs little and a large one halves the rate."""
@@ -33,7 +33,7 @@ GROWTH = 0.1
 limit first engaged (so the step scales with the backend and the request sizes)."""
 MEASURE_S = 10.0
 """The lower lanes' rate when the limit engages is measured over this long: long enough
-to see a burst that was dispatched before the protected lane woke up."""
+to see a burst that was dispatched before the top lane woke up."""
 FLOOR_RATE_PER_S = 0.05
 """Lower lanes always keep this rate: starved forever is not yielding."""
 QUANTILE = 0.95
@@ -54,7 +54,7 @@ class Yielding:
         self._next_s = float("-inf")
 
     def observe(self, ttft_s: float) -> None:
-        """A protected request's time to first token."""
+        """A top-lane request's time to first token."""
         self._samples.append(ttft_s)
         self._last_sample_s = self._clock.now()
 

@@ -526,14 +526,14 @@ async def test_announced_retries_do_not_count_against_a_first_attempts_promise(
         await dispatcher.release(grant)
 
 
-@pytest.mark.parametrize(("hedge", "protected"), [(False, 1), (True, 0)])
-async def test_a_hedge_is_not_judged_within_its_share_again(clock, hedge, protected):
+@pytest.mark.parametrize(("hedge", "within_share"), [(False, 1), (True, 0)])
+async def test_a_hedge_is_not_judged_within_its_share_again(clock, hedge, within_share):
     """The second attempt of a hedged pair is its request again, judged when it came."""
     pool = Pool(PoolSpec("p", 2), leases(clock))
     lane = Lane("promised", queue_size=10, max_queue_age_s=5, ttft_slo_s=1.0)
     dispatcher = dispatcher_for([lane], pool, clock)
     grant = await granted(dispatcher, Attempt(call(clock, lane=lane), hedge=hedge))
-    assert dispatcher.view().protected_arrivals == protected
+    assert dispatcher.view().protected_arrivals == within_share
     await dispatcher.release(grant)
 
 
@@ -868,8 +868,8 @@ async def test_a_tenant_whose_slots_cost_the_engine_less_is_within_its_share_in_
         ]
         await settle()
         assert dispatcher.view().protected_arrivals == before + 1
-        protected = dispatcher.queues["promised"].protected_waiters()
-        assert [waiter.flow for waiter in protected] == ["cheap"]
+        within_share = dispatcher.queues["promised"].within_share_waiters()
+        assert [waiter.flow for waiter in within_share] == ["cheap"]
         for task in queued:
             task.cancel()
         await settle()
@@ -904,7 +904,7 @@ async def test_a_light_tenant_within_its_share_goes_before_a_burst_within_its_ow
             granted(dispatcher, attempt(clock, tenant="light", lane=PROMISED))
         )
         await settle()
-        assert dispatcher.queues["promised"].protected == 3
+        assert dispatcher.queues["promised"].within_share == 3
         await dispatcher.release(held.pop())
         await settle()
         assert light.done()
@@ -930,7 +930,7 @@ async def test_the_requests_judged_within_their_share_are_followed_to_their_end(
         [lane],
         pool,
         clock,
-        on_wait=lambda model, name, wait_s, _, protected: waits.append((wait_s, protected)),
+        on_wait=lambda model, name, wait_s, _, within_share: waits.append((wait_s, within_share)),
     )
     runner = asyncio.create_task(dispatcher.run())
     try:
@@ -1015,7 +1015,7 @@ async def test_of_the_requests_within_their_share_the_fair_order_serves_first(cl
         clock.advance(0.1)
         second = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b")))
         await settle()
-        assert dispatcher.queues["interactive"].protected == 2
+        assert dispatcher.queues["interactive"].within_share == 2
         await dispatcher.release(held.pop(0))
         await settle()
         assert (first.done(), second.done()) == (False, True)
@@ -1494,12 +1494,12 @@ async def test_the_rest_of_an_answer_waits_ahead_of_new_work_and_is_not_judged_b
         rest.first_byte_s = clock.now()
         dispatcher.first_token(rest, 0.0)
         dispatcher.may_give(rest, rest.giver)
-        protected = asyncio.create_task(
+        within_share = asyncio.create_task(
             granted(dispatcher, attempt(clock, tenant="b", lane=PROMISED))
         )
         await settle()
         assert not rest.preempted
-        for task in (fresh, protected):
+        for task in (fresh, within_share):
             task.cancel()
         await dispatcher.release(rest)
     finally:
@@ -1621,7 +1621,7 @@ async def hand_overs_asked(
             for _ in range(asking)
         ]
         await settle()
-        assert dispatcher.queues["interactive"].protected == asking
+        assert dispatcher.queues["interactive"].within_share == asking
         asked = [running.preempted for running in held]
         for task in waiting:
             task.cancel()
@@ -1768,7 +1768,7 @@ async def test_a_waiter_whose_stream_withdrew_may_ask_again(clock, gave):
         waiting = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b")))
         await settle()
         assert stream.preempted
-        (waiter,) = dispatcher.queues["interactive"].protected_waiters()
+        (waiter,) = dispatcher.queues["interactive"].within_share_waiters()
         assert dispatcher.handover.asks(waiter)
         gate.set(set())
         stream.preempted = gave
@@ -1940,18 +1940,18 @@ async def test_the_rest_of_an_answer_goes_first_and_holds_back_further_hand_over
         holder = await streaming(dispatcher, clock, "x", INTERACTIVE)
         rest = rest_of_answer(clock, "a", HEAVY)
         resumed = asyncio.create_task(granted(dispatcher, rest))
-        protected = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b")))
+        within_share = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b")))
         await settle()
-        assert dispatcher.queues["interactive"].protected == 1
+        assert dispatcher.queues["interactive"].within_share == 1
         assert not holder.preempted
         await dispatcher.release(holder)
         await settle()
         assert resumed.done()
-        assert not protected.done()
+        assert not within_share.done()
         await dispatcher.release(rest)
         await settle()
-        assert protected.done()
-        await dispatcher.release(protected.result())
+        assert within_share.done()
+        await dispatcher.release(within_share.result())
     finally:
         runner.cancel()
 
@@ -1964,7 +1964,7 @@ async def test_a_slot_handed_over_goes_to_the_request_it_was_given_for(clock):
     runner = asyncio.create_task(dispatcher.run())
     try:
         stream = await streaming(dispatcher, clock, "a", INTERACTIVE)
-        protected = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b")))
+        within_share = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b")))
         await settle()
         assert stream.preempted
         other = rest_of_answer(clock, "c")
@@ -1972,10 +1972,10 @@ async def test_a_slot_handed_over_goes_to_the_request_it_was_given_for(clock):
         await settle()
         await dispatcher.release(stream)
         await settle()
-        assert protected.done()
+        assert within_share.done()
         assert not resumed.done()
         resumed.cancel()
-        await dispatcher.release(protected.result())
+        await dispatcher.release(within_share.result())
     finally:
         runner.cancel()
 

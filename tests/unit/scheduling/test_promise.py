@@ -282,14 +282,16 @@ async def test_a_newcomer_within_its_share_is_placed_among_the_requests_within_t
     tie) once it holds none; heavy's next counts its own two."""
     fairness = VirtualTokenCounter()
     queue = queue_of(fairness)
-    for protected in (False, False, True, True):
-        waiter = Waiter(attempt(clock, tenant="heavy", lane=PROMISED), clock.now(), None, protected)
+    for within_share in (False, False, True, True):
+        waiter = Waiter(
+            attempt(clock, tenant="heavy", lane=PROMISED), clock.now(), None, within_share
+        )
         queue.push(waiter)
     fairness.in_flight("heavy", 3)
-    assert queue.protected_place("light", nothing_asked) == Place(0, 0, None)
+    assert queue.within_share_place("light", nothing_asked) == Place(0, 0, None)
     fairness.in_flight("heavy", -3)
-    assert queue.protected_place("light", nothing_asked) == Place(1, 0, None)
-    assert queue.protected_place("heavy", nothing_asked) == Place(2, 2, None)
+    assert queue.within_share_place("light", nothing_asked) == Place(1, 0, None)
+    assert queue.within_share_place("heavy", nothing_asked) == Place(2, 2, None)
 
 
 def nothing_asked(flow: str) -> float:
@@ -306,13 +308,15 @@ async def test_among_the_requests_within_their_share_the_lighter_tenant_stands_f
     fairness = VirtualTokenCounter()
     queue = queue_of(fairness)
     asked = {"light": 1.0, "heavy": 3.0, "heavier": 5.0}.__getitem__
-    for tenant, protected in (("heavy", True), ("heavy", True), ("light", True)):
-        waiter = Waiter(attempt(clock, tenant=tenant, lane=PROMISED), clock.now(), None, protected)
+    for tenant, within_share in (("heavy", True), ("heavy", True), ("light", True)):
+        waiter = Waiter(
+            attempt(clock, tenant=tenant, lane=PROMISED), clock.now(), None, within_share
+        )
         queue.push(waiter)
     fairness.in_flight("light", 2)
-    assert queue.protected_place("light", asked) == Place(1, 1, None)
-    assert queue.protected_place("heavier", asked) == Place(3, 0, None)
-    heads = [queue.protected_head(order) for order in (asked, nothing_asked)]
+    assert queue.within_share_place("light", asked) == Place(1, 1, None)
+    assert queue.within_share_place("heavier", asked) == Place(3, 0, None)
+    heads = [queue.within_share_head(order) for order in (asked, nothing_asked)]
     assert [None if head is None else head.flow for head in heads] == ["light", "heavy"]
 
 
@@ -526,7 +530,7 @@ async def test_after_requests_expire_the_queue_refuses_at_once_what_only_its_cen
         )
         within = [arrive(tenant) for tenant in ("b", "c", "d")]
         await settle()
-        assert dispatcher.queues["promised"].protected == 3
+        assert dispatcher.queues["promised"].within_share == 3
         assert not any(task.done() for task in within), "within share: by the centre"
     finally:
         for task in tasks:
@@ -656,7 +660,7 @@ async def test_a_request_within_its_share_is_promised_its_place_among_those_with
     within = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="light", lane=PROMISED)))
     await settle()
     assert not within.done(), within.exception() if within.done() else None
-    assert dispatcher.queues["promised"].protected == 1
+    assert dispatcher.queues["promised"].within_share == 1
     for task in (beyond, within):
         task.cancel()
     await settle()
