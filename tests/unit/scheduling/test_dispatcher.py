@@ -328,8 +328,11 @@ async def test_a_lane_whose_expected_wait_breaks_its_promise_refuses(
     waiters = [asyncio.create_task(granted(dispatcher, attempt(clock))) for _ in range(3)]
     await settle()
     dispatcher.rule.predictor.gap_s = 0.5
+    asked = asyncio.create_task(granted(dispatcher, attempt(clock, lane=promised)))
+    await settle()
+    assert asked.done(), "refused at once, not queued"
     with pytest.raises(GatewayError) as info:
-        await granted(dispatcher, attempt(clock, lane=promised))
+        asked.result()
     assert (info.value.status, info.value.code) == (503, "overloaded")
     for waiter in waiters:
         waiter.cancel()
