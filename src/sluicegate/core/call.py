@@ -32,7 +32,7 @@ class Call(NamedTuple):
     client_retries: int = 0
     """How many times the caller says it already sent this request (its SDK's header)."""
     resumed: bool = False
-    """The rest of an answer whose stream gave its slot away (`Attempt.preempt`): its
+    """The rest of an answer whose stream gave its slot away (`handover.Giver`): its
     caller has its first tokens, so it waits for a slot ahead of other work, bounded by
     its deadline alone, and is judged by no promise."""
 
