@@ -5,6 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from importlib.metadata import version
+
+DESCRIPTION = """Sluicegate, an LLM gateway that shares a few model deployments between chat
+users, batch jobs and agents: it keeps the work it accepts inside the backends' real
+capacity, shares it fairly between tenants and lanes, and refuses early and honestly.
+`serve` with no --config runs a demo against a built-in simulated backend."""
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -12,7 +18,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     from sluicegate.bench import cli as bench_cli
     from sluicegate.sim import cli as sim_cli
 
-    parser = argparse.ArgumentParser(prog="sluicegate", description=__doc__)
+    parser = argparse.ArgumentParser(prog="sluicegate", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('sluicegate')}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the gateway (the demo when no --config)")
     app.add_arguments(serve)

@@ -54,6 +54,20 @@ async def test_models_listed_per_tenant(alice: openai.AsyncOpenAI, bob: openai.A
     assert {m.id async for m in bob.models.list()} == {"chat", "embed"}
 
 
+async def test_a_model_is_retrieved_as_its_tenant_sees_the_list(
+    alice: openai.AsyncOpenAI, bob: openai.AsyncOpenAI
+):
+    """`GET /v1/models/{id}`: a model in the tenant's list is found; one it may not use is
+    as absent as one that does not exist (the list does not show it either)."""
+    chat = await alice.models.retrieve("chat")
+    assert (chat.id, chat.object, chat.owned_by) == ("chat", "model", "sluicegate")
+    assert (await alice.models.retrieve("private")).id == "private"
+    for tenant, name in ((bob, "private"), (alice, "nowhere")):
+        with pytest.raises(openai.NotFoundError) as info:
+            await tenant.models.retrieve(name)
+        assert info.value.code == "model_not_found"
+
+
 async def test_stream_bytes_pass_through_unchanged(gateway, sim, http: aiohttp.ClientSession):
     """The gateway relays the upstream's SSE bytes; only ids and timestamps differ per request."""
     body = {"messages": MESSAGES, "max_tokens": 5, "stream": True}

@@ -29,11 +29,12 @@ from sluicegate.api.asgi import (
     send_bytes,
     send_error,
     send_json,
+    shown,
 )
 from sluicegate.api.auth import Authenticator, key_digest, unauthorised
 from sluicegate.api.payloads import parse
 from sluicegate.core.clock import Clock
-from sluicegate.core.errors import ErrorType, GatewayError, bad_request
+from sluicegate.core.errors import ErrorType, GatewayError, bad_request, not_found
 from sluicegate.core.types import Endpoint, Settings, Tenant
 from sluicegate.observability.metrics import UNKNOWN_MODEL, GatewayMetrics
 from sluicegate.pipeline import Answer, Inbound, Pipeline
@@ -79,6 +80,7 @@ class Gateway:
         for endpoint in Endpoint:
             router.add("POST", endpoint.path, self._inference_handler(endpoint))
         router.add("GET", "/v1/models", self._models)
+        router.add_prefix("GET", MODEL, self._model)
         router.add("GET", "/health", self._health)
         router.add("GET", "/ready", self._ready)
         router.add("GET", "/metrics", self._metrics_page)
@@ -206,6 +208,19 @@ class Gateway:
             listing = self._model_lists[tenant.name] = _model_list(self._settings, tenant)
         await send_bytes(send, 200, listing, JSON_HEADERS)
 
+    async def _model(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """One model as the tenant's list shows it: one it may not use is not found, as
+        it is not listed."""
+        try:
+            tenant = self._authenticate(scope)
+            name = scope["path"][len(MODEL) :]
+            if name not in self._settings.models or not tenant.may_use(name):
+                raise not_found(f"the model {shown(name)} does not exist", "model_not_found")
+        except GatewayError as err:
+            await send_error(send, err)
+            return
+        await send_bytes(send, 200, orjson.dumps(_model_entry(name)), JSON_HEADERS)
+
     async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send_json(send, 200, {"status": "ok"})
 
@@ -226,12 +241,12 @@ class Gateway:
 
 
 def _model_list(settings: Settings, tenant: Tenant) -> bytes:
-    data = [
-        {"id": name, "object": "model", "created": 0, "owned_by": "sluicegate"}
-        for name in settings.models
-        if tenant.may_use(name)
-    ]
+    data = [_model_entry(name) for name in settings.models if tenant.may_use(name)]
     return orjson.dumps({"object": "list", "data": data})
+
+
+def _model_entry(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "sluicegate"}
 
 
 def _timeout_s(headers: Mapping[bytes, bytes]) -> float | None:
@@ -264,6 +279,8 @@ def _client_retries(headers: Mapping[bytes, bytes]) -> int:
 
 
 _NO_EXTENSIONS: dict[str, Any] = {}
+MODEL = "/v1/models/"
+"""A model's own path: its name follows."""
 
 _UNREAD_BODY = frozenset({408, 413, 415})
 """Refusals that leave the request body unread: the connection closes after them, since

@@ -105,6 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--policies",
         choices=("on,off", "on", "off"),
+        metavar="on,off|on|off",
         default="on,off",
         help="which runs to make per variant (default %(default)s): `on` alone with "
         "--reuse compares gateway settings without repeating the pass-through",
