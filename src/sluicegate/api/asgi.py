@@ -66,7 +66,14 @@ class ClientDisconnected(CallerGone):
 
 def error_body(err: GatewayError) -> bytes:
     return orjson.dumps(
-        {"error": {"message": err.message, "type": err.error_type, "param": None, "code": err.code}}
+        {
+            "error": {
+                "message": err.message,
+                "type": err.error_type,
+                "param": err.param,
+                "code": err.code,
+            }
+        }
     )
 
 

@@ -279,7 +279,7 @@ def _request(intake: Intake, tenant: Tenant, endpoint: Endpoint, line: bytes) ->
 
 
 def _line_error(number: int | None, err: GatewayError) -> dict[str, Any]:
-    return {"code": err.code, "message": err.message, "line": number, "param": None}
+    return {"code": err.code, "message": err.message, "line": number, "param": err.param}
 
 
 def _metadata(value: Any) -> dict[str, str] | None:

@@ -43,25 +43,25 @@ def parse(endpoint: Endpoint, body: bytes) -> dict[str, Any]:
     payload = json_object(body)
     model = payload.get("model")
     if not isinstance(model, str) or not model:
-        raise bad_request("'model' is required and must be a non-empty string")
+        raise bad_request("'model' is required and must be a non-empty string", param="model")
     field = _REQUIRED[endpoint]
     if field not in payload:
-        raise bad_request(f"'{field}' is required")
+        raise bad_request(f"'{field}' is required", param=field)
     if endpoint is Endpoint.CHAT:
         messages = payload["messages"]
         if not isinstance(messages, list) or not messages:
-            raise bad_request("'messages' must be a non-empty array")
+            raise bad_request("'messages' must be a non-empty array", param="messages")
         if not all(isinstance(m, dict) for m in messages):
-            raise bad_request("each item of 'messages' must be an object")
+            raise bad_request("each item of 'messages' must be an object", param="messages")
     for name in _TOKEN_FIELDS:
         count = payload.get(name)
         if count is not None and (type(count) is not int or count < 0):
-            raise bad_request(f"'{name}' must be a non-negative integer")
+            raise bad_request(f"'{name}' must be a non-negative integer", param=name)
     stream = payload.get("stream", False)
     if not isinstance(stream, bool):
-        raise bad_request("'stream' must be a boolean")
+        raise bad_request("'stream' must be a boolean", param="stream")
     if stream and not endpoint.streams:
-        raise bad_request(f"'{endpoint.value}' does not stream")
+        raise bad_request(f"'{endpoint.value}' does not stream", param="stream")
     return payload
 
 

@@ -67,6 +67,7 @@ class GatewayError(Exception):
         retry_after_s: float | None = None,
         should_retry: bool | None = None,
         failover: bool = False,
+        param: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -76,6 +77,8 @@ class GatewayError(Exception):
         self.retry_after_s = bounded_retry_after(retry_after_s, MAX_RETRY_AFTER_S)
         self.should_retry = should_retry
         self.failover = failover
+        self.param = param
+        """The request field the error is about, as OpenAI's errors name it."""
 
     def renewed(self) -> GatewayError:
         """A fresh copy to raise. An error kept where the raising frame can reach it (a
@@ -89,6 +92,7 @@ class GatewayError(Exception):
             retry_after_s=self.retry_after_s,
             should_retry=self.should_retry,
             failover=self.failover,
+            param=self.param,
         )
 
 
@@ -100,8 +104,12 @@ def bounded_retry_after(seconds: float | None, ceiling_s: float) -> float | None
     return min(max(seconds, 0.0), ceiling_s)
 
 
-def bad_request(message: str, code: str = "invalid_request") -> GatewayError:
-    return GatewayError(400, code, message, ErrorType.INVALID_REQUEST, should_retry=False)
+def bad_request(
+    message: str, code: str = "invalid_request", param: str | None = None
+) -> GatewayError:
+    return GatewayError(
+        400, code, message, ErrorType.INVALID_REQUEST, should_retry=False, param=param
+    )
 
 
 def not_found(message: str, code: str = "not_found") -> GatewayError:

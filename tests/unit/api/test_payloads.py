@@ -1,32 +1,41 @@
 from __future__ import annotations
 
+import orjson
 import pytest
 
+from sluicegate.api.asgi import error_body
 from sluicegate.api.payloads import MAX_DEPTH, parse
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.types import Endpoint
 
 
 @pytest.mark.parametrize(
-    ("endpoint", "body", "message"),
+    ("endpoint", "body", "message", "param"),
     [
-        (Endpoint.CHAT, b"{not json", "not valid JSON"),
-        (Endpoint.CHAT, b"[1, 2]", "must be a JSON object"),
-        (Endpoint.CHAT, b'{"messages": []}', "'model' is required"),
-        (Endpoint.CHAT, b'{"model": 3, "messages": []}', "'model' is required"),
-        (Endpoint.CHAT, b'{"model": "m"}', "'messages' is required"),
-        (Endpoint.CHAT, b'{"model": "m", "messages": "hi"}', "non-empty array"),
-        (Endpoint.CHAT, b'{"model": "m", "messages": [1]}', "must be an object"),
-        (Endpoint.CHAT, b'{"model": "m", "messages": [{}], "stream": "yes"}', "boolean"),
-        (Endpoint.COMPLETIONS, b'{"model": "m"}', "'prompt' is required"),
-        (Endpoint.EMBEDDINGS, b'{"model": "m", "input": "x", "stream": true}', "does not stream"),
+        (Endpoint.CHAT, b"{not json", "not valid JSON", None),
+        (Endpoint.CHAT, b"[1, 2]", "must be a JSON object", None),
+        (Endpoint.CHAT, b'{"messages": []}', "'model' is required", "model"),
+        (Endpoint.CHAT, b'{"model": 3, "messages": []}', "'model' is required", "model"),
+        (Endpoint.CHAT, b'{"model": "m"}', "'messages' is required", "messages"),
+        (Endpoint.CHAT, b'{"model": "m", "messages": "hi"}', "non-empty array", "messages"),
+        (Endpoint.CHAT, b'{"model": "m", "messages": [1]}', "must be an object", "messages"),
+        (Endpoint.CHAT, b'{"model": "m", "messages": [{}], "stream": "yes"}', "boolean", "stream"),
+        (Endpoint.COMPLETIONS, b'{"model": "m"}', "'prompt' is required", "prompt"),
+        (
+            Endpoint.EMBEDDINGS,
+            b'{"model": "m", "input": "x", "stream": true}',
+            "does not stream",
+            "stream",
+        ),
     ],
 )
-def test_bad_bodies_are_400_with_a_reason(endpoint, body, message):
+def test_bad_bodies_are_400_with_a_reason_naming_the_field(endpoint, body, message, param):
     with pytest.raises(GatewayError) as info:
         parse(endpoint, body)
     assert info.value.status == 400
     assert message in info.value.message
+    assert info.value.param == param
+    assert orjson.loads(error_body(info.value))["error"]["param"] == param
 
 
 def test_good_body_is_returned_as_a_dict():
@@ -63,6 +72,7 @@ def test_token_fields_must_be_integers(field, value):
         parse(Endpoint.CHAT, body)
     assert info.value.status == 400
     assert f"'{field}' must be a non-negative integer" in info.value.message
+    assert info.value.param == field
 
 
 def test_integer_and_null_token_fields_pass():
