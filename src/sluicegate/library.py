@@ -63,8 +63,9 @@ class Governor:
     @classmethod
     def from_config(cls, path: str | Path, env: Mapping[str, str] | None = None) -> Governor:
         """Read `path` as `serve --config` does (`${VAR}` from `env`, else the process
-        environment); a bad config raises `ConfigError` naming the field."""
-        return cls(load_settings(path, os.environ if env is None else env))
+        environment), less the callers' keys, which library mode never checks; a bad
+        config raises `ConfigError` naming the field."""
+        return cls(load_settings(path, os.environ if env is None else env, callers_keys=False))
 
     async def __aenter__(self) -> Governor:
         store_down = False

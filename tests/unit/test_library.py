@@ -57,6 +57,18 @@ async def test_the_grant_names_the_deployment_and_what_is_left(tmp_path):
             assert second.left == ()
 
 
+async def test_library_mode_needs_no_tenant_key_variables(tmp_path):
+    """Library mode never checks a caller's key, so a tenant's key variable may be unset;
+    a deployment's own key variable is still read."""
+    path = write(tmp_path)
+    text = path.read_text().replace("- env: KEY", "- env: TENANT_KEY_NOT_SET")
+    path.write_text(text)
+    g = Governor.from_config(path, {"KEY": "sk-key"})
+    async with g, g.attempt(model="chat", tenant="t", prompt_tokens=1, max_tokens=1) as grant:
+        assert grant.api_key == "sk-key"
+        grant.report(1, 1)
+
+
 async def test_an_exception_in_the_block_is_the_deployments_failure(tmp_path):
     async with governor(tmp_path) as g:
         with pytest.raises(ConnectionError):

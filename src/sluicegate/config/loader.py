@@ -57,7 +57,12 @@ class ConfigError(Exception):
     """A config problem, worded for the operator: each line names the field and the reason."""
 
 
-def load_settings(path: Path | str, env: Mapping[str, str] | None = None) -> Settings:
+def load_settings(
+    path: Path | str, env: Mapping[str, str] | None = None, *, callers_keys: bool = True
+) -> Settings:
+    """The config at `path`, `${VAR}` read from `env`. Without `callers_keys` (library
+    mode, which never authenticates a caller) the tenants' and admins' keys are left
+    out, so their environment variables need not be set."""
     source = str(path)
     try:
         text = Path(path).read_text()
@@ -67,10 +72,12 @@ def load_settings(path: Path | str, env: Mapping[str, str] | None = None) -> Set
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {exc}") from None
-    return parse_settings(raw, source, os.environ if env is None else env)
+    return parse_settings(raw, source, os.environ if env is None else env, callers_keys)
 
 
-def parse_settings(raw: object, source: str, env: Mapping[str, str]) -> Settings:
+def parse_settings(
+    raw: object, source: str, env: Mapping[str, str], callers_keys: bool = True
+) -> Settings:
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: the top level must be a mapping")
     expanded = _interpolate(raw, env, source, ())
@@ -78,7 +85,7 @@ def parse_settings(raw: object, source: str, env: Mapping[str, str]) -> Settings
         config = GatewayConfig.model_validate(expanded)
     except ValidationError as exc:
         raise ConfigError(_describe(source, exc)) from None
-    return _to_settings(config, env, source)
+    return _to_settings(config, env, source, callers_keys)
 
 
 def _interpolate(value: Any, env: Mapping[str, str], source: str, at: tuple[Any, ...]) -> Any:
@@ -123,7 +130,9 @@ def _path(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def _to_settings(config: GatewayConfig, env: Mapping[str, str], source: str) -> Settings:
+def _to_settings(
+    config: GatewayConfig, env: Mapping[str, str], source: str, callers_keys: bool
+) -> Settings:
     models = {
         m.name: Model(
             m.name, tuple(_deployment(d, m.name, env, source) for d in m.deployments), m.strategy
@@ -143,7 +152,7 @@ def _to_settings(config: GatewayConfig, env: Mapping[str, str], source: str) -> 
             None if spec.lanes is None else frozenset(spec.lanes),
         )
         tenants.append(tenant)
-        for k_index, key in enumerate(spec.keys):
+        for k_index, key in enumerate(spec.keys if callers_keys else ()):
             where = f"{source}: tenants[{t_index}].keys[{k_index}]"
             digest = _key_digest(key, env, where)
             if digest in keys:
@@ -162,7 +171,7 @@ def _to_settings(config: GatewayConfig, env: Mapping[str, str], source: str) -> 
         scheduling=_scheduling(config.scheduling, config.store),
         admin_keys=frozenset(
             _key_digest(key, env, f"{source}: admin.keys[{i}]")
-            for i, key in enumerate(config.admin.keys)
+            for i, key in enumerate(config.admin.keys if callers_keys else ())
         ),
         jobs=_jobs(config.jobs),
         redis=_redis(config.redis) if config.store == "redis" else None,
