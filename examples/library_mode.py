@@ -1,7 +1,11 @@
 """Library mode: a team keeps its own OpenAI client and lets Sluicegate govern its calls.
 
-    BACKEND_URL=http://127.0.0.1:8000/v1 BACKEND_KEY=... TEAM_A_KEY=... TEAM_B_KEY=... \\
+    sluicegate sim --port 8001 &       # or any OpenAI-compatible backend
+    BACKEND_URL=http://127.0.0.1:8001/v1 BACKEND_KEY=... \\
         python examples/library_mode.py --config examples/library_mode.yaml --calls 12
+
+Redis must be running (`REDIS_URL`, default redis://127.0.0.1:6379/0). Without what it
+needs, it stops with one line that says what is missing.
 
 Every call first takes an attempt from the Governor (the tenant's limits, the lane's
 turn in the fair queue, the pool's permits, the backend gate), then calls the
@@ -19,7 +23,7 @@ import collections
 
 import openai
 
-from sluicegate import GatewayError, Governor
+from sluicegate import ConfigError, GatewayError, Governor
 
 QUESTION = "In one sentence: why keep a gateway's limits in one place?"
 
@@ -89,4 +93,7 @@ if __name__ == "__main__":
     parser.add_argument("--config", default="examples/library_mode.yaml")
     parser.add_argument("--calls", type=int, default=12)
     args = parser.parse_args()
-    asyncio.run(main(args.config, args.calls))
+    try:
+        asyncio.run(main(args.config, args.calls))
+    except (ConfigError, OSError, RuntimeError) as problem:
+        raise SystemExit(f"library_mode.py: {problem}") from None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-_LIBRARY = frozenset({"Governor", "Grant", "GatewayError"})
+_LIBRARY = frozenset({"Governor", "Grant", "GatewayError", "ConfigError"})
 
 
 def __getattr__(name: str) -> Any:

@@ -36,7 +36,7 @@ from types import TracebackType
 from typing import Any
 
 from sluicegate.app import Runtime, build
-from sluicegate.config import load_settings
+from sluicegate.config import ConfigError, load_settings
 from sluicegate.core.errors import (
     MAX_RETRY_AFTER_S,
     ErrorType,
@@ -49,7 +49,7 @@ from sluicegate.pipeline import Inbound
 from sluicegate.providers.base import UpstreamResponse
 from sluicegate.stores.redis import unreachable
 
-__all__ = ["GatewayError", "Governor", "Grant"]
+__all__ = ["ConfigError", "GatewayError", "Governor", "Grant"]
 
 
 class Governor:

@@ -90,6 +90,26 @@ async def test_library_callers_and_the_proxy_share_one_pool(sim, http, tmp_path)
         assert set(codes) <= {"ok", "pool_concurrency_limited"}
 
 
+async def test_the_example_says_in_one_line_what_it_misses():
+    """Without a backend to call, the example stops with one line naming what to set, not
+    a traceback, and never calls the gateway's own port in its place."""
+    missing = ("BACKEND_URL", "BACKEND_KEY", "TEAM_A_KEY", "TEAM_B_KEY")
+    env = {name: value for name, value in os.environ.items() if name not in missing}
+    example = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "examples/library_mode.py",
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(example.communicate(), 60)
+    assert example.returncode != 0
+    lines = err.decode().strip().splitlines()
+    assert len(lines) == 1, err.decode()
+    assert "BACKEND_URL" in lines[0]
+
+
 async def test_the_example_runs_against_the_simulator(sim, tmp_path):
     async with redis_or_skip() as (_, prefix):
         env = {
