@@ -201,3 +201,33 @@ def test_serve_stops_with_a_clear_message_and_no_traceback(tmp_path: Path):
     assert done.returncode == 2
     assert "models[0].deployments[0].timeouts.total_s" in done.stderr
     assert "Traceback" not in done.stderr + done.stdout
+
+
+def error_of(raw: dict) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse(raw)
+    return str(info.value)
+
+
+def test_an_unknown_key_close_to_a_known_one_gets_a_did_you_mean():
+    raw = base()
+    raw["scheduling"] = {"lanes": [{"name": "interactive", "ttft_slo": 2}]}
+    message = error_of(raw)
+    assert "scheduling.lanes[0].ttft_slo" in message
+    assert "did you mean 'ttft_slo_s'?" in message
+
+
+def test_an_unknown_key_far_from_any_names_the_valid_ones():
+    raw = base()
+    raw["tenants"][0]["keys"] = [{"key": "sk-team-a"}]
+    message = error_of(raw)
+    assert "tenants[0].keys[0].key" in message
+    assert "valid keys here: sha256, env" in message
+
+
+def test_a_tenant_key_in_the_wrong_shape_names_the_valid_forms():
+    raw = base()
+    raw["tenants"][0]["keys"] = ["sk-team-a"]
+    message = error_of(raw)
+    assert "tenants[0].keys[0]" in message
+    assert "{sha256: ...} or {env: ...}" in message

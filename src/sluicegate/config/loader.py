@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from sluicegate.config.schema import (
     DeploymentConfig,
@@ -119,8 +120,54 @@ def _describe(source: str, exc: ValidationError) -> str:
     lines = [f"{source}: invalid configuration"]
     for error in exc.errors():
         where = _path(error["loc"]) or "(top level)"
-        lines.append(f"  {where}: {error['msg']}")
+        lines.append(f"  {where}: {error['msg']}{_hint(error['type'], error['loc'])}")
     return "\n".join(lines)
+
+
+def _hint(kind: str, loc: tuple[Any, ...]) -> str:
+    """What to write instead: for a key the section does not have, the known key it is
+    closest to, else the section's keys; for a section in the wrong shape, its form."""
+    if kind == "extra_forbidden" and loc:
+        model = _model_at(loc[:-1])
+        if model is None:
+            return ""
+        known = list(model.model_fields)
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+        if close:
+            return f"; did you mean {close[0]!r}?"
+        return f"; valid keys here: {', '.join(known)}"
+    if kind in ("model_type", "dict_type"):
+        model = _model_at(loc)
+        if model is None:
+            return ""
+        forms = getattr(model, "FORMS", None)
+        if forms is None:
+            forms = "{" + ", ".join(f"{name}: ..." for name in model.model_fields) + "}"
+        return f"; write it as {forms}"
+    return ""
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The config section at `loc` (list indices skipped), if it is one."""
+    model: type[BaseModel] | None = GatewayConfig
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = None if model is None else model.model_fields.get(part)
+        if field is None:
+            return None
+        model = _model_in(field.annotation)
+    return model
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def _path(loc: tuple[Any, ...]) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
 
@@ -277,6 +277,9 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 class KeyConfig(Strict):
     """A key is given by its sha256 (hex) or read from an environment variable, never inline."""
+
+    FORMS: ClassVar[str] = "{sha256: ...} or {env: ...}"
+    """The forms a key may take, for an error about one in another shape."""
 
     sha256: str | None = None
     env: str | None = None
