@@ -53,12 +53,10 @@ Holder = LaneQueue | Rests
 class Plan(NamedTuple):
     """The checks a lane passes on a target: chosen once per pair."""
 
-    lane_wide: tuple[Check, ...]
-    """Asked once per try, before a target is chosen."""
     target: tuple[Check, ...]
-    """Asked of each candidate target."""
+    """Asked of each candidate target (the lane-wide ones are asked once per try)."""
     every: tuple[Check, ...]
-    """Both: what counts the attempt, and undoes it."""
+    """Lane-wide and target checks alike: what counts the attempt, and undoes it."""
 
 
 class Dispatcher:
@@ -120,6 +118,14 @@ class Dispatcher:
             self.pacing,
             *default_checks(self.lanes, clock, GONE_AFTER_S),
         )
+        first = self.targets[:1]
+        self._lane_wide = {
+            lane.name: tuple(
+                c for c in self.checks for t in first if c.lane_wide and c.applies(t, lane)
+            )
+            for lane in self.lanes
+        }
+        """Per lane, the checks asked once per try, whatever the target (they read none)."""
         learners = (self.handover, self.pacing, self.learner, self.budgets, self.stats)
         plugins = (*self.checks, self.spares, self.rule, *learners)
         self.observers: tuple[Observer, ...] = tuple(
@@ -335,7 +341,7 @@ class Dispatcher:
         the candidates come in, since a line entry whose replica took a slot elsewhere
         would have a slot set aside for nobody."""
         lane, rest = attempt.lane, attempt.call.resumed
-        lane_wide = self._plan(self.targets[0], lane).lane_wide
+        lane_wide = self._lane_wide[lane.name]
         if lane_wide:
             verdict = _first_refusal(lane_wide, self.targets[0], lane, rest)
             if verdict is not None:
@@ -398,12 +404,9 @@ class Dispatcher:
         key = (lane.name, target.deployment.name)
         plan = self._plans.get(key)
         if plan is None:
-            every = tuple(check for check in self.checks if check.applies(target, lane))
-            plan = self._plans[key] = Plan(
-                tuple(check for check in every if check.lane_wide),
-                tuple(check for check in every if not check.lane_wide),
-                every,
-            )
+            lane_wide = self._lane_wide[lane.name]
+            own = tuple(c for c in self.checks if not c.lane_wide and c.applies(target, lane))
+            plan = self._plans[key] = Plan(own, lane_wide + own)
         return plan
 
     def _dispatched(

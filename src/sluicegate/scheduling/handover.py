@@ -181,7 +181,7 @@ class HandOver(Quiet):
         for waiter in (head, *queue.within_share_waiters()):
             if pending >= self._at_most:
                 return
-            if waiter not in self._asking:
+            if not self.asks(waiter):
                 if not self._preempt_one(waiter, queue, pending):
                     return
                 pending += 1
