@@ -206,7 +206,7 @@ class Pipeline:
     def _first_token(self, attempt: Attempt, giver: Giver | None) -> None:
         """Feed the model's dispatcher every streamed request's time to first token (its
         predictor learns each lane's time after dispatch) and the overload monitor the
-        protected lane's; a stream that may give its slot away offers it (`giver`)."""
+        top lane's; a stream that may give its slot away offers it (`giver`)."""
         call = attempt.call
         if attempt.first_byte_s is not None:
             ttft_s = attempt.first_byte_s - call.arrived_s
@@ -503,16 +503,15 @@ class Answer:
     without the client seeing it. A stream that may give its slot away (`gives`) offers
     it to its dispatcher through a `Giver`; asked, it goes on from a new attempt, its
     caller seeing a pause between two whole events (`providers.resume`); `part` holds
-    the current attempt's permits and
-    upstream, released when the answer ends. The last attempt's usage is the request's
-    own (the answer before the pause counted as its prompt), what its quotas settle on;
-    the prefill again is the hand-over's cost, not the caller's."""
+    the current attempt's permits and upstream, released when the answer ends. The last
+    attempt's usage is the request's own (the answer before the pause counted as its
+    prompt), what its quotas settle on; the prefill again is the hand-over's cost, not
+    the caller's."""
 
     __slots__ = (
         "_body",
         "_clock",
         "_first",
-        "_gives",
         "_on_first",
         "_rest",
         "_resume",
@@ -542,8 +541,7 @@ class Answer:
         self._body = b""
         self._first = b""
         self._rest: AsyncIterator[bytes] | None = None
-        self._gives = gives
-        self.giver: Giver | None = None
+        self.giver = Giver() if gives else None
         """The current stream's side of a hand-over, while it may give its slot away."""
         self.part: AsyncExitStack | None = None
 
@@ -576,7 +574,6 @@ class Answer:
     async def chunks(self) -> AsyncIterator[bytes]:
         """The stream as it arrives; its first byte is timed as it is handed over."""
         self.attempt.first_byte_s = self._clock.now()
-        self.giver = Giver() if self._gives else None
         self._on_first(self.attempt, self.giver)
         first = self._first
         while True:
