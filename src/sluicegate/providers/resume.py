@@ -119,31 +119,17 @@ class SoFar:
         return sum(len(part) for part in self._text) + self._raw_bytes
 
     def _read(self) -> None:
-        """Read the whole events among the bytes kept; an event cut short waits for the
-        rest of its bytes. Events end at a blank line: `\\n\\n` but where an upstream
-        ends its lines otherwise."""
+        """Read the whole events among the bytes kept (`sse.events`); an event cut short
+        waits for the rest of its bytes."""
         block = b"".join(self._raw)
-        self._raw.clear()
-        self._raw_bytes = 0
-        if b"\r" in block:
-            read = 0
-            for raw, data in events(block):
-                read += len(raw)
-                if data is not None:
-                    self._take(data)
-            tail = block[read:]
-        else:
-            *whole, tail = block.split(b"\n\n")
-            for event in whole:
-                if event.startswith(b"data: ") and b"\n" not in event:
-                    self._take(event[6:])
-                else:
-                    for _, data in events(event + b"\n\n"):
-                        if data is not None:
-                            self._take(data)
-        if tail and self._plain:
-            self._raw.append(tail)
-            self._raw_bytes = len(tail)
+        read = 0
+        for raw, data in events(block):
+            read += len(raw)
+            if data is not None:
+                self._take(data)
+        tail = block[read:] if self._plain else b""
+        self._raw = [tail] if tail else []
+        self._raw_bytes = len(tail)
 
     def _take(self, data: bytes) -> None:
         if not self._plain:
