@@ -65,8 +65,8 @@ from sluicegate.providers.base import Provider
 from sluicegate.providers.openai import OpenAIProvider
 from sluicegate.scheduling.attempt import Target
 from sluicegate.scheduling.dispatcher import Dispatcher
-from sluicegate.scheduling.fairness import FairnessPolicy, RoundRobin, VirtualTokenCounter
-from sluicegate.scheduling.fleet_fairness import FairnessSync, FleetVirtualTokenCounter
+from sluicegate.scheduling.fairness import Fairness, RoundRobin, VirtualTokenCounter
+from sluicegate.scheduling.fleet_fairness import FairnessSync, FleetVirtualTokenCounter, Queued
 from sluicegate.scheduling.overload import OverloadMonitor, OverloadWatch
 from sluicegate.stores.failover import FailoverStore
 from sluicegate.stores.memory import MemoryLimitStore
@@ -324,15 +324,17 @@ def redis_store(policy: RedisPolicy) -> RedisLimitStore:
     return RedisLimitStore(connection, policy.key_prefix, policy.timeout_s)
 
 
-def fleet_shares(dispatchers: Iterable[Dispatcher]) -> list[FleetVirtualTokenCounter]:
-    """Every lane's fleet fairness policy, each told to wake its dispatcher after a sync
-    (it may have held back)."""
+def fleet_shares(
+    dispatchers: Iterable[Dispatcher],
+) -> list[tuple[FleetVirtualTokenCounter, Queued]]:
+    """Every lane's fleet fairness policy with its queue's counts, each told to wake its
+    dispatcher after a sync (it may have held back)."""
     found = []
     for dispatcher in dispatchers:
         for queue in dispatcher.queues.values():
             if isinstance(queue.fairness, FleetVirtualTokenCounter):
                 queue.fairness.on_change(dispatcher.kick)
-                found.append(queue.fairness)
+                found.append((queue.fairness, queue.queued_counts))
     return found
 
 
@@ -388,14 +390,14 @@ def pause_rule(settings: Settings, monitor: OverloadMonitor) -> Callable[[Lane],
 
 def fairness_factory(
     settings: Settings, model: str, clock: Clock, *, fleet: bool
-) -> Callable[[Lane], FairnessPolicy]:
+) -> Callable[[Lane], Fairness]:
     """A fleet's VTC needs the shared store; a test handing in its own store gets local
     counters."""
     scheduling = settings.scheduling
     weights = {tenant.name: tenant.weight for tenant in settings.tenants}
     rates = (scheduling.input_weight, scheduling.output_weight)
 
-    def make(lane: Lane) -> FairnessPolicy:
+    def make(lane: Lane) -> Fairness:
         if scheduling.fairness == "round_robin":
             return RoundRobin()
         if fleet and scheduling.fairness_scope == "fleet":

@@ -83,7 +83,6 @@ class Attempt:
     """The second of a hedged pair: the same request again, not a new arrival."""
     target: Target | None = None
     permit: PoolPermit | None = None
-    charged_output: int = 0
     body: dict[str, Any] | None = None
     dispatched_s: float | None = None
     first_byte_s: float | None = None

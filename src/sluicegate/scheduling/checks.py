@@ -61,10 +61,10 @@ class BreakerCheck:
             return NotNow(Refusal.RAMPING, message)
         return None
 
-    def taken(self, target: Target, lane: Lane) -> None:
+    def taken(self, target: Target, lane: Lane, attempt: Attempt) -> None:
         target.breaker.started()
 
-    def withdrawn(self, target: Target, lane: Lane) -> None:
+    def withdrawn(self, target: Target, lane: Lane, attempt: Attempt) -> None:
         target.breaker.abandoned()
 
     def released(self, target: Target, lane: Lane, attempt: Attempt) -> None:
@@ -100,10 +100,10 @@ class GateCheck:
         self.refused += 1
         return NotNow(Refusal.BACKEND_BUSY, f"deployment {target.deployment.name} is busy")
 
-    def taken(self, target: Target, lane: Lane) -> None:
+    def taken(self, target: Target, lane: Lane, attempt: Attempt) -> None:
         target.gate.sent()
 
-    def withdrawn(self, target: Target, lane: Lane) -> None:
+    def withdrawn(self, target: Target, lane: Lane, attempt: Attempt) -> None:
         target.gate.withdraw()
 
     def released(self, target: Target, lane: Lane, attempt: Attempt) -> None:
@@ -173,16 +173,16 @@ class ShareCheck(Quiet):
                 return NotNow(Refusal.LANE_SHARE, message)
         return None
 
-    def taken(self, target: Target, lane: Lane) -> None:
+    def taken(self, target: Target, lane: Lane, attempt: Attempt) -> None:
         for pool in target.pools:
             self.in_use[(pool.name, lane.name)] += 1
 
-    def withdrawn(self, target: Target, lane: Lane) -> None:
+    def withdrawn(self, target: Target, lane: Lane, attempt: Attempt) -> None:
         for pool in target.pools:
             self.in_use[(pool.name, lane.name)] -= 1
 
     def released(self, target: Target, lane: Lane, attempt: Attempt) -> None:
-        self.withdrawn(target, lane)
+        self.withdrawn(target, lane, attempt)
 
     def view(self) -> dict[str, Any]:
         in_use = {f"{pool}/{lane}": n for (pool, lane), n in self.in_use.items() if n}

@@ -112,7 +112,8 @@ class Learner(Quiet):
         self._in_flight = in_flight
         self._prefill_rate = prefill_rate
         self._prompts_meanwhile = prompts_meanwhile
-        self._costs = costs
+        self.costs = costs
+        """What a slot of each tenant costs in a lane, where its fair order weighs them."""
 
     def ended(self, attempt: Attempt) -> None:
         """The rest of a handed-over answer held its slot for a prompt that was mostly
@@ -132,7 +133,7 @@ class Learner(Quiet):
                     math.ceil(self._in_flight() / self._targets),
                     1.0 / rate if rate else None,
                 )
-        costs = self._costs(attempt.lane)
+        costs = self.costs(attempt.lane)
         produced = attempt.produced()
         if costs is None or produced is None or call.resumed:
             return

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable, Iterator, Sequence
-from typing import NamedTuple
 
 from sluicegate.core.clock import Clock, Wakeup
 from sluicegate.core.errors import GatewayError
@@ -30,33 +29,24 @@ from sluicegate.core.types import Lane
 from sluicegate.scheduling.attempt import Attempt, Target
 from sluicegate.scheduling.checks import default_checks
 from sluicegate.scheduling.demand import Learner
-from sluicegate.scheduling.fairness import FairnessPolicy, WeighsSlots
+from sluicegate.scheduling.fairness import Fairness, WeighsSlots
 from sluicegate.scheduling.handover import Giver, HandOver, Rests
 from sluicegate.scheduling.pacing import Pacing
-from sluicegate.scheduling.plugin import Check, Dispatch, NotNow, Observer, hearing
+from sluicegate.scheduling.plugin import Check, Dispatch, Observer, Plans, first_refusal, hearing
 from sluicegate.scheduling.prefilling import PrefillBudgets
 from sluicegate.scheduling.promise import QueueExit
 from sluicegate.scheduling.queueing import QueueRule
 from sluicegate.scheduling.queues import LaneQueue, Waiter
 from sluicegate.scheduling.reserve import GONE_AFTER_S, MOST_OF_BATCH, SpareSlots
-from sluicegate.scheduling.routing import Routing
+from sluicegate.scheduling.routing import Routing, most_telling
 from sluicegate.scheduling.share import WithinShare
-from sluicegate.scheduling.slotcost import SlotCosts
 from sluicegate.scheduling.stats import Exit, OnWait, Stats
+from sluicegate.scheduling.tenants import Tenants
 from sluicegate.scheduling.turns import Turns
-from sluicegate.scheduling.views import DispatcherView, LaneView, TargetView
+from sluicegate.scheduling.views import DispatcherView, LaneView, dispatcher_view, lane_view
 
 Holder = LaneQueue | Rests
 """What a waiter waits in."""
-
-
-class Plan(NamedTuple):
-    """The checks a lane passes on a target: chosen once per pair."""
-
-    target: tuple[Check, ...]
-    """Asked of each candidate target (the lane-wide ones are asked once per try)."""
-    every: tuple[Check, ...]
-    """Lane-wide and target checks alike: what counts the attempt, and undoes it."""
 
 
 class Dispatcher:
@@ -65,7 +55,7 @@ class Dispatcher:
         model: str,
         lanes: Sequence[Lane],
         targets: Sequence[Target],
-        fairness: Callable[[Lane], FairnessPolicy],
+        fairness: Callable[[Lane], Fairness],
         clock: Clock,
         on_wait: OnWait | None = None,
         paused: Callable[[Lane], bool] = lambda lane: False,
@@ -74,59 +64,48 @@ class Dispatcher:
     ) -> None:
         self.model = model
         self.lanes = sorted(lanes, key=lambda lane: -lane.priority)
-        self.top = self.lanes[0]
+        self.top = top = self.lanes[0]
         self.targets = list(targets)
         self.clock = clock
-        self.queues = {lane.name: LaneQueue(lane, fairness(lane)) for lane in self.lanes}
-        self._slot_costs = {
-            name: queue.fairness.costs
-            for name, queue in self.queues.items()
-            if isinstance(queue.fairness, WeighsSlots)
-        }
+        fair = {lane.name: fairness(lane) for lane in self.lanes}
+        self.queues = {lane.name: LaneQueue(lane, fair[lane.name]) for lane in self.lanes}
+        slot_costs = {name: f.costs for name, f in fair.items() if isinstance(f, WeighsSlots)}
         self._paused = paused
         self.routing = Routing(self.targets, chain)
-        self._plans: dict[tuple[str, str], Plan] = {}
         self._kicked = asyncio.Event()
         self._retry = Wakeup(clock, self.kick)
         """The wake-up for a rate limit's next slot or a cooldown's end."""
         batch = sum(target.full for target in self.targets)
-        top_queue = self.queues[self.top.name]
         self.stats = Stats(model, self.lanes, on_wait)
-        self.budgets = PrefillBudgets(self.lanes, self.targets, clock)
-        self.rule = QueueRule(self.lanes, batch, clock, self.budgets.rates)
-        self.spares = SpareSlots(self.targets, reserve, clock, self._gap_s)
+        self.budgets = budgets = PrefillBudgets(self.lanes, self.targets, clock)
+        self.rule = QueueRule(self.lanes, batch, clock, budgets.rates)
+        self.spares = SpareSlots(self.targets, reserve, clock, lambda: self.rule.predictor.gap_s)
         self.learner = Learner(
             len(self.targets),
             clock,
             self.stats.in_flight,
-            self.budgets.rate,
-            self.budgets.prompts_meanwhile,
-            self._costs,
+            budgets.rate,
+            budgets.prompts_meanwhile,
+            lambda lane: slot_costs.get(lane.name),
         )
         resumable = any(target.deployment.resumable for target in self.targets)
-        self.handover = HandOver(batch, clock, self.queues) if resumable else None
+        self.handover = HandOver(batch, clock, self.queues, fair[top.name]) if resumable else None
         """Built only where a stream may give its slot away: elsewhere the pump's order is
         the lanes' alone, and no request is the rest of an answer."""
+        top_queue = self.queues[top.name]
         queued = top_queue.queued if self.handover is None else self.handover.queued(top_queue)
-        unit = self.learner.unit
-        self.share = WithinShare(
-            self.top, top_queue.fairness, queued, batch, clock, unit.work_s, self.budgets.rates
-        )
-        self.turns = Turns(self.lanes, self.queues, self._queued, clock, self.share.asked_lately)
+        work_s = self.learner.unit.work_s
+        self.share = WithinShare(top, fair[top.name], queued, batch, clock, work_s, budgets.rates)
+        self.turns = Turns(self.lanes, self.queues, self.queued, clock, self.share.asked_lately)
         self.pacing = Pacing(self.lanes, clock, self.kick)
+        tenants = Tenants(fair)
         self.checks: tuple[Check, ...] = (
             self.pacing,
             *default_checks(self.lanes, clock, GONE_AFTER_S),
+            tenants,
         )
-        first = self.targets[:1]
-        self._lane_wide = {
-            lane.name: tuple(
-                c for c in self.checks for t in first if c.lane_wide and c.applies(t, lane)
-            )
-            for lane in self.lanes
-        }
-        """Per lane, the checks asked once per try, whatever the target (they read none)."""
-        learners = (self.handover, self.pacing, self.learner, self.budgets, self.stats)
+        self._plans = Plans(self.checks, self.lanes, self.targets)
+        learners = (self.handover, self.pacing, self.learner, budgets, self.stats)
         plugins = (*self.checks, self.spares, self.rule, *learners)
         self.observers: tuple[Observer, ...] = tuple(
             dict.fromkeys(p for p in plugins if isinstance(p, Observer))
@@ -187,7 +166,7 @@ class Dispatcher:
             predicted_s = self.rule.promise(
                 call, self.turns.place(call, within_share), within_share
             )
-        if self._queued(lane.name) >= lane.queue_size and not call.resumed:
+        if self.queued(lane.name) >= lane.queue_size and not call.resumed:
             raise Refusal.QUEUE_FULL.error(f"the {lane.name} queue of {self.model} is full")
         waiter = Waiter(attempt, self.clock.now(), predicted_s, within_share)
         holder = self._holder(waiter)
@@ -211,10 +190,14 @@ class Dispatcher:
         target = attempt.target
         if target is None:
             return
+        lane = attempt.lane
         if attempt.dispatched_s is None:
-            self._untake(attempt, self._plan(target, attempt.lane).every)
+            self._untake(attempt, self._plans.of(target, lane).every)
         else:
-            self._ended(attempt, target)
+            for check in self._plans.of(target, lane).every:
+                check.released(target, lane, attempt)
+            for ended in self._ended_by:
+                ended(attempt)
         attempt.target = None
         permit, attempt.permit = attempt.permit, None
         try:
@@ -222,18 +205,6 @@ class Dispatcher:
                 await permit.release(attempt.used_tokens)
         finally:
             self.kick()
-
-    def _ended(self, attempt: Attempt, target: Target) -> None:
-        lane = attempt.lane
-        for check in self._plan(target, lane).every:
-            check.released(target, lane, attempt)
-        for ended in self._ended_by:
-            ended(attempt)
-        fairness, tenant = self.queues[lane.name].fairness, attempt.call.tenant.name
-        fairness.in_flight(tenant, -1)
-        produced = attempt.produced()
-        if produced is not None:
-            fairness.charge(tenant, 0, produced - attempt.charged_output)
 
     async def _wait(self, waiter: Waiter, queue: Holder) -> None:
         """The intentional wait point: bounded by the request's age limit, as known when
@@ -341,9 +312,9 @@ class Dispatcher:
         the candidates come in, since a line entry whose replica took a slot elsewhere
         would have a slot set aside for nobody."""
         lane, rest = attempt.lane, attempt.call.resumed
-        lane_wide = self._lane_wide[lane.name]
+        lane_wide = self._plans.lane_wide[lane.name]
         if lane_wide:
-            verdict = _first_refusal(lane_wide, self.targets[0], lane, rest)
+            verdict = first_refusal(lane_wide, self.targets[0], lane, rest)
             if verdict is not None:
                 self._retry_after(verdict.wake_in_s)
                 return verdict.error()
@@ -352,8 +323,8 @@ class Dispatcher:
         # dispatcher itself looks again at the earliest one.
         wakes: list[float] = []
         for target in self.routing.candidates(attempt):
-            plan = self._plan(target, lane)
-            verdict = _first_refusal(plan.target, target, lane, rest)
+            plan = self._plans.of(target, lane)
+            verdict = first_refusal(plan.target, target, lane, rest)
             if verdict is not None:
                 refusals.append(verdict.error())
                 wakes += [] if verdict.wake_in_s is None else [verdict.wake_in_s]
@@ -377,37 +348,21 @@ class Dispatcher:
             return None
         if wakes:
             self._retry_after(min(wakes))
-        return _most_telling(refusals)
+        return most_telling(refusals)
 
     def _take(self, attempt: Attempt, target: Target, checks: tuple[Check, ...]) -> None:
-        """Record the attempt against what the checks count, and its tenant as holding one
-        more, before any await: a request judged while this one waits for the store
-        sees it (`WithinShare`)."""
+        """Record the attempt against what the checks count, before any await."""
         attempt.target = target
-        lane = attempt.lane
         for check in checks:
-            check.taken(target, lane)
-        self.queues[lane.name].fairness.in_flight(attempt.call.tenant.name, 1)
+            check.taken(target, attempt.lane, attempt)
 
     def _untake(self, attempt: Attempt, checks: tuple[Check, ...]) -> None:
         """Undo `_take` for an attempt that did not go out."""
-        target, lane = attempt.target, attempt.lane
+        target = attempt.target
         assert target is not None
         for check in checks:
-            check.withdrawn(target, lane)
-        self.queues[lane.name].fairness.in_flight(attempt.call.tenant.name, -1)
+            check.withdrawn(target, attempt.lane, attempt)
         attempt.target = None
-
-    def _plan(self, target: Target, lane: Lane) -> Plan:
-        """The checks `lane` passes on `target`, the same at dispatch and at release:
-        chosen once per pair."""
-        key = (lane.name, target.deployment.name)
-        plan = self._plans.get(key)
-        if plan is None:
-            lane_wide = self._lane_wide[lane.name]
-            own = tuple(c for c in self.checks if not c.lane_wide and c.applies(target, lane))
-            plan = self._plans[key] = Plan(own, lane_wide + own)
-        return plan
 
     def _dispatched(
         self,
@@ -418,14 +373,8 @@ class Dispatcher:
         within_share: bool,
         handed_over: bool = False,
     ) -> None:
-        """The attempt is the caller's now: charge its tenant the work it asked and tell
-        the observers."""
-        call = attempt.call
+        """The attempt is the caller's now: tell the observers."""
         attempt.dispatched_s = self.clock.now()
-        output = call.reserved_tokens - call.prompt_tokens
-        attempt.charged_output = output
-        prompt = 0 if call.resumed else call.prompt_tokens
-        self.queues[attempt.lane.name].fairness.charge(call.tenant.name, prompt, output)
         queued = any(queue.size for queue in self.queues.values()) or bool(
             self.handover and self.handover.rests.count
         )
@@ -433,7 +382,7 @@ class Dispatcher:
         for dispatched in self._on_dispatch:
             dispatched(attempt, how)
 
-    def _queued(self, lane: str) -> int:
+    def queued(self, lane: str) -> int:
         """The requests waiting in `lane`, the rest of answers included."""
         queued = self.queues[lane].size
         return queued if self.handover is None else queued + self.handover.rests.size(lane)
@@ -444,102 +393,18 @@ class Dispatcher:
             return self.handover.rests
         return self.queues[waiter.lane.name]
 
-    def _costs(self, lane: Lane) -> SlotCosts | None:
-        """What a slot of each tenant costs in `lane`, where its fair order weighs them."""
-        return self._slot_costs.get(lane.name)
-
-    def _gap_s(self) -> float | None:
-        return self.rule.predictor.gap_s
-
     def _retry_after(self, delay_s: float | None) -> None:
         """Wake when a rate limit's next slot or a cooldown's end comes."""
         if delay_s is not None and not math.isinf(delay_s):
             self._retry.in_s(delay_s)
 
     def view(self) -> DispatcherView:
-        lanes = tuple(self.lane_view(lane.name) for lane in self.lanes)
-        targets = tuple(self._target_view(target) for target in self.targets)
-        pacing = self.pacing.view()
-        reserved, arrivals = self.spares.view()
-        unit = self.learner.unit
-        return DispatcherView(
-            self.model,
-            lanes,
-            targets,
-            self._gap_s(),
-            pacing["yields"],
-            pacing.get("rate_per_s"),
-            pacing.get("cuts", 0),
-            {check.name: check.view() for check in self.checks if check is not self.pacing},
-            reserved,
-            arrivals,
-            dict(self.stats.protected_refused),
-            unit.decode_s_per_token,
-            unit.prefill_s_per_token,
-        )
+        return dispatcher_view(self)
 
     def lane_view(self, name: str) -> LaneView:
-        now = self.clock.now()
-        queue, stats = self.queues[name], self.stats.lanes[name]
-        lane = queue.lane
-        oldest = queue.oldest_enqueued_s()
-        forecast = self.rule.forecast(lane.name)
-        costs = self._costs(lane)
-        exits = stats.exits
-        return LaneView(
-            name=lane.name,
-            queued=self._queued(name),
-            oldest_age_s=0.0 if oldest is None else now - oldest,
-            in_flight=stats.in_flight,
-            dispatched=stats.dispatched,
-            queue_dispatched=stats.queue_dispatched,
-            expired=exits[Exit.EXPIRED],
-            service=queue.fairness.service(),
-            slot_costs={} if costs is None else costs.view(),
-            shed=exits[Exit.SHED],
-            unavailable=exits[Exit.UNAVAILABLE],
-            abandoned=exits[Exit.ABANDONED],
-            preempted=0 if self.handover is None else self.handover.preempted[lane.name],
-            wait_correction=forecast.correction(within_share=False),
-            wait_correction_within_share=forecast.correction(within_share=True),
-            wait_tail=forecast.tail(now),
-            after_dispatch_s=forecast.after_dispatch_s,
-        )
-
-    def _target_view(self, target: Target) -> TargetView:
-        budget = self.budgets.view(target)
-        return TargetView(
-            target.deployment.name,
-            target.breaker.view(),
-            target.gate.state(),
-            None if budget is None else budget.pending_tokens,
-            None if budget is None else budget.tokens_per_s,
-        )
-
-
-def _first_refusal(
-    checks: tuple[Check, ...], target: Target, lane: Lane, rest: bool
-) -> NotNow | None:
-    """The first check that refuses; the rest of an answer passes those that do not hold
-    rests, though it counts in them."""
-    for check in checks:
-        if rest and not check.holds_rests:
-            continue
-        verdict = check.check(target, lane)
-        if verdict is not None:
-            return verdict
-    return None
+        return lane_view(self, name)
 
 
 def _granted(waiter: Waiter) -> bool:
     future = waiter.future
     return future.done() and not future.cancelled() and future.result() is None
-
-
-def _most_telling(refusals: list[GatewayError]) -> GatewayError:
-    """The refusal to answer with: when every deployment named a time, the soonest one;
-    otherwise one without a time, since the wait is then unknown."""
-    untimed = [r for r in refusals if r.retry_after_s is None]
-    if untimed:
-        return untimed[0]
-    return min(refusals, key=lambda r: r.retry_after_s or 0.0)

@@ -1,7 +1,10 @@
-"""Fairness policies: which backlogged flow (tenant) is served next.
+"""Fairness policies: which backlogged flow (tenant) is served next?
 
-Each policy answers one question and is told when a flow becomes backlogged or idle
-and what each dispatch cost; the queues own the requests themselves.
+A policy answers that one question and is told when a flow becomes backlogged or idle
+and what each dispatch cost; the queues own the requests themselves. Whether a
+newcomer comes within its flow's fair share is a second question (`Shares`), answered
+from the flows' requests in flight: a policy whose order reads those counts (VTC)
+answers it too, any other is paired with `CountedShares`.
 """
 
 from __future__ import annotations
@@ -49,14 +52,12 @@ class FairnessPolicy(Protocol):
         the fair order as `pick` will walk it, for predicting that newcomer's wait."""
         ...
 
+
+class Shares(Protocol):
+    """Does a newcomer of a flow come within its max-min fair share of the backend?"""
+
     def in_flight(self, flow: str, change: int) -> None:
         """`flow` has `change` more (or, negative, fewer) requests at the backend."""
-        ...
-
-    def waiting(self, flow: str, change: int) -> None:
-        """`flow` has `change` more (or fewer) requests in its queue. A policy that judges
-        shares from its queue alone is told `queued` when asked (`within_share`); the
-        fleet's tells the other replicas."""
         ...
 
     def within_share(self, flow: str, queued: Callable[[str], int], capacity: float) -> bool:
@@ -66,6 +67,11 @@ class FairnessPolicy(Protocol):
         and queued, the newcomer's included. A burst is within up to its share; a flow
         that holds what others left it is not, once it asks for more."""
         ...
+
+
+class Fairness(FairnessPolicy, Shares, Protocol):
+    """A lane's fairness: its fair order, and the share verdict over the counts that
+    order keeps."""
 
 
 @runtime_checkable
@@ -153,9 +159,6 @@ class RoundRobin:
         tells who is within its share."""
         adjust(self._in_flight, flow, change)
 
-    def waiting(self, flow: str, change: int) -> None:
-        """Its queue is asked when a share is judged."""
-
     def within_share(self, flow: str, queued: Callable[[str], int], capacity: float) -> bool:
         return comes_within_share(flow, self._in_flight, _equal, self._order, queued, capacity)
 
@@ -223,9 +226,6 @@ class VirtualTokenCounter:
 
     def in_flight(self, flow: str, change: int) -> None:
         adjust(self._in_flight, flow, change)
-
-    def waiting(self, flow: str, change: int) -> None:
-        """Its queue is asked when a share is judged."""
 
     def within_share(self, flow: str, queued: Callable[[str], int], capacity: float) -> bool:
         in_flight, weights = self._in_flight, self._slot_weight

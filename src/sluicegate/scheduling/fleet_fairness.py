@@ -22,7 +22,7 @@ from typing import Protocol
 
 from sluicegate.core.clock import Clock, repeat
 from sluicegate.core.limits import StoreUnavailable
-from sluicegate.scheduling.fairness import VirtualTokenCounter, adjust, comes_within_share
+from sluicegate.scheduling.fairness import VirtualTokenCounter, comes_within_share
 
 
 class FairnessStore(Protocol):
@@ -59,8 +59,6 @@ class FleetVirtualTokenCounter(VirtualTokenCounter):
         self._idle: set[str] = set()
         self._elsewhere: dict[str, float] = {}
         """Flows waiting on other replicas only, with their counters as last synced."""
-        self._queued: dict[str, int] = {}
-        """Each flow's requests in this replica's queue."""
         self._held_elsewhere: dict[str, int] = {}
         """Each flow's requests in flight or queued on the other replicas, as last
         synced."""
@@ -96,9 +94,6 @@ class FleetVirtualTokenCounter(VirtualTokenCounter):
             return None
         return flow
 
-    def waiting(self, flow: str, change: int) -> None:
-        adjust(self._queued, flow, change)
-
     def within_share(self, flow: str, queued: Callable[[str], int], capacity: float) -> bool:
         """As a local VTC judges it, over the fleet's requests: this replica's own counts
         and the other replicas' as last synced (while fresh), so a tenant alone on its
@@ -121,7 +116,11 @@ class FleetVirtualTokenCounter(VirtualTokenCounter):
         if amount > 0:
             self._cost = amount if self._cost == 0 else 0.9 * self._cost + 0.1 * amount
 
-    async def sync(self, store: FairnessStore, replica: str, every_s: float) -> None:
+    async def sync(
+        self, store: FairnessStore, replica: str, every_s: float, queued: Mapping[str, int]
+    ) -> None:
+        """Trade what this replica charged and holds (in flight and `queued` here) for
+        the fleet's counters and what the other replicas hold."""
         charged, self._charged = self._charged, {}
         idle, self._idle = list(self._idle), set()
         try:
@@ -132,7 +131,7 @@ class FleetVirtualTokenCounter(VirtualTokenCounter):
                 list(self._backlog),
                 idle,
                 3 * every_s,
-                _summed(self._in_flight, self._queued),
+                _summed(self._in_flight, queued),
             )
         except StoreUnavailable:
             for flow, amount in charged.items():
@@ -157,12 +156,16 @@ def _summed(one: Mapping[str, int], other: Mapping[str, int]) -> dict[str, int]:
     return total
 
 
+Queued = Callable[[], Mapping[str, int]]
+"""A lane's requests queued on this replica, per flow."""
+
+
 class FairnessSync:
     """Syncs every fleet fairness policy each `every_s`, one store call per lane."""
 
     def __init__(
         self,
-        policies: Sequence[FleetVirtualTokenCounter],
+        policies: Sequence[tuple[FleetVirtualTokenCounter, Queued]],
         store: FairnessStore,
         clock: Clock,
         replica: str,
@@ -178,5 +181,6 @@ class FairnessSync:
         await repeat(self._clock, self._every_s, self.sync_once)
 
     async def sync_once(self) -> None:
-        calls = [p.sync(self._store, self._replica, self._every_s) for p in self._policies]
+        store, replica, every_s = self._store, self._replica, self._every_s
+        calls = [p.sync(store, replica, every_s, queued()) for p, queued in self._policies]
         await asyncio.gather(*calls)

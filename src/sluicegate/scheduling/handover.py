@@ -28,6 +28,7 @@ from weakref import WeakSet
 
 from sluicegate.core.clock import Clock
 from sluicegate.scheduling.attempt import Attempt
+from sluicegate.scheduling.fairness import Shares
 from sluicegate.scheduling.plugin import Quiet
 from sluicegate.scheduling.queues import LaneQueue, Waiter
 from sluicegate.scheduling.turnover import Turnover, latest_free_s
@@ -97,8 +98,13 @@ class Rests:
 
 
 class HandOver(Quiet):
-    def __init__(self, batch: int, clock: Clock, queues: Mapping[str, LaneQueue]) -> None:
+    def __init__(
+        self, batch: int, clock: Clock, queues: Mapping[str, LaneQueue], top_shares: Shares
+    ) -> None:
         self._batch = batch
+        self._shares = top_shares
+        """The top lane's share verdict: a stream of a tenant beyond its share may give
+        its slot to a request within one."""
         self._clock = clock
         self._queues = queues
         self.rests = Rests(queues)
@@ -213,7 +219,7 @@ class HandOver(Quiet):
             if other == tenant:
                 return False
             if other not in beyond:
-                beyond[other] = not queue.fairness.within_share(other, queued, self._batch)
+                beyond[other] = not self._shares.within_share(other, queued, self._batch)
             return beyond[other]
 
         def cheapest(candidate: tuple[Attempt, Giver]) -> tuple[int, int]:

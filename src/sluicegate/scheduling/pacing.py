@@ -70,10 +70,10 @@ class Pacing(Quiet):
             earliest = max(self._next_dispatch_s.get(lane.name, now), now)
             self._next_dispatch_s[lane.name] = earliest + 1.0 / rate
 
-    def taken(self, target: Target, lane: Lane) -> None:
+    def taken(self, target: Target, lane: Lane, attempt: Attempt) -> None:
         return None
 
-    def withdrawn(self, target: Target, lane: Lane) -> None:
+    def withdrawn(self, target: Target, lane: Lane, attempt: Attempt) -> None:
         return None
 
     def released(self, target: Target, lane: Lane, attempt: Attempt) -> None:

@@ -15,7 +15,7 @@ This module imports no plug-in: plug-ins import it, never each other.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -55,9 +55,9 @@ class Check(Protocol):
 
     def check(self, target: Target, lane: Lane) -> NotNow | None: ...
 
-    def taken(self, target: Target, lane: Lane) -> None: ...
+    def taken(self, target: Target, lane: Lane, attempt: Attempt) -> None: ...
 
-    def withdrawn(self, target: Target, lane: Lane) -> None: ...
+    def withdrawn(self, target: Target, lane: Lane, attempt: Attempt) -> None: ...
 
     def released(self, target: Target, lane: Lane, attempt: Attempt) -> None: ...
 
@@ -122,3 +122,51 @@ def hearing(observers: Iterable[Observer], event: str) -> tuple[Callable[..., No
         if getattr(type(observer), event, None) is not ignored
         and getattr(observer, "listening", True)
     )
+
+
+def first_refusal(
+    checks: tuple[Check, ...], target: Target, lane: Lane, rest: bool
+) -> NotNow | None:
+    """The first check that refuses; the rest of an answer passes those that do not hold
+    rests, though it counts in them."""
+    for check in checks:
+        if rest and not check.holds_rests:
+            continue
+        verdict = check.check(target, lane)
+        if verdict is not None:
+            return verdict
+    return None
+
+
+class Plan(NamedTuple):
+    """The checks a lane passes on a target."""
+
+    target: tuple[Check, ...]
+    """Asked of each candidate target (the lane-wide ones are asked once per try)."""
+    every: tuple[Check, ...]
+    """Lane-wide and target checks alike: what counts the attempt, and undoes it."""
+
+
+class Plans:
+    """The checks each lane passes on each target, the same at dispatch and at release:
+    chosen once per pair, since both are fixed at start."""
+
+    def __init__(
+        self, checks: tuple[Check, ...], lanes: Sequence[Lane], targets: Sequence[Target]
+    ) -> None:
+        self._checks = checks
+        first = targets[:1]
+        self.lane_wide = {
+            lane.name: tuple(c for c in checks for t in first if c.lane_wide and c.applies(t, lane))
+            for lane in lanes
+        }
+        """Per lane, the checks asked once per try, whatever the target (they read none)."""
+        self._plans: dict[tuple[str, str], Plan] = {}
+
+    def of(self, target: Target, lane: Lane) -> Plan:
+        key = (lane.name, target.deployment.name)
+        plan = self._plans.get(key)
+        if plan is None:
+            own = tuple(c for c in self._checks if not c.lane_wide and c.applies(target, lane))
+            plan = self._plans[key] = Plan(own, self.lane_wide[lane.name] + own)
+        return plan

@@ -132,7 +132,6 @@ class LaneQueue:
             self.fairness.backlogged(waiter.flow)
             flow.since_s = waiter.enqueued_s
         flow.part(waiter).append(waiter)
-        self.fairness.waiting(waiter.flow, 1)
         self.fresh += not waiter.call.client_retries
         self.within_share += waiter.within_share
 
@@ -154,7 +153,6 @@ class LaneQueue:
                 part.remove(waiter)
             except ValueError:
                 return False
-        self.fairness.waiting(waiter.flow, -1)
         self.size -= 1
         self.fresh -= not waiter.call.client_retries
         self.within_share -= waiter.within_share
@@ -213,6 +211,10 @@ class LaneQueue:
         """`flow`'s waiters."""
         own = self._flows.get(flow)
         return 0 if own is None else len(own)
+
+    def queued_counts(self) -> dict[str, int]:
+        """Every backlogged flow's waiters."""
+        return {name: len(flow) for name, flow in self._flows.items() if flow}
 
     def within_share_head(self, asked: Callable[[str], float]) -> Waiter | None:
         """Of the tenants with requests queued within their share (standing first in

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
+from sluicegate.core.errors import GatewayError
 from sluicegate.scheduling.attempt import Attempt, Target
 
 
@@ -34,3 +35,13 @@ class Routing:
             return targets
         fresh = [t for t in targets if t.deployment.name not in avoid]
         return fresh or targets
+
+
+def most_telling(refusals: list[GatewayError]) -> GatewayError:
+    """The refusal to answer with when no deployment took the attempt: when every one
+    named a time, the soonest; otherwise one without a time, since the wait is then
+    unknown."""
+    untimed = [r for r in refusals if r.retry_after_s is None]
+    if untimed:
+        return untimed[0]
+    return min(refusals, key=lambda r: r.retry_after_s or 0.0)

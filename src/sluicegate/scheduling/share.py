@@ -20,7 +20,7 @@ from sluicegate.core.call import Call
 from sluicegate.core.clock import Clock
 from sluicegate.core.types import Lane
 from sluicegate.scheduling.attempt import Attempt
-from sluicegate.scheduling.fairness import FairnessPolicy
+from sluicegate.scheduling.fairness import Shares
 
 HORIZON_S = 2.0
 """Over how long a tenant's asked work is counted when the top lane makes no promise;
@@ -38,7 +38,7 @@ class WithinShare:
     def __init__(
         self,
         top: Lane,
-        fairness: FairnessPolicy,
+        shares: Shares,
         queued: Callable[[str], int],
         batch: int,
         clock: Clock,
@@ -46,7 +46,7 @@ class WithinShare:
         prefill_rates: Callable[[], list[float]],
     ) -> None:
         self._top = top
-        self._fairness = fairness
+        self._shares = shares
         self._queued = queued
         """Each tenant's requests waiting in the top lane."""
         self._batch = batch
@@ -65,7 +65,7 @@ class WithinShare:
         if call.client_retries or call.resumed or attempt.number > 1 or attempt.hedge:
             return False
         self._note_asked(call)
-        return self._fairness.within_share(call.tenant.name, self._queued, self._batch)
+        return self._shares.within_share(call.tenant.name, self._queued, self._batch)
 
     def _note_asked(self, call: Call) -> None:
         """Count a top-lane arrival's work, in the engine's unit once it is learnt, as its

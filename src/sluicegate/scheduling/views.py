@@ -8,10 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sluicegate.capacity.breaker import BreakerView
 from sluicegate.capacity.gates import GateState
+from sluicegate.scheduling.attempt import Target
+from sluicegate.scheduling.stats import Exit
+
+if TYPE_CHECKING:
+    from sluicegate.scheduling.dispatcher import Dispatcher
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,3 +91,64 @@ class DispatcherView:
     prefill_s_per_token: float | None
     """The engine time a prompt token costs, as learnt from the streams; None before
     they tell it."""
+
+
+def dispatcher_view(d: Dispatcher) -> DispatcherView:
+    """What `d` is doing, from its plug-ins' own views."""
+    pacing = d.pacing.view()
+    reserved, arrivals = d.spares.view()
+    unit = d.learner.unit
+    return DispatcherView(
+        d.model,
+        tuple(lane_view(d, lane.name) for lane in d.lanes),
+        tuple(_target_view(d, target) for target in d.targets),
+        d.rule.predictor.gap_s,
+        pacing["yields"],
+        pacing.get("rate_per_s"),
+        pacing.get("cuts", 0),
+        {c.name: c.view() for c in d.checks if c is not d.pacing},
+        reserved,
+        arrivals,
+        dict(d.stats.protected_refused),
+        unit.decode_s_per_token,
+        unit.prefill_s_per_token,
+    )
+
+
+def lane_view(d: Dispatcher, name: str) -> LaneView:
+    now = d.clock.now()
+    queue, stats = d.queues[name], d.stats.lanes[name]
+    oldest = queue.oldest_enqueued_s()
+    forecast = d.rule.forecast(name)
+    costs = d.learner.costs(queue.lane)
+    exits = stats.exits
+    return LaneView(
+        name=name,
+        queued=d.queued(name),
+        oldest_age_s=0.0 if oldest is None else now - oldest,
+        in_flight=stats.in_flight,
+        dispatched=stats.dispatched,
+        queue_dispatched=stats.queue_dispatched,
+        expired=exits[Exit.EXPIRED],
+        service=queue.fairness.service(),
+        slot_costs={} if costs is None else costs.view(),
+        shed=exits[Exit.SHED],
+        unavailable=exits[Exit.UNAVAILABLE],
+        abandoned=exits[Exit.ABANDONED],
+        preempted=0 if d.handover is None else d.handover.preempted[name],
+        wait_correction=forecast.correction(within_share=False),
+        wait_correction_within_share=forecast.correction(within_share=True),
+        wait_tail=forecast.tail(now),
+        after_dispatch_s=forecast.after_dispatch_s,
+    )
+
+
+def _target_view(d: Dispatcher, target: Target) -> TargetView:
+    budget = d.budgets.view(target)
+    return TargetView(
+        target.deployment.name,
+        target.breaker.view(),
+        target.gate.state(),
+        None if budget is None else budget.pending_tokens,
+        None if budget is None else budget.tokens_per_s,
+    )

@@ -71,9 +71,9 @@ def test_taken_is_undone_by_withdrawn_and_by_released(index, outcome):
     t, check = target(clock), checks(clock)[index]
     before = counts(t, check)
     for _ in range(2):
-        check.taken(t, HALF)
+        check.taken(t, HALF, ended(Outcome.OK))
     assert counts(t, check) != before
-    check.withdrawn(t, HALF)
+    check.withdrawn(t, HALF, ended(Outcome.OK))
     check.released(t, HALF, ended(outcome))
     assert counts(t, check) == before
 
@@ -83,7 +83,7 @@ def test_the_share_check_refuses_at_the_lanes_share_of_each_pool():
     t, check = target(clock), ShareCheck((TOP, HALF), clock, 30.0)
     for _ in range(2):
         assert check.check(t, HALF) is None
-        check.taken(t, HALF)
+        check.taken(t, HALF, ended(Outcome.OK))
     verdict = check.check(t, HALF)
     assert verdict is not None
     assert verdict.reason == "lane_share_exhausted"
@@ -95,7 +95,7 @@ def test_the_breaker_check_refuses_for_the_ramp_only_while_ramping():
     clock = FakeClock()
     t, check = target(clock), BreakerCheck()
     for _ in range(4):
-        check.taken(t, HALF)
+        check.taken(t, HALF, ended(Outcome.OK))
     assert check.check(t, HALF) is None
     t.breaker.ramp_after(0)
     clock.advance(0.1)
@@ -112,15 +112,15 @@ def test_only_evidence_teaches_the_adaptive_gate():
     t.gate = AimdGate(slow)
     for outcome in (Outcome.ABANDONED, Outcome.REJECTED):
         for _ in range(4):
-            check.taken(t, HALF)
+            check.taken(t, HALF, ended(Outcome.OK))
             check.released(t, HALF, ended(outcome))
     assert t.gate.limit == 4
     for _ in range(4):
-        check.taken(t, HALF)
+        check.taken(t, HALF, ended(Outcome.OK))
         check.released(t, HALF, ended(Outcome.OK, stream=False))
     assert t.gate.limit == 4, "a non-streamed answer's first byte is its whole body"
     for _ in range(4):
-        check.taken(t, HALF)
+        check.taken(t, HALF, ended(Outcome.OK))
         check.released(t, HALF, ended(Outcome.FAILED))
     assert t.gate.limit < 4
 

@@ -38,11 +38,20 @@ class ScriptedShares:
         return counters, dict(self.flying)
 
 
-def make() -> tuple[FleetVirtualTokenCounter, FairnessSync, ScriptedShares, FakeClock]:
+def make(
+    queued: dict[str, int] | None = None,
+) -> tuple[FleetVirtualTokenCounter, FairnessSync, ScriptedShares, FakeClock]:
+    """A policy synced with `queued` as its lane's queue here (none by default)."""
     clock = FakeClock()
     policy = FleetVirtualTokenCounter("m:l", clock)
     store = ScriptedShares()
-    return policy, FairnessSync([policy], store, clock, "me", SYNC_S), store, clock
+    counts = dict(queued or {})
+    return (
+        policy,
+        FairnessSync([(policy, lambda: counts)], store, clock, "me", SYNC_S),
+        store,
+        clock,
+    )
 
 
 def served_a_hundred(policy: FleetVirtualTokenCounter) -> None:
@@ -108,10 +117,9 @@ async def test_within_share_counts_what_the_other_replicas_hold():
     8: judged here alone, a's next request would be within its share (it looks like the
     only tenant); over the fleet a's share is 4 with 4 of a's before it, so it is not. A
     stale view falls back to this replica's own counts."""
-    policy, sync, store, clock = make()
+    policy, sync, store, clock = make({"a": 1})
     policy.in_flight("a", 3)
     policy.backlogged("a")
-    policy.waiting("a", 1)
     queued = {"a": 1}.get
     assert policy.within_share("a", lambda flow: queued(flow) or 0, 8)
     store.flying = {"b": 5}
@@ -140,8 +148,9 @@ async def test_a_replica_hands_over_its_queued_requests_with_those_in_flight():
     """A burst of `a` that the kernel spread over two replicas is one demand: each
     replica tells the other what `a` holds there, queued as well as in flight, so the
     other does not judge its own half of the burst within a's share."""
-    policy, sync, store, clock = make()
+    policy, _, store, clock = make()
     queue = LaneQueue(PROMISED, policy)
+    sync = FairnessSync([(policy, queue.queued_counts)], store, clock, "me", SYNC_S)
     waiters = [Waiter(attempt(clock, "a", PROMISED), clock.now(), None) for _ in range(3)]
     for waiter in waiters:
         queue.push(waiter)

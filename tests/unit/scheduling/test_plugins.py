@@ -50,6 +50,7 @@ from sluicegate.scheduling.prefilling import PrefillBudgets
 from sluicegate.scheduling.queueing import QueueRule
 from sluicegate.scheduling.reserve import SpareSlots
 from sluicegate.scheduling.stats import Stats
+from sluicegate.scheduling.tenants import Tenants
 from sluicegate.stores.memory import MemoryLimitStore
 from tests.support.clock import FakeClock
 
@@ -108,6 +109,7 @@ HELD: dict[type, Callable[[Any, Dispatcher], list[int]]] = {
         p.rests.count,
     ],
     Stats: lambda p, d: [lane.in_flight for lane in p.lanes.values()],
+    Tenants: lambda p, d: [len(p._charged), *(len(f._in_flight) for f in p._fairness.values())],
     QueueRule: lambda p, d: [],
     SpareSlots: lambda p, d: [],
     Learner: lambda p, d: [],
