@@ -184,6 +184,7 @@ def build(
 
     def own_status() -> dict[str, Any]:
         document = snapshot(monitor, dispatchers.values(), gates)
+        document["slo"] = pipeline.slo.view()
         if seat is not None:
             document["answered"] = metrics.answered_total()
         return document

@@ -37,9 +37,12 @@ from sluicegate.core.errors import (
     bounded_retry_after,
 )
 from sluicegate.core.refusals import Refusal
+from sluicegate.core.slo import Kind, Timeline, Verdict, judge_answer, judge_error, judge_left
+from sluicegate.core.slo import tpot_s as time_per_token
 from sluicegate.core.types import Deployment, Endpoint, Lane, Model, OverloadState, Settings, Tenant
 from sluicegate.hedging import Hedging
 from sluicegate.observability.metrics import UNKNOWN_MODEL, GatewayMetrics
+from sluicegate.observability.slo import SloAccounts
 from sluicegate.providers.base import Provider, UpstreamResponse, timed_out
 from sluicegate.providers.resume import Relay, continuation, resumable, without_opening
 from sluicegate.scheduling.attempt import Attempt, Target, patience_s
@@ -64,7 +67,9 @@ class Inbound(NamedTuple):
     caller goes away. `interactive` traffic takes
     the route's and the aggregate's slots as well as the tenant's; jobs take only the
     tenant's (the others guard interactive HTTP traffic). A library caller gives its own
-    `prompt_tokens` count, and `avoid`, the deployments its earlier attempts used.
+    `prompt_tokens` count, and `avoid`, the deployments its earlier attempts used. The
+    pipeline marks each stage the request passes on `timeline` (its own when none is
+    given), for a caller that reports them.
     """
 
     endpoint: Endpoint
@@ -79,6 +84,7 @@ class Inbound(NamedTuple):
     prompt_tokens: int | None = None
     avoid: frozenset[str] = frozenset()
     body_in: Callable[[], bool] = lambda: True
+    timeline: Timeline | None = None
 
 
 class Pipeline:
@@ -104,6 +110,7 @@ class Pipeline:
         self._overload = overload
         self.ttft = TtftWindow(clock)
         self._metrics = metrics
+        self.slo = SloAccounts(metrics, clock)
         self._clock = clock
         self._count = tokenizer
         self._random = random.Random()
@@ -114,6 +121,7 @@ class Pipeline:
         """The request's whole life; every permit taken is released when this ends."""
         call: Call | None = None
         answer: Answer | None = None
+        timeline = inbound.timeline or Timeline(inbound.arrived_s)
         try:
             async with AsyncExitStack() as permits:
                 arriving = not inbound.body_in()
@@ -127,8 +135,11 @@ class Pipeline:
                 await self._boundary.admit(
                     call, permits, tally, inbound.interactive, tenant_slot=not arriving
                 )
+                timeline.admitted_s = self._clock.now()
                 started = await self._first_answer(call, inbound.avoid)
+                timeline.dispatched_s = started.attempt.dispatched_s
                 answer = started.answer
+                timeline.upstream_s = answer.primed_s
                 answer.part = started.stack
                 try:
                     async with answer:
@@ -142,9 +153,9 @@ class Pipeline:
                 finally:
                     tally.used_tokens = answer.attempt.used_tokens
         except BaseException as err:
-            self._record(inbound, call, answer, err)
+            self._record(inbound, call, answer, timeline, err)
             raise
-        self._record(inbound, call, answer, None)
+        self._record(inbound, call, answer, timeline, None)
 
     def _resolve(self, inbound: Inbound, payload: dict[str, Any]) -> Call:
         tenant, endpoint = inbound.tenant, inbound.endpoint
@@ -388,30 +399,51 @@ class Pipeline:
         inbound: Inbound,
         call: Call | None,
         answer: Answer | None,
+        timeline: Timeline,
         error: BaseException | None,
     ) -> None:
-        """The request's outcome, once: its status, a refusal's reason, and on success
-        the time spent in each stage."""
+        """The request's outcome, once: its status, a refusal's reason, the tokens its
+        answer used, and its verdict against its lane's SLOs (on success, with the time
+        spent in each stage)."""
         route = inbound.endpoint.value
         model = UNKNOWN_MODEL if call is None else call.model.name
+        lane = UNKNOWN_MODEL if call is None else call.lane.name
         status = _status(error)
+        now = self._clock.now()
         if isinstance(error, GatewayError) and error.code in REFUSALS:
-            self._metrics.refused(route, error.code, status, self._clock.now() - inbound.arrived_s)
+            self._metrics.refused(route, error.code, status, now - inbound.arrived_s)
         self._metrics.answered(route, model, status)
-        if call is None or answer is None or error is not None:
-            return
-        attempt = answer.opened
-        dispatched, first_byte = attempt.dispatched_s, attempt.first_byte_s
-        if dispatched is None or first_byte is None:
-            return
-        arrived, now = call.arrived_s, self._clock.now()
-        bound = self._metrics.route(route, model)
-        bound.latency.observe(now - arrived)
-        bound.admission.observe(dispatched - arrived)
-        bound.upstream.observe(first_byte - dispatched)
-        if call.stream:
-            bound.ttft.observe(first_byte - arrived)
-            bound.stream.observe(now - first_byte)
+        if answer is not None:
+            timeline.first_byte_s = answer.opened.first_byte_s
+            opened, last = answer.opened, answer.attempt
+            for part in (opened,) if opened is last else (opened, last):
+                if part.used_tokens is not None:
+                    self.slo.spent(route, model, lane, part.used_tokens, part.produced())
+        verdict = self._verdict(call, answer, timeline, error, now)
+        self.slo.finished(route, model, lane, inbound.tenant.name, verdict)
+
+    def _verdict(
+        self,
+        call: Call | None,
+        answer: Answer | None,
+        timeline: Timeline,
+        error: BaseException | None,
+        now: float,
+    ) -> Verdict:
+        """How the request ended, judged against its lane's SLOs (`core.slo`)."""
+        if isinstance(error, GatewayError):
+            return judge_error(error.code, error.status, error.code in REFUSALS)
+        if isinstance(error, asyncio.CancelledError | CallerGone):
+            return judge_left(None if call is None else call.lane, timeline, now)
+        if error is not None or call is None or answer is None:
+            return Verdict("internal_error", Kind.FAILED)
+        tpot = None
+        first = timeline.first_byte_s
+        if call.stream and first is not None:
+            tpot = time_per_token(first, now, answer.produced())
+        route, model, lane = call.endpoint.value, call.model.name, call.lane.name
+        self.slo.answered(route, model, lane, timeline, call.stream, tpot)
+        return judge_answer(call.lane, timeline, now, tpot)
 
 
 def body_for(call: Call, deployment: Deployment, top_priority: int) -> dict[str, Any]:
@@ -509,6 +541,7 @@ class Answer:
     the caller's."""
 
     __slots__ = (
+        "_before",
         "_body",
         "_clock",
         "_first",
@@ -520,6 +553,7 @@ class Answer:
         "giver",
         "opened",
         "part",
+        "primed_s",
     )
 
     def __init__(
@@ -544,6 +578,11 @@ class Answer:
         self.giver = Giver() if gives else None
         """The current stream's side of a hand-over, while it may give its slot away."""
         self.part: AsyncExitStack | None = None
+        self._before = 0
+        """Tokens the parts before the current one produced."""
+        self.primed_s: float | None = None
+        """When the deployment's first bytes (a non-streamed answer's whole body) were
+        in hand."""
 
     async def __aenter__(self) -> Answer:
         return self
@@ -564,12 +603,18 @@ class Answer:
         if self.attempt.call.stream:
             self._rest = self._upstream.chunks()
             self._first = await anext(self._rest)
+            self.primed_s = self._clock.now()
         else:
             self._body = await self._upstream.read()
-            self.attempt.first_byte_s = self._clock.now()
+            self.primed_s = self.attempt.first_byte_s = self._clock.now()
 
     async def read(self) -> bytes:
         return self._body
+
+    def produced(self) -> int | None:
+        """The answer's completion tokens over all its parts; None while unknown."""
+        produced = self.attempt.produced()
+        return None if produced is None else self._before + produced
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The stream as it arrives; its first byte is timed as it is handed over."""
@@ -601,6 +646,7 @@ class Answer:
         assert self._rest is not None
         upstream.used_tokens = attempt.call.prompt_tokens + produced
         upstream.completion_tokens = produced
+        self._before = produced
         upstream.hand_over()
         await self._rest.aclose()
         attempt.end(asyncio.CancelledError())

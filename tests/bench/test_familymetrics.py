@@ -346,6 +346,9 @@ def test_the_gateways_part_of_a_wait_is_its_refusals_the_backoff_and_its_queue()
 
 def test_the_client_reads_the_gateways_queue_from_server_timing() -> None:
     assert queue_from_server_timing("queue;dur=12.5, upstream;dur=300.0") == pytest.approx(0.0125)
+    both = "admission;dur=0.5, queue;dur=12.5, upstream;dur=300.0"
+    assert queue_from_server_timing(both) == pytest.approx(0.013)
+    assert queue_from_server_timing("admission;dur=3") is None
     assert queue_from_server_timing("upstream;dur=3") is None
     assert queue_from_server_timing(None) is None
     assert queue_from_server_timing("queue;dur=x") is None

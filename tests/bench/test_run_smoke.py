@@ -94,6 +94,10 @@ def test_quick_run_writes_every_section_and_file(tmp_path):
     assert statuses["attempts"].get("200 ok", 0) > 0
     assert statuses["attempts"].get("429 tenant_concurrency_limited", 0) > 0
     assert [event["answer"] for event in doc["events"]] == ["200", "200"]
+    accounted = doc["slo_accounting"]
+    assert set(accounted) == {"interactive", "batch"}
+    assert sum(lane["gateway_met"] for lane in accounted.values()) > 0
+    assert {lane["agrees"] for lane in accounted.values()} == {None}, "clients retried"
     for name in doc["files"].values():
         assert (out / name).stat().st_size > 0, name
     assert "<svg" in (out / doc["files"]["html"]).read_text()

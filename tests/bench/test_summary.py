@@ -6,7 +6,7 @@ import pytest
 
 from sluicegate.bench.records import OK, Attempt, Record
 from sluicegate.bench.scenario import Slo
-from sluicegate.bench.summary import goodput_rps, load, meets, statuses
+from sluicegate.bench.summary import goodput_rps, load, meets, slo_accounting, statuses
 
 LANES = {"chat": Slo(ttft_s=1.0, tpot_s=0.1), "batch": Slo(e2e_s=10.0)}
 
@@ -68,3 +68,37 @@ def test_statuses_count_final_outcomes_and_every_attempt():
     counted = statuses([RETRIED_IN_SLO, FAILED])
     assert counted["requests"] == {"200 ok": 1, "503 capacity_exhausted": 1}
     assert counted["attempts"] == {"503 capacity_exhausted": 4, "200 ok": 1}
+
+
+GATEWAY_LANES = [{"name": "chat", "ttft_slo_s": 1.0, "tpot_slo_s": 0.1}, {"name": "batch"}]
+
+
+def once(first_s: float, lane: str = "chat") -> Record:
+    """A stream sent once, its first token at `first_s`, its tokens quick."""
+    return record(streamed(0.0, first_s, first_s + 0.5), lane=lane)
+
+
+def test_the_gateways_met_count_agrees_within_the_requests_near_the_slo():
+    """Two of five clients' TTFTs lie within 10 ms of the SLO: the gateway may count
+    either side of them."""
+    records = [once(0.2), once(0.3), once(0.995), once(1.005), once(2.0)]
+    lanes = {"chat": LANES["chat"]}
+    for gateway_met, agrees in ((3, True), (1, True), (5, True), (0, False)):
+        counted = {"chat": {"met": float(gateway_met), "missed": 5.0 - gateway_met}}
+        found = slo_accounting(records, lanes, counted, GATEWAY_LANES)
+        assert found == {
+            "chat": {"client_met": 3, "gateway_met": gateway_met, "near_slo": 2, "agrees": agrees}
+        }
+
+
+def test_the_counts_are_not_compared_after_retries_or_with_other_slos():
+    lanes = {"chat": LANES["chat"]}
+    counted = {"chat": {"met": 1.0}}
+    retried = slo_accounting([RETRIED_IN_SLO], lanes, counted, GATEWAY_LANES)
+    assert retried is not None
+    assert retried["chat"]["agrees"] is None
+    other = [{"name": "chat", "ttft_slo_s": 2.0, "tpot_slo_s": 0.1}]
+    unlike = slo_accounting([once(0.2)], lanes, counted, other)
+    assert unlike is not None
+    assert unlike["chat"]["agrees"] is None
+    assert slo_accounting([once(0.2)], lanes, None, GATEWAY_LANES) is None

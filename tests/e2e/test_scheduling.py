@@ -345,7 +345,7 @@ async def queue_ms(http, url: str, tenant: str, max_tokens: int) -> float:
         assert resp.status == 200, await resp.text()
         timing = resp.headers["server-timing"]
         await resp.read()
-    return float(timing.split("queue;dur=")[1].split(",")[0])
+    return float(timing.split(" queue;dur=")[1].split(",")[0])
 
 
 @pytest.mark.parametrize("reserve", [0.25, 0])

@@ -136,6 +136,13 @@ async def test_metrics_on_any_worker_report_the_whole_server(server, http):
         families = {f.name: f for f in text_string_to_metric_families(text)}
         requests = sum(s.value for s in families["sluicegate_requests"].samples)
         assert requests == 200
+        judged = families["sluicegate_request_outcomes"].samples
+        assert sum(s.value for s in judged if s.name.endswith("_total")) == 200
+        lanes = document["server"]["slo"]["models"]["chat"].values()
+        assert sum(lane["offered"] for lane in lanes) == 200
+        for lane in lanes:
+            if lane["accepted"]:
+                assert lane["attainment"] == round(lane["met"] / lane["accepted"], 4)
         [limit] = families["sluicegate_pool_concurrency_limit"].samples
         assert limit.value == 8  # the same setting in each worker: not summed
         [reporting] = families["sluicegate_workers_reporting"].samples

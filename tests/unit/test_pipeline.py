@@ -234,7 +234,7 @@ async def test_a_job_takes_its_tenants_slot_and_is_recorded_like_any_request():
         assert await h.ask(h.inbound(interactive=False))
         upstream = registry.get_sample_value(
             "sluicegate_stage_seconds_count",
-            {"route": "chat", "model": "chat", "stage": "upstream"},
+            {"route": "chat", "model": "chat", "lane": "default", "stage": "upstream"},
         )
         assert upstream == 1
 

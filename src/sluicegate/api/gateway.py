@@ -35,12 +35,17 @@ from sluicegate.api.auth import Authenticator, key_digest, unauthorised
 from sluicegate.api.payloads import parse
 from sluicegate.core.clock import Clock
 from sluicegate.core.errors import ErrorType, GatewayError, bad_request, not_found
+from sluicegate.core.slo import Timeline, judge_error
 from sluicegate.core.types import Endpoint, Settings, Tenant
 from sluicegate.observability.metrics import UNKNOWN_MODEL, GatewayMetrics
-from sluicegate.pipeline import Answer, Inbound, Pipeline
+from sluicegate.pipeline import REFUSALS, Answer, Inbound, Pipeline
 from sluicegate.providers.sse import frame
 
 log = logging.getLogger("sluicegate")
+
+
+_TIMING = {stage: b"%s;dur=%%.1f" % stage.encode() for stage in ("admission", "queue", "upstream")}
+"""The Server-Timing entry of each stage before the first byte."""
 
 
 @dataclass(slots=True)
@@ -48,8 +53,21 @@ class Exchange:
     """What the edge learns about one request while answering it."""
 
     send: Send
-    arrived_s: float
+    timeline: Timeline
     started: bool = False
+
+    def timed(self, headers: Headers, now: float) -> Headers:
+        """`headers` and where the time before the first byte went, in milliseconds (W3C
+        Server-Timing): `admission` (the gates and the body), `queue` (waiting for a
+        turn, and earlier attempts of a retried request), `upstream` (the deployment's
+        own queue and prefill; a non-streamed answer's first bytes come with its whole
+        body), as far as the request got, so a caller can tell whose wait it was."""
+        timing = b", ".join(
+            _TIMING[stage] % (1000 * took_s)
+            for stage, took_s in self.timeline.stages(now)
+            if stage in _TIMING
+        )
+        return [*headers, (b"server-timing", timing)]
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.started = True
@@ -97,15 +115,22 @@ class Gateway:
         self, endpoint: Endpoint, scope: Scope, receive: Receive, send: Send
     ) -> None:
         connection: Connection | None = scope.get("extensions", _NO_EXTENSIONS).get(CONNECTION)
-        exchange = Exchange(send, self._clock.now())
+        exchange = Exchange(send, Timeline(self._clock.now()))
         in_flight = self._metrics.in_flight(endpoint.value)
         in_flight.inc()
         try:
             try:
-                inbound = self._inbound(endpoint, scope, receive, connection, exchange.arrived_s)
+                inbound = self._inbound(endpoint, scope, receive, connection, exchange.timeline)
             except GatewayError as err:
                 # Refused before the pipeline, which records everything after this.
                 self._metrics.answered(endpoint.value, UNKNOWN_MODEL, err.status)
+                self._pipeline.slo.finished(
+                    endpoint.value,
+                    UNKNOWN_MODEL,
+                    UNKNOWN_MODEL,
+                    None,
+                    judge_error(err.code, err.status, err.code in REFUSALS),
+                )
                 raise
             if connection is not None:
                 connection.bound_sends(self._time_left_s(endpoint, inbound))
@@ -132,7 +157,7 @@ class Gateway:
         scope: Scope,
         receive: Receive,
         connection: Connection | None,
-        arrived_s: float,
+        timeline: Timeline,
     ) -> Inbound:
         """What the headers say; the body is read by the pipeline, after the tenant's gate,
         within `server.body_timeout_s` (kept by the server's connection)."""
@@ -154,13 +179,14 @@ class Gateway:
         return Inbound(
             endpoint,
             self._authenticate(scope),
-            arrived_s,
+            timeline.arrived_s,
             payload,
             _timeout_s(headers),
             _lane(headers),
             _client_retries(headers),
             watch=lambda: DisconnectWatcher(receive),
             body_in=_whole_not_known if connection is None else connection.body_complete,
+            timeline=timeline,
         )
 
     async def _serve(self, inbound: Inbound, exchange: Exchange) -> None:
@@ -175,15 +201,13 @@ class Gateway:
         if exchange.started:
             await exchange.send({"type": "http.response.body", "body": b""})
         else:
-            await exchange.start(
-                200, _with_timing(JSON_HEADERS, answer, answer.attempt.first_byte_s)
-            )
+            await exchange.start(200, exchange.timed(JSON_HEADERS, self._clock.now()))
             await exchange.send({"type": "http.response.body", "body": body})
 
     async def _relay_stream(self, exchange: Exchange, answer: Answer) -> None:
         """Pass upstream bytes through as they arrive: no buffering, no re-serialisation."""
         send = exchange.send
-        await exchange.start(200, _with_timing(SSE_HEADERS, answer, self._clock.now()))
+        await exchange.start(200, exchange.timed(SSE_HEADERS, self._clock.now()))
         async for chunk in answer.chunks():
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
@@ -192,10 +216,10 @@ class Gateway:
         if exchange.started:
             event = frame(error_body(err))
             await exchange.send({"type": "http.response.body", "body": event})
-        elif err.status in _UNREAD_BODY:
-            await send_bytes(exchange.send, err.status, error_body(err), error_headers(err) + CLOSE)
         else:
-            await send_error(exchange.send, err)
+            close = CLOSE if err.status in _UNREAD_BODY else []
+            headers = exchange.timed(error_headers(err) + close, self._clock.now())
+            await send_bytes(exchange.send, err.status, error_body(err), headers)
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -299,20 +323,6 @@ def _identity_encoding(headers: Mapping[bytes, bytes]) -> None:
             ErrorType.INVALID_REQUEST,
             should_retry=False,
         )
-
-
-def _with_timing(headers: Headers, answer: Answer, first: float | None) -> Headers:
-    """`headers` and where the time to the first byte (at `first`) went, in milliseconds
-    (W3C Server-Timing): `queue` from arrival to this attempt's dispatch (the gates, any
-    wait for a turn, and earlier attempts of a retried call), `upstream` from dispatch
-    to the deployment's first byte (its own queue and prefill; a non-streamed answer's
-    first bytes come with its whole body), so a caller can tell whose wait it was."""
-    attempt = answer.attempt
-    dispatched = attempt.dispatched_s
-    if dispatched is None or first is None:
-        return headers
-    queue, upstream = 1000 * (dispatched - attempt.call.arrived_s), 1000 * (first - dispatched)
-    return [*headers, (b"server-timing", b"queue;dur=%.1f, upstream;dur=%.1f" % (queue, upstream))]
 
 
 def _whole_not_known() -> bool:

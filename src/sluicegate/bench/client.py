@@ -172,15 +172,19 @@ def _read_body(body: bytes, exchange: _Exchange) -> str:
 
 
 def queue_from_server_timing(timing: str | None) -> float | None:
-    """The `queue` metric of a Server-Timing header, in seconds."""
+    """The gateway's own wait before dispatch from a Server-Timing header, in seconds:
+    its `admission` and `queue` stages together; None without a `queue` stage."""
+    stages: dict[str, float] = {}
     for metric in (timing or "").split(","):
         name, _, params = metric.strip().partition(";")
-        if name == "queue" and params.startswith("dur="):
+        if name in ("admission", "queue") and params.startswith("dur="):
             try:
-                return float(params[4:]) / 1000
+                stages[name] = float(params[4:]) / 1000
             except ValueError:
                 return None
-    return None
+    if "queue" not in stages:
+        return None
+    return stages["queue"] + stages.get("admission", 0.0)
 
 
 def _error_code(body: bytes, status: int) -> str:

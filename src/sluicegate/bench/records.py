@@ -32,7 +32,7 @@ class Attempt:
     (its `sim_timing`); None from any other backend."""
     gateway_queue_s: float | None = None
     """The gateway's own time from the request's arrival to its dispatch (its
-    Server-Timing `queue`); None without a gateway in front."""
+    Server-Timing `admission` and `queue`); None without a gateway in front."""
     longest_gap_s: float | None = None
     """The longest time between two events carrying output: how long the answer stood
     still (a slot handed over pauses it); None before a second such event."""

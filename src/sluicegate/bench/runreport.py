@@ -54,6 +54,9 @@ def document(scenario: Scenario, run: Run, setup: Mapping[str, object]) -> dict[
         latency=summary.latency(records, lanes),
         refusals=refusals,
         fairness=summary.fairness(records, scenario.duration_s),
+        slo_accounting=summary.slo_accounting(
+            records, lanes, run.gateway_outcomes, _gateway_lanes(setup.get("gateway_config"))
+        ),
         series={**summary.series(records, lanes, span_s), "metrics": run.metrics},
         slos={name: slo.model_dump() for name, slo in lanes.items()},
         events=run.events,
@@ -131,6 +134,15 @@ def tables(doc: Mapping[str, Any]) -> list[Table]:
             1,
         ),
         Table(
+            "Met SLOs, as the clients judged and as the gateway counted",
+            ["lane", "clients", "gateway", "TTFT within 10 ms of the SLO", "agree"],
+            [
+                [lane, str(c["client_met"]), str(c["gateway_met"]), str(c["near_slo"]), _agree(c)]
+                for lane, c in (doc.get("slo_accounting") or {}).items()
+            ],
+            1,
+        ),
+        Table(
             "Events",
             ["at s", "faults", "answer"],
             [[_n(e["at_s"], 2), _json(e["faults"]), e["answer"]] for e in doc["events"]],
@@ -143,6 +155,20 @@ def tables(doc: Mapping[str, Any]) -> list[Table]:
             2,
         ),
     ]
+
+
+def _agree(counts: Mapping[str, Any]) -> str:
+    agrees = counts["agrees"]
+    return "not comparable" if agrees is None else "yes" if agrees else "NO"
+
+
+def _gateway_lanes(config: object) -> list[Mapping[str, object]]:
+    """The lanes of the gateway config a run's own gateway ran; none for a URL."""
+    if not isinstance(config, Mapping):
+        return []
+    scheduling = config.get("scheduling")
+    lanes = scheduling.get("lanes") if isinstance(scheduling, Mapping) else None
+    return [lane for lane in lanes or [] if isinstance(lane, Mapping)]
 
 
 def text(doc: Mapping[str, Any]) -> str:

@@ -91,6 +91,29 @@ class Scraper:
         return "\n".join(line for line in lines if _name(line) in gauges)
 
 
+OUTCOMES = "sluicegate_request_outcomes_total"
+
+
+async def outcomes(session: aiohttp.ClientSession, url: str) -> dict[str, dict[str, float]] | None:
+    """The gateway's own count of finished requests by lane and kind (met, missed, ...),
+    read once from its /metrics; None when it cannot be read."""
+    try:
+        timeout = aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)
+        async with session.get(url, timeout=timeout) as response:
+            response.raise_for_status()
+            text = await response.text()
+        lines = "\n".join(line for line in text.splitlines() if line.startswith(OUTCOMES))
+        families = list(text_string_to_metric_families(lines))
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+    found: dict[str, dict[str, float]] = defaultdict(dict)
+    for family in families:
+        for sample in family.samples:
+            lane, kind = sample.labels.get("lane", ""), sample.labels.get("kind", "")
+            found[lane][kind] = found[lane].get(kind, 0.0) + sample.value
+    return dict(found)
+
+
 def _name(line: str) -> str:
     """The metric a line is about: a sample's name, or a comment's third word."""
     if line.startswith("#"):

@@ -59,6 +59,53 @@ def meets(record: Record, slo: Slo) -> bool:
     )
 
 
+NEAR_SLO_S = 0.010
+"""A client-side TTFT this close to its lane's SLO may fall on the other side of it on the
+gateway's clock: the two clocks start and stop a loopback hop and an event loop apart."""
+
+SLO_KEYS = {"ttft_s": "ttft_slo_s", "tpot_s": "tpot_slo_s", "e2e_s": "e2e_slo_s"}
+"""A scenario lane's SLO and the gateway lane setting that must match it."""
+
+
+def slo_accounting(
+    records: Sequence[Record],
+    lanes: Mapping[str, Slo],
+    counted: Mapping[str, Mapping[str, float]] | None,
+    gateway_lanes: Sequence[Mapping[str, object]],
+) -> dict[str, dict[str, object]] | None:
+    """Per lane, the requests that met its SLOs as the clients judged them and as the
+    gateway counted them, and those whose client-side TTFT lay within `NEAR_SLO_S` of
+    the SLO. `agrees` when the two counts differ by at most 2 % or by that many; None
+    when they cannot be compared: a client retried (the gateway counts each try), or
+    the gateway's lane does not carry the scenario's SLOs. None without the gateway's
+    counts."""
+    if counted is None:
+        return None
+    retried = any(len(r.attempts) > 1 for r in records)
+    configured = {str(lane.get("name")): lane for lane in gateway_lanes}
+    found: dict[str, dict[str, object]] = {}
+    for name, slo in lanes.items():
+        mine = [r for r in records if r.lane == name]
+        client = sum(meets(r, slo) for r in mine)
+        gateway = round(counted.get(name, {}).get("met", 0.0))
+        ttft = slo.ttft_s
+        near = sum(
+            1
+            for r in mine
+            if ttft is not None and r.ttft_s is not None and abs(r.ttft_s - ttft) <= NEAR_SLO_S
+        )
+        lane = configured.get(name, {})
+        same = all(lane.get(key) == getattr(slo, own) for own, key in SLO_KEYS.items())
+        agrees = None if retried or not same else abs(gateway - client) <= max(0.02 * client, near)
+        found[name] = {
+            "client_met": client,
+            "gateway_met": gateway,
+            "near_slo": near,
+            "agrees": agrees,
+        }
+    return found
+
+
 def goodput_rps(records: Iterable[Record], lanes: Mapping[str, Slo], duration_s: float) -> float:
     return sum(meets(r, lanes[r.lane]) for r in records) / duration_s
 

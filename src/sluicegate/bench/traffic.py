@@ -25,7 +25,7 @@ from sluicegate.bench.progress import Progress
 from sluicegate.bench.records import UNFINISHED, Attempt, Record
 from sluicegate.bench.retry import MAX_ATTEMPTS
 from sluicegate.bench.scenario import Flow, Scenario
-from sluicegate.bench.scrape import Scraper
+from sluicegate.bench.scrape import Scraper, outcomes
 
 MAX_REQUESTS_PER_CLIENT = 1_000_000
 MONITOR_S = 0.5
@@ -57,6 +57,9 @@ class Run:
     metrics: dict[str, dict[str, list[tuple[float, float]]]]
     events: list[dict[str, object]]
     notes: list[str]
+    gateway_outcomes: dict[str, dict[str, float]] | None = None
+    """The run's own gateway's count of finished requests by lane and kind, read at the
+    end; None without one."""
 
 
 class _Request:
@@ -123,14 +126,16 @@ class Traffic:
         failure = None if monitor.cancelled() else monitor.exception()
         if failure is not None:
             raise failure
-        return self._result()
+        gateway = self._target.metrics.get("gateway")
+        counted = None if gateway is None else await outcomes(self._session, gateway)
+        return self._result(counted)
 
-    def _result(self) -> Run:
+    def _result(self, counted: dict[str, dict[str, float]] | None) -> Run:
         now = self.since()
         flows = self._scenario.flows
         records = [r for q in self._requests if (r := q.record(flows[q.flow], now)) is not None]
         notes = self._notes + self._scraper.notes()
-        return Run(records, dict(self._scraper.series), self._events, notes)
+        return Run(records, dict(self._scraper.series), self._events, notes, counted)
 
     async def _traffic(self) -> None:
         sources = [asyncio.create_task(source) for source in self._sources()]

@@ -101,6 +101,7 @@ class LaneConfig(Strict):
     priority: int = 0
     ttft_slo_s: Seconds | None = None
     tpot_slo_s: Seconds | None = None
+    e2e_slo_s: Seconds | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
     max_prompt_tokens: int | None = Field(default=None, ge=1)
     max_cost: float | None = Field(default=None, gt=0)

@@ -180,13 +180,16 @@ class Lane:
     rest for the lanes above it. `max_dispatch_rate` (per second) spreads the lane's
     dispatches evenly, so its prefills do not reach a backend in waves.
     `ttft_target_s`, on the top lane, makes every lower lane yield: their dispatch rate
-    follows the top lane's recent time to first token (see `Yielding`).
+    follows the top lane's recent time to first token (see `Yielding`). A request met
+    the lane's SLOs (`ttft_slo_s`, `tpot_slo_s`, `e2e_slo_s`) when it succeeded within
+    every one set (`core.slo`).
     """
 
     name: str
     priority: int = 0
     ttft_slo_s: float | None = None
     tpot_slo_s: float | None = None
+    e2e_slo_s: float | None = None
     max_output_tokens: int | None = None
     max_prompt_tokens: int | None = None
     max_cost: float | None = None

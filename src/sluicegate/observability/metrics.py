@@ -59,6 +59,12 @@ LATENCY_BUCKETS_S = (
     300.0,
 )
 
+TPOT_BUCKETS_S = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+"""Per output token: a healthy engine decodes in 10-50 ms, a crowded one in hundreds."""
+
+STAGES = ("admission", "queue", "upstream", "transfer")
+"""The stages of the time to first byte (`core.slo.Timeline`)."""
+
 REFUSAL_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 2.5, 10.0)
 """Fine below 5 ms, where a refusal answered at once should be."""
 
@@ -185,14 +191,18 @@ def buckets(upper: tuple[float, ...]) -> Callable[[], HistogramChild]:
 
 
 @dataclass(frozen=True, slots=True)
-class RouteMetrics:
-    """The children bound to one (route, model); stages split a request's time."""
+class LaneMetrics:
+    """The children bound to one (route, model, lane): how long its successful requests
+    took in all and in each stage, their time per output token, and the tokens its
+    accepted requests used."""
 
     latency: HistogramChild
     ttft: HistogramChild
-    admission: HistogramChild
-    upstream: HistogramChild
+    stages: dict[str, HistogramChild]
     stream: HistogramChild
+    tpot: HistogramChild
+    prompt_tokens: CounterChild
+    completion_tokens: CounterChild
 
 
 class CapacityCollector(Collector):
@@ -481,24 +491,27 @@ class GatewayMetrics:
             "sluicegate_request_duration_seconds",
             "Arrival to last byte sent, successful requests.",
             "histogram",
-            ("route", "model"),
+            ("route", "model", "lane"),
             latency,
             r,
         )
         self._ttft = PlainFamily(
             "sluicegate_time_to_first_token_seconds",
-            "Arrival to the first streamed byte sent to the client.",
+            "Arrival to the first content byte handed to the caller, successful requests "
+            "(a non-streamed answer's first byte comes with its whole body).",
             "histogram",
-            ("route", "model"),
+            ("route", "model", "lane"),
             latency,
             r,
         )
         self._stages = PlainFamily(
             "sluicegate_stage_seconds",
-            "Time per stage: admission (arrival to dispatch, waits included), upstream "
-            "(dispatch to first byte, or to the whole body), stream (first to last byte).",
+            "Successful requests' time per stage: admission (gates, body), queue (waiting "
+            "for a turn, earlier attempts included), upstream (the deployment's queue and "
+            "prefill, or its whole body), transfer (to the caller's first byte) and stream "
+            "(first to last byte).",
             "histogram",
-            ("route", "model", "stage"),
+            ("route", "model", "lane", "stage"),
             latency,
             r,
         )
@@ -616,24 +629,83 @@ class GatewayMetrics:
             "Claimed jobs handed straight back to the store: the hand-off queue was full.",
             registry=r,
         )
-        self._routes: dict[tuple[str, str], RouteMetrics] = {}
+        self._judged = PlainFamily(
+            "sluicegate_request_outcomes",
+            "Finished requests judged against their lane's SLOs: `kind` is met, missed, "
+            "failed (accepted: these three), refused, invalid or abandoned; `outcome` names "
+            "the SLO missed first, or the refusal or failure code. Every arrival counts "
+            "once: the sum is the offered load (lane and model `-` before they are known).",
+            "counter",
+            ("route", "model", "lane", "outcome", "kind"),
+            CounterChild,
+            r,
+        )
+        self._tenant_judged = PlainFamily(
+            "sluicegate_tenant_request_outcomes",
+            "Finished requests of each configured tenant by lane and kind (as in "
+            "sluicegate_request_outcomes).",
+            "counter",
+            ("tenant", "lane", "kind"),
+            CounterChild,
+            r,
+        )
+        self._tpot = PlainFamily(
+            "sluicegate_time_per_output_token_seconds",
+            "(last token - first token) / (completion tokens - 1) of successful streams of "
+            "two tokens or more, as their deployment reported the tokens.",
+            "histogram",
+            ("route", "model", "lane"),
+            buckets(TPOT_BUCKETS_S),
+            r,
+        )
+        self._tokens = PlainFamily(
+            "sluicegate_request_tokens",
+            "Tokens the deployments reported for accepted requests, by kind (prompt, "
+            "completion): over the met count, the cost of a successful request.",
+            "counter",
+            ("route", "model", "lane", "kind"),
+            CounterChild,
+            r,
+        )
+        self._lanes: dict[tuple[str, str, str], LaneMetrics] = {}
+        self._verdicts: dict[tuple[str, str, str, str, str], CounterChild] = {}
+        self._tenant_verdicts: dict[tuple[str, str, str], CounterChild] = {}
         self._outcomes: dict[tuple[str, str, int], CounterChild] = {}
         self._refusals_of: dict[tuple[str, str, int], tuple[CounterChild, HistogramChild]] = {}
         self._siblings: Siblings | None = None
 
-    def route(self, route: str, model: str) -> RouteMetrics:
-        key = (route, model)
-        bound = self._routes.get(key)
+    def lane(self, route: str, model: str, lane: str) -> LaneMetrics:
+        key = (route, model, lane)
+        bound = self._lanes.get(key)
         if bound is None:
-            bound = RouteMetrics(
-                self._latency.labels(route, model),
-                self._ttft.labels(route, model),
-                self._stages.labels(route, model, "admission"),
-                self._stages.labels(route, model, "upstream"),
-                self._stages.labels(route, model, "stream"),
+            stages = {stage: self._stages.labels(*key, stage) for stage in STAGES}
+            bound = self._lanes[key] = LaneMetrics(
+                self._latency.labels(*key),
+                self._ttft.labels(*key),
+                stages,
+                self._stages.labels(*key, "stream"),
+                self._tpot.labels(*key),
+                self._tokens.labels(*key, "prompt"),
+                self._tokens.labels(*key, "completion"),
             )
-            self._routes[key] = bound
         return bound
+
+    def judged(
+        self, route: str, model: str, lane: str, tenant: str | None, outcome: str, kind: str
+    ) -> None:
+        """One finished request's verdict; `tenant` None when it is not a configured one
+        (refused before it was known)."""
+        key = (route, model, lane, outcome, kind)
+        counter = self._verdicts.get(key)
+        if counter is None:
+            counter = self._verdicts[key] = self._judged.labels(*key)
+        counter.inc()
+        if tenant is not None:
+            by_tenant = (tenant, lane, kind)
+            counter = self._tenant_verdicts.get(by_tenant)
+            if counter is None:
+                counter = self._tenant_verdicts[by_tenant] = self._tenant_judged.labels(*by_tenant)
+            counter.inc()
 
     def in_flight(self, route: str) -> GaugeChild:
         return self._in_flight.labels(route)

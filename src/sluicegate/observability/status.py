@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sluicegate.capacity.gates import BackendGate
+from sluicegate.core.slo import attainment
 from sluicegate.scheduling.dispatcher import Dispatcher
 from sluicegate.scheduling.overload import OverloadMonitor
 
@@ -75,6 +76,7 @@ TAKES_MAX = frozenset(
         "prefill_tokens_per_s",
         "decode_s_per_token",
         "prefill_s_per_token",
+        "window_s",
     }
 )
 """Status fields merged across workers by their largest value (ages, the worst pressure,
@@ -95,7 +97,7 @@ def whole_server(own: int, count: int, documents: Mapping[int, dict[str, Any]]) 
             "answered": answered,
             "missing": [i for i in range(count) if i not in documents],
         },
-        "server": _merge([documents[i] for i in answered]),
+        "server": _rated(_merge([documents[i] for i in answered])),
         "per_worker": {str(i): documents[i] for i in answered},
     }
 
@@ -117,3 +119,14 @@ def _merge(values: list[Any], key: str = "") -> Any:
         return max(values) if key in TAKES_MAX else round(sum(values), 3)
     distinct = sorted({str(v) for v in values})
     return distinct[0] if len(distinct) == 1 else distinct
+
+
+def _rated(document: Any) -> Any:
+    """`document` with every attainment worked out again from its merged counts: a
+    ratio of sums, not a sum of ratios."""
+    if isinstance(document, dict):
+        if "attainment" in document:
+            document["attainment"] = attainment(document["met"], document["accepted"])
+        for value in document.values():
+            _rated(value)
+    return document
