@@ -19,7 +19,7 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontext
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from sluicegate.admission.boundary import Boundary
+from sluicegate.admission.boundary import Boundary, check_prompt
 from sluicegate.admission.estimate import (
     Tokenizer,
     chars_over_four,
@@ -151,6 +151,7 @@ class Pipeline:
         model = self._settings.model_for(tenant, payload["model"])
         route = self._routes[endpoint]
         prompt = self._prompt(inbound, payload)
+        check_prompt(prompt, endpoint, route, tenant)
         output = output_tokens(endpoint, payload, route.max_output_tokens)
         answers = choices(payload)
         demand = Demand(prompt, output * answers, bool(payload.get("tools")))

@@ -281,6 +281,23 @@ async def test_n_and_best_of_multiply_the_output_reservation():
         assert len(h.providers["a"].bodies) == 1
 
 
+async def test_the_routes_prompt_budget_is_held_to_what_the_caller_sent_not_the_trimmed_prompt():
+    """Degraded, the ladder would trim this prompt to fit the route's budget; the budget
+    judges the request as sent, before any rewrite spends work on it."""
+    raw = config(
+        {"name": "a"},
+        route={"max_prompt_tokens": 20},
+        scheduling={"overload": {"ladder": {"trim_prompt_tokens": 10}}},
+    )
+    turns = [{"role": "user", "content": "x" * 40} for _ in range(3)]
+    async with running(raw, {}) as h:
+        h.runtime.pipeline._overload.observe([0.75])
+        with pytest.raises(GatewayError) as info:
+            await h.ask(h.inbound(messages=turns))
+        assert (info.value.status, info.value.code) == (400, "prompt_too_long")
+        assert h.providers["a"].bodies == []
+
+
 @pytest.mark.parametrize(("body_in", "takes"), [(True, 2), (False, 3)])
 async def test_a_whole_body_costs_one_decision_at_the_edge(body_in: bool, takes: int):
     """Tenant, route and rate gates plus the pool: a body still arriving is read
