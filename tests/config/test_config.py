@@ -12,6 +12,7 @@ import yaml
 
 from sluicegate.config import ConfigError, load_settings
 from sluicegate.config.loader import parse_settings
+from sluicegate.core.types import Endpoint
 
 ENV = {"ALICE_KEY": "sk-alice", "SIM_URL": "http://127.0.0.1:9/v1"}
 
@@ -231,3 +232,11 @@ def test_a_tenant_key_in_the_wrong_shape_names_the_valid_forms():
     message = error_of(raw)
     assert "tenants[0].keys[0]" in message
     assert "{sha256: ...} or {env: ...}" in message
+
+
+def test_a_message_limit_belongs_to_the_chat_route_alone():
+    assert parse(base()).routes[Endpoint.CHAT].max_messages == 4096
+    raw = base()
+    raw["routes"] = {"embeddings": {"max_messages": 10}}
+    with pytest.raises(ConfigError, match=r"routes\.embeddings\.max_messages"):
+        parse(raw)

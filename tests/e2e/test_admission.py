@@ -256,6 +256,18 @@ async def test_prompt_over_budget_is_400_and_never_sent(sim, http, reset):
     assert (await sim_stats(http, sim))["received"] == 0
 
 
+async def test_more_messages_than_the_route_allows_is_400_and_never_sent(sim, http, reset):
+    raw = config(sim.url)
+    raw["routes"]["chat"]["max_messages"] = 3
+    async with inprocess_gateway(raw, ENV) as gw:
+        many = {"model": "chat", "messages": MESSAGES * 4, "max_tokens": 2}
+        status, _, body = await post(http, gw, "a", many)
+        assert (await post(http, gw, "a", {**many, "messages": MESSAGES * 3}))[0] == 200
+    assert (status, body["error"]["param"]) == (400, "messages")
+    assert "at most 3" in body["error"]["message"]
+    assert (await sim_stats(http, sim))["received"] == 1
+
+
 async def test_a_wait_counts_against_the_deadline_and_ends_in_504(sim, http, reset):
     raw = config(sim.url)
     raw["scheduling"] = {"lanes": [{"name": "default", "queue_size": 10, "max_queue_age_s": 30}]}

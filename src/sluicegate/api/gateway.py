@@ -137,6 +137,7 @@ class Gateway:
         """What the headers say; the body is read by the pipeline, after the tenant's gate,
         within `server.body_timeout_s` (kept by the server's connection)."""
         limit, timeout_s = self._settings.max_body_bytes, self._edge.body_timeout_s
+        max_messages = self._settings.routes[endpoint].max_messages
         headers = dict(reversed(scope["headers"]))  # the first of each name, as `header` reads
         _identity_encoding(headers)
 
@@ -149,7 +150,7 @@ class Gateway:
                 body = await read_body(receive, limit, late=late)
             except TimeoutError:
                 raise _body_late(timeout_s) from None
-            return parse(endpoint, body)
+            return parse(endpoint, body, max_messages)
 
         return Inbound(
             endpoint,

@@ -89,7 +89,7 @@ class Intake:
         if not isinstance(body, dict):
             raise bad_request("'body' must be the request, a JSON object")
         raw = orjson.dumps(body)
-        payload = parse(endpoint, raw)
+        payload = parse(endpoint, raw, self.settings.routes[endpoint].max_messages)
         if payload.get("stream"):
             raise bad_request("a job's answer is stored, not streamed: leave 'stream' unset")
         self.settings.model_for(tenant, payload["model"])

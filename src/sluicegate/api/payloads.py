@@ -39,7 +39,7 @@ def json_object(body: bytes) -> dict[str, Any]:
     return value
 
 
-def parse(endpoint: Endpoint, body: bytes) -> dict[str, Any]:
+def parse(endpoint: Endpoint, body: bytes, max_messages: int | None = None) -> dict[str, Any]:
     payload = json_object(body)
     model = payload.get("model")
     if not isinstance(model, str) or not model:
@@ -51,6 +51,12 @@ def parse(endpoint: Endpoint, body: bytes) -> dict[str, Any]:
         messages = payload["messages"]
         if not isinstance(messages, list) or not messages:
             raise bad_request("'messages' must be a non-empty array", param="messages")
+        if max_messages is not None and len(messages) > max_messages:
+            raise bad_request(
+                f"'messages' holds {len(messages)} messages; this route accepts at most "
+                f"{max_messages}",
+                param="messages",
+            )
         if not all(isinstance(m, dict) for m in messages):
             raise bad_request("each item of 'messages' must be an object", param="messages")
     for name in _TOKEN_FIELDS:

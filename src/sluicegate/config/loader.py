@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from sluicegate.config.schema import (
+    ChatRouteConfig,
     DeploymentConfig,
     GatewayConfig,
     JobsConfig,
@@ -270,6 +271,7 @@ def _route(spec: RouteConfig) -> RoutePolicy:
         hedge_after_s=spec.hedge_after_s,
         reasoning_effort=spec.reasoning_effort,
         first_byte_s=spec.first_byte_s,
+        max_messages=spec.max_messages if isinstance(spec, ChatRouteConfig) else None,
     )
 
 

@@ -90,8 +90,14 @@ class RouteConfig(Strict):
     )
 
 
+class ChatRouteConfig(RouteConfig):
+    max_messages: int = Field(
+        default=4096, ge=1, description="the most messages one request may carry (400 beyond)"
+    )
+
+
 class RoutesConfig(Strict):
-    chat: RouteConfig = RouteConfig()
+    chat: ChatRouteConfig = ChatRouteConfig()
     completions: RouteConfig = RouteConfig()
     embeddings: RouteConfig = RouteConfig()
 
