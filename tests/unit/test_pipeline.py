@@ -139,6 +139,28 @@ async def test_a_fallback_attempt_sends_a_body_built_for_its_own_deployment():
         assert h.active("a") == h.active("b") == 0
 
 
+ENGINE_STEERING = {
+    "priority": -1000,
+    "cache_salt": "another-tenants-salt",
+    "request_id": "another-callers-id",
+    "kv_transfer_params": {"remote_host": "10.0.0.1", "remote_port": 5600},
+    "ec_transfer_params": {"remote_host": "10.0.0.1"},
+}
+
+
+@pytest.mark.parametrize("pass_priority", [False, True])
+async def test_a_caller_cannot_steer_the_engine(pass_priority: bool):
+    """Fields only the gateway may set never reach the deployment as the caller sent
+    them: a `priority` of its own would jump other tenants' queue in vLLM."""
+    raw = config({"name": "a", "pass_priority": pass_priority})
+    async with running(raw, {}) as h:
+        await h.ask(h.inbound(temperature=0.5, **ENGINE_STEERING))
+        (sent,) = h.providers["a"].bodies
+        assert sent["temperature"] == 0.5
+        assert sent.get("priority") == (0 if pass_priority else None)
+        assert not (ENGINE_STEERING.keys() - {"priority"}) & sent.keys()
+
+
 async def test_a_caller_gone_during_the_hedge_delay_leaves_no_attempt_behind():
     raw = config({"name": "a"}, {"name": "b"}, route={"hedge_after_s": 1})
     async with running(raw, {"a": "hang"}) as h:
