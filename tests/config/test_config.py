@@ -240,3 +240,13 @@ def test_a_message_limit_belongs_to_the_chat_route_alone():
     raw["routes"] = {"embeddings": {"max_messages": 10}}
     with pytest.raises(ConfigError, match=r"routes\.embeddings\.max_messages"):
         parse(raw)
+
+
+def test_a_routes_longest_deadline_is_its_default_unless_raised():
+    assert parse(base()).routes[Endpoint.CHAT].max_timeout_s == 600
+    raw = base()
+    raw["routes"] = {"chat": {"default_timeout_s": 60, "max_timeout_s": 3600}}
+    assert parse(raw).routes[Endpoint.CHAT].max_timeout_s == 3600
+    raw["routes"] = {"completions": {"default_timeout_s": 60, "max_timeout_s": 30}}
+    with pytest.raises(ConfigError, match=r"routes\.completions.*max_timeout_s must be at least"):
+        parse(raw)

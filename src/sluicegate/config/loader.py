@@ -263,6 +263,7 @@ def _route(spec: RouteConfig) -> RoutePolicy:
     return RoutePolicy(
         max_concurrency=spec.max_concurrency,
         default_timeout_s=spec.default_timeout_s,
+        max_timeout_s=spec.max_timeout_s or spec.default_timeout_s,
         min_attempt_s=spec.min_attempt_s,
         max_output_tokens=spec.max_output_tokens,
         max_prompt_tokens=spec.max_prompt_tokens,
