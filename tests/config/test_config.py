@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -250,3 +251,16 @@ def test_a_routes_longest_deadline_is_its_default_unless_raised():
     raw["routes"] = {"completions": {"default_timeout_s": 60, "max_timeout_s": 30}}
     with pytest.raises(ConfigError, match=r"routes\.completions.*max_timeout_s must be at least"):
         parse(raw)
+
+
+def test_the_readmes_example_key_hash_is_the_hash_of_the_key_it_names():
+    """The example hash once was sha256("password"): it must teach a random key, and
+    name it, so a reader can check the command that makes one."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    found = re.search(
+        r"sha256: ([0-9a-f]{64})\s+#\s+\(the sha256 of the example key (sk-\S+)\)", readme
+    )
+    assert found is not None
+    digest, key = found.groups()
+    assert hashlib.sha256(key.encode()).hexdigest() == digest
+    assert len(key) >= 32
