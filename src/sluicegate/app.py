@@ -32,7 +32,7 @@ from sluicegate.api.gateway import Gateway
 from sluicegate.api.intake import Intake
 from sluicegate.api.jobs import JobRoutes
 from sluicegate.api.ledger import BatchLedger
-from sluicegate.api.server import listen, serve
+from sluicegate.api.server import SPARE_FILES, fit_open_files, listen, serve
 from sluicegate.capacity.breaker import Breaker
 from sluicegate.capacity.fleet_breaker import BreakerSync, FleetBreaker
 from sluicegate.capacity.gates import AimdGate, BackendGate, MetricsGate, OpenGate
@@ -438,6 +438,9 @@ def run(args: argparse.Namespace) -> int:
             )
             return 2
         seat = _seat(args.seat)
+        short = fit_open_files(_files_needed(settings))
+        if short is not None and seat is None:
+            print(f"sluicegate: {short}", file=sys.stderr)
         try:
             listener = listen(
                 settings.host,
@@ -464,6 +467,13 @@ def run(args: argparse.Namespace) -> int:
             print(_banner(settings, demo=args.config is None), flush=True)
         serve(runtime.app, listener, log_level=args.log_level, limits=settings.edge)
     return 0
+
+
+def _files_needed(settings: Settings) -> int:
+    """The files one process may hold: every client connection it admits, every upstream
+    connection its deployments allow, and the few of its own."""
+    upstream = {d.name: d.max_connections for m in settings.models.values() for d in m.deployments}
+    return settings.edge.max_connections + sum(upstream.values()) + SPARE_FILES
 
 
 def _seat(text: str | None) -> Seat | None:

@@ -19,7 +19,7 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontext
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from sluicegate.admission.boundary import Boundary
+from sluicegate.admission.boundary import Boundary, check_prompt
 from sluicegate.admission.estimate import (
     Tokenizer,
     chars_over_four,
@@ -162,6 +162,7 @@ class Pipeline:
         model = self._settings.model_for(tenant, payload["model"])
         route = self._routes[endpoint]
         prompt = self._prompt(inbound, payload)
+        check_prompt(prompt, endpoint, route, tenant)
         output = output_tokens(endpoint, payload, route.max_output_tokens)
         answers = choices(payload)
         demand = Demand(prompt, output * answers, bool(payload.get("tools")))
@@ -446,17 +447,30 @@ class Pipeline:
         return judge_answer(call.lane, timeline, now, tpot)
 
 
+GATEWAY_FIELDS = frozenset(
+    {"priority", "cache_salt", "request_id", "kv_transfer_params", "ec_transfer_params"}
+)
+"""Fields of vLLM's OpenAI server that steer the engine rather than the answer, which only
+the gateway may set: `priority` orders vLLM's queue across every tenant; `cache_salt`
+chooses whose prefix cache a prompt shares; `request_id` names the request inside the
+engine; `kv_transfer_params` and `ec_transfer_params` tell a disaggregated engine where
+to fetch KV and encoder caches from. A caller's own are dropped from every attempt."""
+
+
 def body_for(call: Call, deployment: Deployment, top_priority: int) -> dict[str, Any]:
-    """The body one attempt sends to `deployment`: the caller's, plus what this
-    deployment alone needs. The caller's payload is shared by every attempt and never
-    written to."""
+    """The body one attempt sends to `deployment`: the caller's, without the fields only
+    the gateway may set, plus what this deployment alone needs. The caller's payload is
+    shared by every attempt and never written to."""
+    payload = call.payload
+    if not GATEWAY_FIELDS.isdisjoint(payload):
+        payload = {k: v for k, v in payload.items() if k not in GATEWAY_FIELDS}
     extra: dict[str, Any] = {}
     if deployment.pass_priority:
         extra["priority"] = top_priority - call.lane.priority
     effort = call.route.reasoning_effort
-    if effort is not None and "reasoning_effort" not in call.payload:
+    if effort is not None and "reasoning_effort" not in payload:
         extra["reasoning_effort"] = effort
-    return {**call.payload, **extra} if extra else call.payload
+    return {**payload, **extra} if extra else payload
 
 
 def _larger_context_left(call: Call, failed: Deployment, tried: set[str]) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import yaml
 
 from sluicegate.config import ConfigError, load_settings
 from sluicegate.config.loader import parse_settings
+from sluicegate.core.types import Endpoint
 
 ENV = {"ALICE_KEY": "sk-alice", "SIM_URL": "http://127.0.0.1:9/v1"}
 
@@ -231,3 +233,34 @@ def test_a_tenant_key_in_the_wrong_shape_names_the_valid_forms():
     message = error_of(raw)
     assert "tenants[0].keys[0]" in message
     assert "{sha256: ...} or {env: ...}" in message
+
+
+def test_a_message_limit_belongs_to_the_chat_route_alone():
+    assert parse(base()).routes[Endpoint.CHAT].max_messages == 4096
+    raw = base()
+    raw["routes"] = {"embeddings": {"max_messages": 10}}
+    with pytest.raises(ConfigError, match=r"routes\.embeddings\.max_messages"):
+        parse(raw)
+
+
+def test_a_routes_longest_deadline_is_its_default_unless_raised():
+    assert parse(base()).routes[Endpoint.CHAT].max_timeout_s == 600
+    raw = base()
+    raw["routes"] = {"chat": {"default_timeout_s": 60, "max_timeout_s": 3600}}
+    assert parse(raw).routes[Endpoint.CHAT].max_timeout_s == 3600
+    raw["routes"] = {"completions": {"default_timeout_s": 60, "max_timeout_s": 30}}
+    with pytest.raises(ConfigError, match=r"routes\.completions.*max_timeout_s must be at least"):
+        parse(raw)
+
+
+def test_the_readmes_example_key_hash_is_the_hash_of_the_key_it_names():
+    """The example hash once was sha256("password"): it must teach a random key, and
+    name it, so a reader can check the command that makes one."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    found = re.search(
+        r"sha256: ([0-9a-f]{64})\s+#\s+\(the sha256 of the example key (sk-\S+)\)", readme
+    )
+    assert found is not None
+    digest, key = found.groups()
+    assert hashlib.sha256(key.encode()).hexdigest() == digest
+    assert len(key) >= 32

@@ -59,14 +59,14 @@ async def post(http, gw: InProcessGateway, tenant: str, body: dict | None = None
         return resp.status, dict(resp.headers), await resp.json()
 
 
-async def in_process(gw: InProcessGateway, max_tokens: int) -> None:
+async def in_process(gw: InProcessGateway, max_tokens: int, timeout_s: float | None = None) -> None:
     """An in-process caller of the pool API, as job workers and hedges will be."""
     tenant = gw.settings.tenants[0]
 
     async def payload() -> dict:
         return {"model": "chat", "messages": MESSAGES, "max_tokens": max_tokens}
 
-    inbound = Inbound(Endpoint.CHAT, tenant, gw.runtime.clock.now(), payload)
+    inbound = Inbound(Endpoint.CHAT, tenant, gw.runtime.clock.now(), payload, timeout_s)
     async with gw.runtime.pipeline.run(inbound) as answer:
         await answer.read()
 
@@ -256,6 +256,18 @@ async def test_prompt_over_budget_is_400_and_never_sent(sim, http, reset):
     assert (await sim_stats(http, sim))["received"] == 0
 
 
+async def test_more_messages_than_the_route_allows_is_400_and_never_sent(sim, http, reset):
+    raw = config(sim.url)
+    raw["routes"]["chat"]["max_messages"] = 3
+    async with inprocess_gateway(raw, ENV) as gw:
+        many = {"model": "chat", "messages": MESSAGES * 4, "max_tokens": 2}
+        status, _, body = await post(http, gw, "a", many)
+        assert (await post(http, gw, "a", {**many, "messages": MESSAGES * 3}))[0] == 200
+    assert (status, body["error"]["param"]) == (400, "messages")
+    assert "at most 3" in body["error"]["message"]
+    assert (await sim_stats(http, sim))["received"] == 1
+
+
 async def test_a_wait_counts_against_the_deadline_and_ends_in_504(sim, http, reset):
     raw = config(sim.url)
     raw["scheduling"] = {"lanes": [{"name": "default", "queue_size": 10, "max_queue_age_s": 30}]}
@@ -272,6 +284,23 @@ async def test_a_wait_counts_against_the_deadline_and_ends_in_504(sim, http, res
     assert head["x-should-retry"] == "false"
     assert waited < 5
     assert (await sim_stats(http, sim))["received"] == 1
+
+
+async def test_a_callers_deadline_is_held_to_the_routes_longest(sim, http, reset):
+    """`X-Sluicegate-Timeout: 1e308` asks to wait for ever; the route allows 0.3 s."""
+    raw = config(sim.url)
+    raw["routes"]["chat"]["default_timeout_s"] = 0.3
+    raw["scheduling"] = {"lanes": [{"name": "default", "queue_size": 10, "max_queue_age_s": 30}]}
+    raw["pools"][0]["max_concurrency"] = 1
+    async with inprocess_gateway(raw, ENV) as gw:
+        holder = asyncio.ensure_future(in_process(gw, 80, timeout_s=30))
+        await asyncio.sleep(0.1)
+        started = asyncio.get_running_loop().time()
+        status, _, body = await post(http, gw, "b", None, **{"X-Sluicegate-Timeout": "1e308"})
+        waited = asyncio.get_running_loop().time() - started
+        await holder
+    assert (status, body["error"]["code"]) == (504, "deadline_exceeded")
+    assert waited < 5
 
 
 async def test_sdk_read_timeout_header_sets_the_deadline(sim, http, reset):

@@ -161,6 +161,19 @@ async def test_a_conversation_with_tool_results_is_accepted(anthropic) -> None:
     assert reply.choices[0].message.content
 
 
+async def test_tool_call_arguments_nested_too_deep_are_a_400_not_a_failure(anthropic) -> None:
+    arguments = '{"a": ' * 300 + "1" + "}" * 300
+    call = {"id": "t1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    payload = chat()
+    payload["messages"] += [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "t1", "content": "ok"},
+    ]
+    with pytest.raises(GatewayError) as caught:
+        await complete(anthropic, payload)
+    assert caught.value.status == 400
+
+
 @pytest.mark.parametrize("endpoint", [Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS])
 async def test_other_endpoints_are_refused_before_any_call(anthropic, endpoint) -> None:
     with pytest.raises(GatewayError) as caught:

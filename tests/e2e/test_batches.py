@@ -199,6 +199,55 @@ async def test_a_bad_list_parameter_is_a_400_in_openais_shape(gateway, http, pat
     assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_request")
 
 
+async def test_control_characters_in_what_the_gateway_stores_are_a_400(gateway, http):
+    """PostgreSQL refuses a NUL in text, which ended a submit in a 500 with a traceback;
+    no control character is stored (or looked up) anywhere, on either store."""
+    sdk = client(gateway, "alice")
+    upload = await sdk.files.create(file=jsonl({"r1": chat()}), purpose="batch")
+    batch = {"endpoint": CHAT, "completion_window": "24h", "input_file_id": upload.id}
+    refused = {
+        "/v1/jobs": [
+            {"endpoint": CHAT, "body": chat(), "idempotency_key": "order\x007"},
+            {"endpoint": CHAT, "body": chat(), "version_key": "v\x1b", "version": 1},
+        ],
+        "/v1/batches": [
+            batch | {"metadata": {"owner": "ops\x00"}},
+            batch | {"metadata": {"own\x7fer": "ops"}},
+        ],
+    }
+    headers = {"Authorization": f"Bearer {KEYS['alice']}"}
+    for path, specs in refused.items():
+        for spec in specs:
+            async with http.post(f"{gateway.url}{path}", json=spec, headers=headers) as resp:
+                assert resp.status == 400, (spec, await resp.text())
+                assert "control characters" in (await resp.json())["error"]["message"]
+    for query, status in (
+        ("/v1/jobs/job%00", 404),
+        ("/v1/files/file%00", 404),
+        ("/v1/batches?after=batch%00", 400),
+    ):
+        async with http.get(f"{gateway.url}{query}", headers=headers) as resp:
+            assert resp.status == status, (query, await resp.text())
+    missing = batch | {"input_file_id": "file\x00"}
+    async with http.post(f"{gateway.url}/v1/batches", json=missing, headers=headers) as resp:
+        assert resp.status == 404, await resp.text()
+    form = (
+        b'--b\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        b'--b\r\nContent-Disposition: form-data; name="file"; filename="in\x07put.jsonl"\r\n'
+        b"\r\n{}\n\r\n--b--\r\n"
+    )
+    sent = headers | {"Content-Type": "multipart/form-data; boundary=b"}
+    async with http.post(f"{gateway.url}/v1/files", data=form, headers=sent) as resp:
+        assert resp.status == 400, await resp.text()
+        assert "'filename' must not contain control characters" in await resp.text()
+    lines_in = await sdk.files.create(file=jsonl({"r\x001": chat()}), purpose="batch")
+    failed = await sdk.batches.create(
+        input_file_id=lines_in.id, endpoint=CHAT, completion_window="24h"
+    )
+    assert failed.status == "failed"
+    assert "control characters" in failed.errors.data[0].message
+
+
 async def test_an_upload_past_the_tenants_storage_quota_is_refused(sim, tmp_path):
     quota = {"tenant_storage_max_bytes": 2048}
     gateway = start_gateway(tmp_path, gateway_config(sim, sqlite_jobs(tmp_path, **quota)))

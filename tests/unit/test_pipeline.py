@@ -139,6 +139,28 @@ async def test_a_fallback_attempt_sends_a_body_built_for_its_own_deployment():
         assert h.active("a") == h.active("b") == 0
 
 
+ENGINE_STEERING = {
+    "priority": -1000,
+    "cache_salt": "another-tenants-salt",
+    "request_id": "another-callers-id",
+    "kv_transfer_params": {"remote_host": "10.0.0.1", "remote_port": 5600},
+    "ec_transfer_params": {"remote_host": "10.0.0.1"},
+}
+
+
+@pytest.mark.parametrize("pass_priority", [False, True])
+async def test_a_caller_cannot_steer_the_engine(pass_priority: bool):
+    """Fields only the gateway may set never reach the deployment as the caller sent
+    them: a `priority` of its own would jump other tenants' queue in vLLM."""
+    raw = config({"name": "a", "pass_priority": pass_priority})
+    async with running(raw, {}) as h:
+        await h.ask(h.inbound(temperature=0.5, **ENGINE_STEERING))
+        (sent,) = h.providers["a"].bodies
+        assert sent["temperature"] == 0.5
+        assert sent.get("priority") == (0 if pass_priority else None)
+        assert not (ENGINE_STEERING.keys() - {"priority"}) & sent.keys()
+
+
 async def test_a_caller_gone_during_the_hedge_delay_leaves_no_attempt_behind():
     raw = config({"name": "a"}, {"name": "b"}, route={"hedge_after_s": 1})
     async with running(raw, {"a": "hang"}) as h:
@@ -279,6 +301,23 @@ async def test_n_and_best_of_multiply_the_output_reservation():
             assert info.value.code == "tenant_token_limited"
             assert info.value.should_retry is False
         assert len(h.providers["a"].bodies) == 1
+
+
+async def test_the_routes_prompt_budget_is_held_to_what_the_caller_sent_not_the_trimmed_prompt():
+    """Degraded, the ladder would trim this prompt to fit the route's budget; the budget
+    judges the request as sent, before any rewrite spends work on it."""
+    raw = config(
+        {"name": "a"},
+        route={"max_prompt_tokens": 20},
+        scheduling={"overload": {"ladder": {"trim_prompt_tokens": 10}}},
+    )
+    turns = [{"role": "user", "content": "x" * 40} for _ in range(3)]
+    async with running(raw, {}) as h:
+        h.runtime.pipeline._overload.observe([0.75])
+        with pytest.raises(GatewayError) as info:
+            await h.ask(h.inbound(messages=turns))
+        assert (info.value.status, info.value.code) == (400, "prompt_too_long")
+        assert h.providers["a"].bodies == []
 
 
 @pytest.mark.parametrize(("body_in", "takes"), [(True, 2), (False, 3)])

@@ -1,14 +1,14 @@
 """Gates at the edge, cheapest first, each refusing at once (no hidden queue).
 
-The tenant's concurrency is checked before the body is read; once the body is in and
-gave an estimate, the route's and the aggregate's concurrency (a slow body must not hold
-shared capacity) with the rates and token quotas, in one decision. A body that came whole
-with its headers holds nothing while it is read, so the tenant's slot then joins that
-decision. Each decision is all-or-nothing in the limit store (one round trip to a
-shared one), and
-what it took is handed to the caller's exit stack the moment it is taken, so it is
-given back (its slots freed and its token reservations settled, in one store call)
-whatever happens to the request.
+The tenant's concurrency is checked before the body is read; once the body is in, its
+prompt estimate is held to the prompt budgets (`check_prompt`), then the route's and
+the aggregate's concurrency (a slow body must not hold shared capacity) with the rates
+and token quotas, in one decision. A body that came whole with its headers holds
+nothing while it is read, so the tenant's slot then joins that decision. Each decision
+is all-or-nothing in the limit store (one round trip to a shared one), and what it took
+is handed to the caller's exit stack the moment it is taken, so it is given back (its
+slots freed and its token reservations settled, in one store call) whatever happens to
+the request.
 """
 
 from __future__ import annotations
@@ -120,12 +120,11 @@ class Boundary:
         shared: bool = True,
         tenant_slot: bool = False,
     ) -> None:
-        """Prompt budgets, then in one decision the route's and the aggregate's slots
-        (`shared`: only interactive HTTP traffic takes them, since they protect the HTTP
-        edge and jobs have their own bounds), the tenant's slot when `enter_tenant` did
-        not take it (`tenant_slot`), and the request and token rates of the tenant and
-        the aggregate."""
-        self._check_prompt_budget(call)
+        """In one decision the route's and the aggregate's slots (`shared`: only
+        interactive HTTP traffic takes them, since they protect the HTTP edge and jobs
+        have their own bounds), the tenant's slot when `enter_tenant` did not take it
+        (`tenant_slot`), and the request and token rates of the tenant and the
+        aggregate."""
         key = (call.tenant.name, call.endpoint, shared, tenant_slot)
         plan = self._quota_plans.get(key)
         if plan is None:
@@ -149,15 +148,6 @@ class Boundary:
             permits.push_async_callback(
                 self._give_back, decision, ask.charges, plan.tokens, call.reserved_tokens, tally
             )
-
-    def _check_prompt_budget(self, call: Call) -> None:
-        prompt = call.prompt_tokens
-        budget = call.route.max_prompt_tokens
-        if budget is not None and prompt > budget:
-            raise _too_long(prompt, f"the route {call.endpoint.value}", budget)
-        budget = call.tenant.max_prompt_tokens
-        if budget is not None and prompt > budget:
-            raise _too_long(prompt, f"tenant {call.tenant.name}", budget)
 
     def _quotas(
         self, tenant: Tenant, endpoint: Endpoint, shared: bool, tenant_slot: bool
@@ -208,6 +198,18 @@ class Boundary:
         """Free the shared slots and settle the token reservations against the usage
         reported, in one give-back."""
         await self._leases.give_back(lease, unspent(charges, tokens, reserved, tally.used_tokens))
+
+
+def check_prompt(prompt: int, endpoint: Endpoint, route: RoutePolicy, tenant: Tenant) -> None:
+    """The route's and the tenant's prompt budgets, held to the prompt as the caller sent
+    it: checked before the overload ladder rewrites it, so no rewrite is spent on a
+    request that was never admissible."""
+    budget = route.max_prompt_tokens
+    if budget is not None and prompt > budget:
+        raise _too_long(prompt, f"the route {endpoint.value}", budget)
+    budget = tenant.max_prompt_tokens
+    if budget is not None and prompt > budget:
+        raise _too_long(prompt, f"tenant {tenant.name}", budget)
 
 
 def _too_long(prompt: int, who: str, budget: int) -> GatewayError:

@@ -38,6 +38,17 @@ def prompt_tokens(endpoint: Endpoint, payload: dict[str, Any], count: Tokenizer)
     return total
 
 
+def turn_tokens(payload: dict[str, Any], count: Tokenizer) -> tuple[int, list[int]]:
+    """A chat prompt's tokens outside its messages, and each message's: together they make
+    `prompt_tokens`, so turns can be dropped without counting the rest again."""
+    rest = sum(
+        _leaf_tokens(payload[field], count)
+        for field in _PROMPT_FIELDS[Endpoint.CHAT]
+        if field != "messages" and payload.get(field) is not None
+    )
+    return rest, [_leaf_tokens(message, count) for message in payload["messages"]]
+
+
 def output_tokens(endpoint: Endpoint, payload: dict[str, Any], route_cap: int) -> int:
     """The output to reserve for one choice: the request's own cap, else the route's."""
     if endpoint is Endpoint.EMBEDDINGS:

@@ -30,7 +30,7 @@ from sluicegate.api.asgi import (
     read_body,
     send_json,
 )
-from sluicegate.api.intake import Intake, endpoint_of, path_id
+from sluicegate.api.intake import Intake, endpoint_of, path_id, plain, storable
 from sluicegate.api.jobs import page_object, page_query
 from sluicegate.api.ledger import BatchLedger
 from sluicegate.api.multipart import FormReader
@@ -77,7 +77,8 @@ class BatchRoutes:
             raise bad_request(f"'purpose' must be {INPUT_PURPOSE!r}: files here are batch input")
         if upload is None or not upload.filename:
             raise bad_request("'file' must be a file")
-        file = StoredFile(tenant=tenant.name, purpose=INPUT_PURPOSE, filename=upload.filename)
+        filename = plain(upload.filename, "filename")
+        file = StoredFile(tenant=tenant.name, purpose=INPUT_PURPOSE, filename=filename)
         quota = intake.policy.tenant_storage_max_bytes
         stored = await intake.store.create_file(file, _each(upload.chunks), quota)
         await send_json(send, 200, file_object(stored))
@@ -151,7 +152,9 @@ class BatchRoutes:
         source_id = spec.get("input_file_id")
         if not isinstance(source_id, str):
             raise bad_request("'input_file_id' must be the id of an uploaded file")
-        source = await intake.store.get_file(tenant.name, source_id)
+        source = (
+            await intake.store.get_file(tenant.name, source_id) if storable(source_id) else None
+        )
         if source is None or source.purpose != INPUT_PURPOSE:
             raise not_found(f"no batch input file {source_id!r}")
         batch = Batch(
@@ -268,6 +271,7 @@ def _request(intake: Intake, tenant: Tenant, endpoint: Endpoint, line: bytes) ->
     custom_id = item.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         raise bad_request("'custom_id' must be a non-empty string")
+    plain(custom_id, "custom_id")
     if item.get("method") != "POST":
         raise bad_request("'method' must be 'POST'")
     if item.get("url") != endpoint.path:
@@ -292,6 +296,9 @@ def _metadata(value: Any) -> dict[str, str] | None:
         and all(isinstance(k, str) and len(k) <= 64 for k in value)
         and all(isinstance(v, str) and len(v) <= 512 for v in value.values())
     ):
+        for key, text in value.items():
+            plain(key, "metadata")
+            plain(text, "metadata")
         return value
     raise bad_request("'metadata' must map at most 16 keys (64 characters) to strings (512)")
 

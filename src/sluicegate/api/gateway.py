@@ -162,6 +162,7 @@ class Gateway:
         """What the headers say; the body is read by the pipeline, after the tenant's gate,
         within `server.body_timeout_s` (kept by the server's connection)."""
         limit, timeout_s = self._settings.max_body_bytes, self._edge.body_timeout_s
+        route = self._settings.routes[endpoint]
         headers = dict(reversed(scope["headers"]))  # the first of each name, as `header` reads
         _identity_encoding(headers)
 
@@ -174,14 +175,14 @@ class Gateway:
                 body = await read_body(receive, limit, late=late)
             except TimeoutError:
                 raise _body_late(timeout_s) from None
-            return parse(endpoint, body)
+            return parse(endpoint, body, route.max_messages)
 
         return Inbound(
             endpoint,
             self._authenticate(scope),
             timeline.arrived_s,
             payload,
-            _timeout_s(headers),
+            _timeout_s(headers, route.max_timeout_s),
             _lane(headers),
             _client_retries(headers),
             watch=lambda: DisconnectWatcher(receive),
@@ -273,8 +274,9 @@ def _model_entry(name: str) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": 0, "owned_by": "sluicegate"}
 
 
-def _timeout_s(headers: Mapping[bytes, bytes]) -> float | None:
-    """The caller's deadline: ours explicitly, else the `openai` SDK's own read timeout."""
+def _timeout_s(headers: Mapping[bytes, bytes], longest_s: float) -> float | None:
+    """The caller's deadline: ours explicitly, else the `openai` SDK's own read timeout;
+    at most the route's `longest_s`, so no caller holds a place for ever."""
     for name in (b"x-sluicegate-timeout", b"x-stainless-read-timeout"):
         value = headers.get(name)
         if value is None:
@@ -285,7 +287,7 @@ def _timeout_s(headers: Mapping[bytes, bytes]) -> float | None:
             raise bad_request(f"{name.decode()} must be a number of seconds") from None
         if not seconds > 0 or seconds == float("inf"):
             raise bad_request(f"{name.decode()} must be a positive number of seconds")
-        return seconds
+        return min(seconds, longest_s)
     return None
 
 

@@ -9,6 +9,7 @@ saturated.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -33,6 +34,9 @@ from sluicegate.jobs.store import JobStore
 log = logging.getLogger("sluicegate.jobs")
 
 BACKLOG_FULL = "job_backlog_full"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+"""C0 and C1 control characters and DEL: PostgreSQL refuses NUL in text, and the others
+would reach listings, files and logs as they came."""
 _ENDPOINTS = {endpoint.path: endpoint for endpoint in Endpoint}
 
 TenantHandler = Callable[[Tenant, Scope, Receive, Send], Awaitable[None]]
@@ -89,7 +93,7 @@ class Intake:
         if not isinstance(body, dict):
             raise bad_request("'body' must be the request, a JSON object")
         raw = orjson.dumps(body)
-        payload = parse(endpoint, raw)
+        payload = parse(endpoint, raw, self.settings.routes[endpoint].max_messages)
         if payload.get("stream"):
             raise bad_request("a job's answer is stored, not streamed: leave 'stream' unset")
         self.settings.model_for(tenant, payload["model"])
@@ -137,6 +141,20 @@ class Intake:
             )
 
 
+def plain(text: str, name: str) -> str:
+    """`text`, a caller's string the gateway stores, refused if it holds a control
+    character."""
+    if _CONTROL.search(text):
+        raise bad_request(f"'{name}' must not contain control characters")
+    return text
+
+
+def storable(text: str) -> bool:
+    """Whether `text` could name something stored: an id looked up that could not be
+    stored is not found without asking the store."""
+    return _CONTROL.search(text) is None
+
+
 def endpoint_of(path: Any) -> Endpoint:
     endpoint = _ENDPOINTS.get(path) if isinstance(path, str) else None
     if endpoint is None:
@@ -149,7 +167,7 @@ def path_id(scope: Scope, prefix: str, suffix: str = "") -> str:
     rest = scope["path"].removeprefix(prefix)
     if suffix:
         rest = rest.removesuffix(suffix) if rest.endswith(suffix) else ""
-    if not rest or "/" in rest:
+    if not rest or "/" in rest or not storable(rest):
         raise not_found(f"no route {shown(scope['path'])}", "unknown_route")
     return rest
 

@@ -23,7 +23,7 @@ from sluicegate.api.asgi import (
     send_bytes,
     send_json,
 )
-from sluicegate.api.intake import Intake, endpoint_of, path_id
+from sluicegate.api.intake import Intake, endpoint_of, path_id, plain
 from sluicegate.api.payloads import json_object
 from sluicegate.core.errors import bad_request, not_found
 from sluicegate.core.types import Tenant
@@ -127,7 +127,8 @@ def page_query(scope: Scope) -> tuple[int, str | None]:
     if unknown:
         raise bad_request(f"unknown query parameter {unknown[0]!r}")
     limit = _page_size(query.get("limit", [str(_DEFAULT_PAGE)])[-1])
-    return limit, query.get("after", [None])[-1]
+    after = query.get("after", [None])[-1]
+    return limit, None if after is None else plain(after, "after")
 
 
 def page_object(items: list[dict[str, Any]], limit: int) -> dict[str, Any]:
@@ -196,7 +197,7 @@ def _integer(spec: dict[str, Any], name: str, low: int, high: int) -> int | None
 
 def _text(value: Any, name: str) -> str | None:
     if value is None or (isinstance(value, str) and 0 < len(value) <= _MAX_KEY):
-        return value
+        return value if value is None else plain(value, name)
     raise bad_request(f"'{name}' must be a string of 1 to {_MAX_KEY} characters")
 
 

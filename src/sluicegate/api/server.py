@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import resource
 import signal
 import socket
 from types import FrameType
@@ -60,6 +61,33 @@ def listen(
         listener.close()
         raise
     return listener
+
+
+SPARE_FILES = 128
+"""Files a gateway holds beyond its client and upstream connections: its listening
+socket and event loop, logs, Redis and job store connections, backend metric scrapes."""
+
+
+def fit_open_files(wanted: int) -> str | None:
+    """Raise the soft open-files limit towards the hard one until `wanted` fit, or say
+    why they cannot: past the limit `accept` fails with EMFILE, and clients are refused
+    long before `server.max_connections`."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return None
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        target = soft
+    if target >= wanted:
+        return None
+    shown = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
+    return (
+        f"the open-files limit is {target} (hard limit {shown}), fewer than the {wanted} "
+        "that server.max_connections and the deployments' max_connections may need; "
+        "raise it (ulimit -n, systemd LimitNOFILE=) or lower server.max_connections"
+    )
 
 
 def serve(

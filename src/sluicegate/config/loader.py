@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from sluicegate.config.schema import (
+    ChatRouteConfig,
     DeploymentConfig,
     GatewayConfig,
     JobsConfig,
@@ -262,6 +263,7 @@ def _route(spec: RouteConfig) -> RoutePolicy:
     return RoutePolicy(
         max_concurrency=spec.max_concurrency,
         default_timeout_s=spec.default_timeout_s,
+        max_timeout_s=spec.max_timeout_s or spec.default_timeout_s,
         min_attempt_s=spec.min_attempt_s,
         max_output_tokens=spec.max_output_tokens,
         max_prompt_tokens=spec.max_prompt_tokens,
@@ -270,6 +272,7 @@ def _route(spec: RouteConfig) -> RoutePolicy:
         hedge_after_s=spec.hedge_after_s,
         reasoning_effort=spec.reasoning_effort,
         first_byte_s=spec.first_byte_s,
+        max_messages=spec.max_messages if isinstance(spec, ChatRouteConfig) else None,
     )
 
 

@@ -78,6 +78,9 @@ class BreakerConfig(Strict):
 class RouteConfig(Strict):
     max_concurrency: int | None = Field(default=None, ge=1)
     default_timeout_s: Seconds = 600.0
+    max_timeout_s: Seconds | None = Field(
+        default=None, description="the longest deadline a caller may ask for (default_timeout_s)"
+    )
     min_attempt_s: float = Field(default=0.05, ge=0)
     max_output_tokens: int = Field(default=4096, ge=1)
     max_prompt_tokens: int | None = Field(default=None, ge=1)
@@ -89,9 +92,21 @@ class RouteConfig(Strict):
         default=None, description="overrides the deployments' first-byte timeout"
     )
 
+    @model_validator(mode="after")
+    def _longest_after_default(self) -> RouteConfig:
+        if self.max_timeout_s is not None and self.max_timeout_s < self.default_timeout_s:
+            raise ValueError("max_timeout_s must be at least default_timeout_s")
+        return self
+
+
+class ChatRouteConfig(RouteConfig):
+    max_messages: int = Field(
+        default=4096, ge=1, description="the most messages one request may carry (400 beyond)"
+    )
+
 
 class RoutesConfig(Strict):
-    chat: RouteConfig = RouteConfig()
+    chat: ChatRouteConfig = ChatRouteConfig()
     completions: RouteConfig = RouteConfig()
     embeddings: RouteConfig = RouteConfig()
 

@@ -156,10 +156,13 @@ class Quota:
 class RoutePolicy:
     """Per-route rules. `max_concurrency` is refused beyond, with no queue. After
     `hedge_after_s` without a first byte, a second attempt goes to another deployment;
-    `reasoning_effort` is sent when a request sets none."""
+    `reasoning_effort` is sent when a request sets none. A caller's own deadline is held
+    to `max_timeout_s`. `max_messages` bounds a chat
+    request's messages, and with them the work of every pass over them."""
 
     max_concurrency: int | None = None
     default_timeout_s: float = 600.0
+    max_timeout_s: float = 600.0
     min_attempt_s: float = 0.05
     max_output_tokens: int = 4096
     max_prompt_tokens: int | None = None
@@ -168,6 +171,7 @@ class RoutePolicy:
     hedge_after_s: float | None = None
     reasoning_effort: str | None = None
     first_byte_s: float | None = None
+    max_messages: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from sluicegate.core.errors import bad_request
+from sluicegate.core.nesting import MAX_DEPTH, too_deep
 from sluicegate.providers.anthropic_errors import unsupported
 
 DEFAULT_MAX_TOKENS = 4096
@@ -171,6 +172,8 @@ def _tool_use(call: dict[str, Any]) -> Block:
         raise bad_request("tool call arguments must be a JSON object") from None
     if not isinstance(arguments, dict):
         raise bad_request("tool call arguments must be a JSON object")
+    if too_deep(arguments):
+        raise bad_request(f"tool call arguments nest deeper than {MAX_DEPTH} levels")
     return {
         "type": "tool_use",
         "id": call.get("id"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sluicegate.admission.estimate import Tokenizer, prompt_tokens
+from sluicegate.admission.estimate import Tokenizer, turn_tokens
 from sluicegate.core.types import Endpoint, Ladder, Lane
 
 
@@ -39,13 +39,20 @@ def degrade(
 
 
 def _trim(payload: dict[str, Any], budget: int, count: Tokenizer) -> bool:
-    """Drop the oldest turns (never system messages, never the last) until the prompt fits."""
+    """Drop the oldest turns (never system messages, never the last) until the prompt fits,
+    in one pass with a running total: each turn is counted once."""
     messages: list[dict[str, Any]] = payload["messages"]
-    trimmed = False
-    while prompt_tokens(Endpoint.CHAT, payload, count) > budget:
-        oldest = next((i for i, m in enumerate(messages[:-1]) if m.get("role") != "system"), None)
-        if oldest is None:
-            break
-        del messages[oldest]
-        trimmed = True
+    rest, turns = turn_tokens(payload, count)
+    total = rest + sum(turns)
+    if total <= budget:
+        return False
+    kept: list[dict[str, Any]] = []
+    for message, tokens in zip(messages[:-1], turns, strict=False):
+        if total > budget and message.get("role") != "system":
+            total -= tokens
+        else:
+            kept.append(message)
+    kept.append(messages[-1])
+    trimmed = len(kept) < len(messages)
+    messages[:] = kept
     return trimmed

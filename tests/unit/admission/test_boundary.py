@@ -4,7 +4,7 @@ from contextlib import AsyncExitStack
 
 import pytest
 
-from sluicegate.admission.boundary import Boundary
+from sluicegate.admission.boundary import Boundary, check_prompt
 from sluicegate.core import keys
 from sluicegate.core.call import Call, Tally
 from sluicegate.core.errors import GatewayError
@@ -131,23 +131,16 @@ async def test_aggregate_rate_is_503_even_when_each_tenant_is_within_its_own():
     assert err.retry_after_s == pytest.approx(20)
 
 
-async def test_prompt_over_budget_is_400_naming_the_budget():
-    gate, _ = boundary()
-    err = await refusal(
-        gate.admit(
-            call(Tenant("a", None, max_prompt_tokens=50), prompt=51), AsyncExitStack(), Tally()
-        )
-    )
+def test_prompt_over_budget_is_400_naming_the_budget():
+    with pytest.raises(GatewayError) as info:
+        check_prompt(51, Endpoint.CHAT, DEFAULT_ROUTE, Tenant("a", None, max_prompt_tokens=50))
+    err = info.value
     assert (err.status, err.code, err.should_retry) == (400, "prompt_too_long", False)
     assert "at most 50" in err.message
-    err = await refusal(
-        gate.admit(
-            call(Tenant("a", None), prompt=51, route=RoutePolicy(max_prompt_tokens=40)),
-            AsyncExitStack(),
-            Tally(),
-        )
-    )
-    assert "route chat allows at most 40" in err.message
+    with pytest.raises(GatewayError) as info:
+        check_prompt(51, Endpoint.CHAT, RoutePolicy(max_prompt_tokens=40), Tenant("a", None))
+    assert "route chat allows at most 40" in info.value.message
+    check_prompt(40, Endpoint.CHAT, RoutePolicy(max_prompt_tokens=40), Tenant("a", None))
 
 
 async def test_a_request_larger_than_the_whole_quota_is_not_worth_retrying():

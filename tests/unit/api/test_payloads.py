@@ -4,9 +4,12 @@ import orjson
 import pytest
 
 from sluicegate.api.asgi import error_body
+from sluicegate.api.intake import Intake
 from sluicegate.api.payloads import MAX_DEPTH, parse
+from sluicegate.config.loader import parse_settings
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.types import Endpoint
+from tests.support.clock import FakeClock
 
 
 @pytest.mark.parametrize(
@@ -78,3 +81,36 @@ def test_token_fields_must_be_integers(field, value):
 def test_integer_and_null_token_fields_pass():
     body = b'{"model": "m", "messages": [{}], "max_tokens": 5, "n": null, "best_of": 0}'
     assert parse(Endpoint.CHAT, body)["max_tokens"] == 5
+
+
+def chat_with(turns: int) -> bytes:
+    return orjson.dumps({"model": "m", "messages": [{"role": "user"}] * turns})
+
+
+def test_more_messages_than_the_route_allows_is_a_400_naming_the_limit():
+    assert len(parse(Endpoint.CHAT, chat_with(4), max_messages=4)["messages"]) == 4
+    with pytest.raises(GatewayError) as info:
+        parse(Endpoint.CHAT, chat_with(5), max_messages=4)
+    err = info.value
+    assert (err.status, err.param) == (400, "messages")
+    assert "5 messages" in err.message
+    assert "at most 4" in err.message
+
+
+def test_a_job_is_held_to_its_routes_message_limit():
+    raw = {
+        "routes": {"chat": {"max_messages": 2}},
+        "models": [
+            {
+                "name": "m",
+                "deployments": [{"name": "d", "base_url": "http://127.0.0.1:9/v1", "model": "m"}],
+            }
+        ],
+        "tenants": [{"name": "a", "keys": [{"env": "A_KEY"}]}],
+    }
+    settings = parse_settings(raw, "test", {"A_KEY": "sk-a"})
+    intake = Intake(settings, FakeClock(), lambda: None)
+    body = orjson.loads(chat_with(3))
+    with pytest.raises(GatewayError) as info:
+        intake.request(settings.tenants[0], Endpoint.CHAT, body)
+    assert "at most 2" in info.value.message

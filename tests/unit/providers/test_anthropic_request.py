@@ -221,3 +221,27 @@ def test_include_usage_reads_stream_options():
     assert include_usage({"stream_options": {"include_usage": True}})
     assert not include_usage({"stream_options": {"include_usage": False}})
     assert not include_usage({})
+
+
+def deep_arguments(depth: int) -> dict:
+    """A conversation whose tool call's arguments, a JSON string, nest `depth` levels."""
+    arguments = '{"a": ' * depth + "1" + "}" * depth
+    call = {"id": "t1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    return {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "t1", "content": "ok"},
+        ]
+    }
+
+
+@pytest.mark.parametrize("depth", [200, 1000])
+def test_tool_call_arguments_nested_too_deep_to_send_are_a_400(depth):
+    """The arguments string parses (orjson reads 1,024 levels) but the request holding it
+    could not be written (254): refused as the caller's, not failed as the gateway's."""
+    with pytest.raises(GatewayError) as info:
+        messages_request(deep_arguments(depth), "m")
+    assert info.value.status == 400
+    assert "deeper than" in info.value.message
+    assert messages_request(deep_arguments(100), "m")["messages"][1]["content"][0]["input"]

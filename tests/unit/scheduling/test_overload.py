@@ -103,6 +103,24 @@ def test_ladder_trims_the_oldest_turns_but_keeps_system_and_the_last():
     assert [m["content"][0] for m in payload["messages"]] == ["s", "c"]
 
 
+def test_trimming_counts_each_turn_once_however_many_it_drops():
+    """A body of many tiny turns is trimmed in one pass: re-counting the whole prompt
+    after each dropped turn would hold the event loop for the square of their number."""
+    calls = 0
+
+    def counting(text: str) -> int:
+        nonlocal calls
+        calls += 1
+        return 1
+
+    turns = 1000
+    payload = {"messages": [{"role": "user", "content": "x"} for _ in range(turns)]}
+    actions = degrade(Ladder(trim_prompt_tokens=10), TOP, TOP, Endpoint.CHAT, payload, counting)
+    assert actions == ["trim_prompt"]
+    assert len(payload["messages"]) == 2  # four strings, so four tokens, a turn
+    assert calls <= 4 * turns
+
+
 @pytest.mark.parametrize("endpoint", [Endpoint.EMBEDDINGS, Endpoint.COMPLETIONS])
 def test_ladder_leaves_other_endpoints_prompts_alone(endpoint):
     payload = {"input": "x" * 1000, "prompt": "x" * 1000}
