@@ -68,6 +68,7 @@ from sluicegate.scheduling.dispatcher import Dispatcher
 from sluicegate.scheduling.fairness import Fairness, RoundRobin, VirtualTokenCounter
 from sluicegate.scheduling.fleet_fairness import FairnessSync, FleetVirtualTokenCounter, Queued
 from sluicegate.scheduling.overload import OverloadMonitor, OverloadWatch
+from sluicegate.scheduling.routing import placement_for
 from sluicegate.stores.failover import FailoverStore
 from sluicegate.stores.memory import MemoryLimitStore
 from sluicegate.stores.redis import RedisLimitStore, listener, unreachable
@@ -145,23 +146,23 @@ def build(
     gates = {d.name: make_gate(d, clock, fleet=fleet) for d in deployments}
     monitor = OverloadMonitor(settings.scheduling.overload, clock)
     breakers = {d.name: make_breaker(d, clock, fleet=fleet) for d in deployments}
-    dispatchers = {
-        name: Dispatcher(
+    dispatchers = {}
+    for name, model in settings.models.items():
+        targets = [
+            Target(d, tuple(pools[p] for p in d.pools), gates[d.name], breakers[d.name])
+            for d in model.deployments
+        ]
+        dispatchers[name] = Dispatcher(
             name,
             settings.scheduling.lanes,
-            [
-                Target(d, tuple(pools[p] for p in d.pools), gates[d.name], breakers[d.name])
-                for d in model.deployments
-            ],
+            targets,
             fairness_factory(settings, name, clock, fleet=fleet),
             clock,
             metrics.queue_waited,
             pause_rule(settings, monitor),
-            chain=model.strategy == "fallback",
+            placement_for(model, targets),
             reserve=settings.scheduling.reserve,
         )
-        for name, model in settings.models.items()
-    }
     metrics.watch(pools.values(), dispatchers.values(), gates)
     metrics.watch_overload(monitor)
     if shared is not None:

@@ -69,6 +69,21 @@ class BackendGate(Protocol):
         """Called when the gate may have opened."""
         ...
 
+    def load(self) -> Load | None:
+        """How busy the backend is, as its metrics last said plus this gateway's sends
+        since; None without a fresh sample."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """A backend's requests running and waiting (the last sample's, plus what was sent
+    since less what ended since), its batch when known, and its KV cache in use."""
+
+    requests: float
+    batch: int | None
+    kv_usage: float | None
+
 
 class _Listeners:
     def __init__(self) -> None:
@@ -105,6 +120,9 @@ class OpenGate(_Listeners):
 
     @property
     def tpot_s(self) -> float | None:
+        return None
+
+    def load(self) -> Load | None:
         return None
 
 
@@ -210,6 +228,13 @@ class MetricsGate(_Listeners):
             return GateState.STALE
         return GateState.OPEN if self.estimated_waiting == 0 else GateState.CLOSED
 
+    def load(self) -> Load | None:
+        sample = self._sample
+        if sample is None or self._stale():
+            return None
+        requests = max(0.0, sample.running + sample.waiting + self._sent - self._done)
+        return Load(requests, self._spec.max_num_seqs, sample.kv_usage)
+
     def _stale(self) -> bool:
         return self._clock.now() - self._sampled_s > self._spec.stale_after_s
 
@@ -257,6 +282,9 @@ class AimdGate(_Listeners):
 
     @property
     def tpot_s(self) -> float | None:
+        return None
+
+    def load(self) -> Load | None:
         return None
 
 

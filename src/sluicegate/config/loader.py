@@ -41,6 +41,7 @@ from sluicegate.core.types import (
     Model,
     OverloadPolicy,
     PoolSpec,
+    PrefixAffinity,
     Quota,
     RedisPolicy,
     RetryPolicy,
@@ -183,7 +184,10 @@ def _to_settings(
 ) -> Settings:
     models = {
         m.name: Model(
-            m.name, tuple(_deployment(d, m.name, env, source) for d in m.deployments), m.strategy
+            m.name,
+            tuple(_deployment(d, m.name, env, source) for d in m.deployments),
+            m.strategy,
+            PrefixAffinity(**m.prefix_affinity.model_dump()),
         )
         for m in config.models
     }

@@ -282,10 +282,27 @@ class DeploymentConfig(Strict):
         return self
 
 
+class PrefixAffinityConfig(Strict):
+    block_bytes: int = Field(
+        default=512, ge=16, le=65536, description="prompt bytes per hashed block"
+    )
+    index_blocks: int = Field(
+        default=8192,
+        ge=1,
+        le=10_000_000,
+        description="blocks remembered per deployment: about its KV cache in tokens "
+        "/ (block_bytes / 4)",
+    )
+    max_load_ratio: float = Field(
+        default=1.25, gt=1, description="an affine deployment fuller than this x the mean gives way"
+    )
+
+
 class ModelConfig(Strict):
     name: Name
     deployments: list[DeploymentConfig] = Field(min_length=1)
-    strategy: Literal["round_robin", "fallback"] = "round_robin"
+    strategy: Literal["round_robin", "fallback", "least_loaded", "prefix_affinity"] = "round_robin"
+    prefix_affinity: PrefixAffinityConfig = PrefixAffinityConfig()
 
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")

@@ -124,13 +124,28 @@ class Deployment:
 
 
 @dataclass(frozen=True, slots=True)
+class PrefixAffinity:
+    """How `prefix_affinity` cuts prompts and how much it remembers: blocks of
+    `block_bytes` rendered bytes (about a quarter as many tokens), at most
+    `index_blocks` per deployment (about its KV cache in tokens / (block_bytes / 4)),
+    and a deployment fuller than `max_load_ratio` x the mean gives way."""
+
+    block_bytes: int = 512
+    index_blocks: int = 8192
+    max_load_ratio: float = 1.25
+
+
+@dataclass(frozen=True, slots=True)
 class Model:
     """`fallback` tries deployments in their listed order (a chain); `round_robin`
-    rotates the first choice. Either way a failed attempt moves to another one."""
+    rotates the first choice; `least_loaded` tries the one with the most room first;
+    `prefix_affinity` the one that holds the longest part of the prompt in its cache
+    (`scheduling.placement`). Whichever, a failed attempt moves to another one."""
 
     name: str
     deployments: tuple[Deployment, ...]
     strategy: str = "round_robin"
+    prefix_affinity: PrefixAffinity = PrefixAffinity()
 
 
 @dataclass(frozen=True, slots=True)

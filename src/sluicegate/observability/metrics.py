@@ -354,7 +354,35 @@ class CapacityCollector(Collector):
             "refused, at once or after a wait in the queue, by refusal code.",
             labels=["model", "reason"],
         )
+        placements = CounterMetricFamily(
+            "sluicegate_placements",
+            "Attempts dispatched, by deployment, the model's strategy and why the "
+            "deployment was chosen (order, least_loaded, affinity, hash, load_override, "
+            "or fallback past the strategy's first choice); models of one deployment are "
+            "not counted.",
+            labels=["model", "deployment", "strategy", "reason"],
+        )
+        index_blocks = GaugeMetricFamily(
+            "sluicegate_prefix_index_blocks",
+            "Prompt blocks prefix_affinity remembers as sent to each deployment.",
+            labels=["model", "deployment"],
+        )
+        hit_ratio = GaugeMetricFamily(
+            "sluicegate_prefix_estimated_hit_ratio",
+            "Of the prompt blocks prefix_affinity sent, those the chosen deployment had "
+            "been sent lately: the gateway's estimate of the backends' prefix-cache hits.",
+            labels=["model"],
+        )
         for view in (d.view() for d in self._dispatchers):
+            placement = view.placement
+            for deployment, reasons in placement["chosen"].items():
+                for reason, count in reasons.items():
+                    key = [view.model, deployment, placement["strategy"], reason]
+                    placements.add_metric(key, count)
+            for deployment, size in placement.get("index_blocks", {}).items():
+                index_blocks.add_metric([view.model, deployment], size)
+            if placement.get("estimated_hit_ratio") is not None:
+                hit_ratio.add_metric([view.model], placement["estimated_hit_ratio"])
             reserved.add_metric([view.model], view.reserved_slots)
             protected.add_metric([view.model], view.protected_arrivals)
             for reason, count in view.protected_refused.items():
@@ -383,7 +411,7 @@ class CapacityCollector(Collector):
         yield from (depth, oldest, dispatched, queue_dispatched, expired, shed, unavailable)
         yield from (abandoned, preempted, correction, tail)
         yield from (service, slot_cost, yield_rate, yield_cuts, reserved, protected)
-        yield protected_refused
+        yield from (protected_refused, placements, index_blocks, hit_ratio)
 
     def _gate_families(self) -> Iterator[Metric]:
         state = GaugeMetricFamily(

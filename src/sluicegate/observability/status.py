@@ -55,6 +55,7 @@ def snapshot(
             "decode_s_per_token": view.decode_s_per_token,
             "prefill_s_per_token": view.prefill_s_per_token,
             "checks": view.checks,
+            "placement": view.placement,
         }
     return {
         "overload": {"state": monitor.state.label, "pressure": round(monitor.pressure, 3)},
@@ -77,6 +78,7 @@ TAKES_MAX = frozenset(
         "decode_s_per_token",
         "prefill_s_per_token",
         "window_s",
+        "estimated_hit_ratio",
     }
 )
 """Status fields merged across workers by their largest value (ages, the worst pressure,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sluicegate.capacity.breaker import Breaker
 from sluicegate.capacity.gates import BackendGate
@@ -18,6 +18,9 @@ from sluicegate.capacity.pools import Pool, PoolGroup, PoolPermit
 from sluicegate.core.call import Call
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.types import Deployment, Lane
+
+if TYPE_CHECKING:
+    from sluicegate.scheduling.placement import Placed
 
 
 @dataclass(slots=True)
@@ -82,6 +85,8 @@ class Attempt:
     hedge: bool = False
     """The second of a hedged pair: the same request again, not a new arrival."""
     target: Target | None = None
+    placed: Placed | None = None
+    """Where its model's strategy sent it first, and why (written by `Routing`)."""
     permit: PoolPermit | None = None
     body: dict[str, Any] | None = None
     dispatched_s: float | None = None

@@ -32,6 +32,8 @@ from sluicegate.scheduling.demand import Learner
 from sluicegate.scheduling.fairness import Fairness, WeighsSlots
 from sluicegate.scheduling.handover import Giver, HandOver, Rests
 from sluicegate.scheduling.pacing import Pacing
+from sluicegate.scheduling.placement import Placement
+from sluicegate.scheduling.placement.round_robin import RoundRobin
 from sluicegate.scheduling.plugin import Check, Dispatch, Observer, Plans, first_refusal, hearing
 from sluicegate.scheduling.prefilling import PrefillBudgets
 from sluicegate.scheduling.promise import QueueExit
@@ -59,7 +61,7 @@ class Dispatcher:
         clock: Clock,
         on_wait: OnWait | None = None,
         paused: Callable[[Lane], bool] = lambda lane: False,
-        chain: bool = False,
+        placement: Placement | None = None,
         reserve: float = MOST_OF_BATCH,
     ) -> None:
         self.model = model
@@ -71,7 +73,7 @@ class Dispatcher:
         self.queues = {lane.name: LaneQueue(lane, fair[lane.name]) for lane in self.lanes}
         slot_costs = {name: f.costs for name, f in fair.items() if isinstance(f, WeighsSlots)}
         self._paused = paused
-        self.routing = Routing(self.targets, chain)
+        self.routing = Routing(self.targets, placement or RoundRobin())
         self._kicked = asyncio.Event()
         self._retry = Wakeup(clock, self.kick)
         """The wake-up for a rate limit's next slot or a cooldown's end."""
@@ -105,7 +107,7 @@ class Dispatcher:
             tenants,
         )
         self._plans = Plans(self.checks, self.lanes, self.targets)
-        learners = (self.handover, self.pacing, self.learner, budgets, self.stats)
+        learners = (self.handover, self.pacing, self.learner, budgets, self.stats, self.routing)
         plugins = (*self.checks, self.spares, self.rule, *learners)
         self.observers: tuple[Observer, ...] = tuple(
             dict.fromkeys(p for p in plugins if isinstance(p, Observer))

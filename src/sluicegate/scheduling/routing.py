@@ -1,25 +1,48 @@
 """Which of a model's deployments may take this attempt, and in what order?
 
-`fallback` tries them in the configured order, `round_robin` rotates the first one per
-attempt. Deployments that already failed this request go last. The rest of a
-handed-over answer goes only where a final assistant message is continued (one at
-least: its first part came from such a deployment of this model).
+The model's strategy (`placement`) orders them; deployments that already failed this
+request are left out while another remains. The rest of a handed-over answer goes only
+where a final assistant message is continued (one at least: its first part came from
+such a deployment of this model). Once an attempt has gone, its strategy hears where,
+and the count of each deployment chosen and why (its strategy's first choice, or a
+fallback past it) is kept.
 """
 
 from __future__ import annotations
 
-import itertools
+from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 from sluicegate.core.errors import GatewayError
+from sluicegate.core.types import Model
 from sluicegate.scheduling.attempt import Attempt, Target
+from sluicegate.scheduling.placement import Placement, Reason
+from sluicegate.scheduling.placement.fallback import Fallback
+from sluicegate.scheduling.placement.least_loaded import LeastLoaded
+from sluicegate.scheduling.placement.prefix_affinity import PrefixAffinity
+from sluicegate.scheduling.placement.round_robin import RoundRobin
+from sluicegate.scheduling.plugin import Dispatch, Quiet
 
 
-class Routing:
-    def __init__(self, targets: Sequence[Target], chain: bool) -> None:
+def placement_for(model: Model, targets: Sequence[Target]) -> Placement:
+    """The model's configured strategy."""
+    if model.strategy == "fallback":
+        return Fallback()
+    if model.strategy == "least_loaded":
+        return LeastLoaded()
+    if model.strategy == "prefix_affinity":
+        return PrefixAffinity(targets, model.prefix_affinity)
+    return RoundRobin()
+
+
+class Routing(Quiet):
+    def __init__(self, targets: Sequence[Target], placement: Placement) -> None:
         self._targets = list(targets)
-        self._chain = chain
-        self._turn = itertools.count()
+        self.placement = placement
+        self.listening = len(self._targets) > 1
+        self.chosen: Counter[tuple[str, Reason]] = Counter()
+        """Attempts dispatched, by deployment and why it was chosen."""
 
     def candidates(self, attempt: Attempt) -> list[Target]:
         targets = self._targets
@@ -27,14 +50,26 @@ class Routing:
             return targets
         if attempt.call.resumed:
             targets = [target for target in targets if target.deployment.resumable]
-        if not self._chain:
-            start = next(self._turn) % len(targets)
-            targets = targets[start:] + targets[:start]
+        targets, attempt.placed = self.placement.order(targets, attempt)
         avoid = attempt.avoid
         if not avoid:
             return targets
         fresh = [t for t in targets if t.deployment.name not in avoid]
         return fresh or targets
+
+    def dispatched(self, attempt: Attempt, how: Dispatch) -> None:
+        placed, target = attempt.placed, attempt.target
+        if placed is None or target is None:
+            return
+        name = target.deployment.name
+        self.chosen[(name, placed.reason if name == placed.first else Reason.FALLBACK)] += 1
+        self.placement.placed(attempt, target, placed)
+
+    def view(self) -> dict[str, Any]:
+        chosen: dict[str, dict[str, int]] = {}
+        for (name, reason), count in self.chosen.items():
+            chosen.setdefault(name, {})[reason.value] = count
+        return {"strategy": self.placement.name, "chosen": chosen, **self.placement.view()}
 
 
 def most_telling(refusals: list[GatewayError]) -> GatewayError:

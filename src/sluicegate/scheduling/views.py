@@ -91,6 +91,9 @@ class DispatcherView:
     prefill_s_per_token: float | None
     """The engine time a prompt token costs, as learnt from the streams; None before
     they tell it."""
+    placement: Mapping[str, Any]
+    """The model's strategy, the deployments chosen by reason, and what the strategy
+    keeps (`routing.Routing.view`)."""
 
 
 def dispatcher_view(d: Dispatcher) -> DispatcherView:
@@ -112,6 +115,7 @@ def dispatcher_view(d: Dispatcher) -> DispatcherView:
         dict(d.stats.protected_refused),
         unit.decode_s_per_token,
         unit.prefill_s_per_token,
+        d.routing.view(),
     )
 
 

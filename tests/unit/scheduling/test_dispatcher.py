@@ -38,6 +38,7 @@ from sluicegate.scheduling.demand import SMOOTHING
 from sluicegate.scheduling.dispatcher import Dispatcher
 from sluicegate.scheduling.fairness import RoundRobin, VirtualTokenCounter
 from sluicegate.scheduling.handover import Giver
+from sluicegate.scheduling.placement import fallback, round_robin
 from sluicegate.stores.memory import MemoryLimitStore
 from tests.support.clock import FakeClock
 from tests.support.fakes import YieldingStore
@@ -1095,8 +1096,10 @@ class QueuedAsks(MemoryLimitStore):
         return await super().take(ask, lease, ttl_s)
 
 
-@pytest.mark.parametrize("chain", [True, False])
-async def test_only_a_queued_request_stands_in_line_and_only_for_the_last_deployment(clock, chain):
+@pytest.mark.parametrize("placement", [fallback.Fallback, round_robin.RoundRobin])
+async def test_only_a_queued_request_stands_in_line_and_only_for_the_last_deployment(
+    clock, placement
+):
     """A refusal sends a request on to the next deployment: a place in the first's line
     would have that pool set a slot aside for a replica that took another. It stands in
     one line, the last deployment's in the configured order however the candidates are
@@ -1104,7 +1107,12 @@ async def test_only_a_queued_request_stands_in_line_and_only_for_the_last_deploy
     store = QueuedAsks(clock)
     targets = deployments_a_and_b(store, clock, 1)
     dispatcher = Dispatcher(
-        "m", [INTERACTIVE], targets, lambda lane: VirtualTokenCounter(), clock, chain=chain
+        "m",
+        [INTERACTIVE],
+        targets,
+        lambda lane: VirtualTokenCounter(),
+        clock,
+        placement=placement(),
     )
     runner = asyncio.create_task(dispatcher.run())
     try:

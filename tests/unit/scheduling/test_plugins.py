@@ -39,6 +39,9 @@ from sluicegate.core.types import (
     Tenant,
     Timeouts,
 )
+from sluicegate.core.types import (
+    PrefixAffinity as PrefixAffinitySpec,
+)
 from sluicegate.scheduling.attempt import Attempt, Target
 from sluicegate.scheduling.checks import BreakerCheck, GateCheck, ShareCheck
 from sluicegate.scheduling.demand import Learner
@@ -46,9 +49,12 @@ from sluicegate.scheduling.dispatcher import Dispatcher
 from sluicegate.scheduling.fairness import VirtualTokenCounter
 from sluicegate.scheduling.handover import Giver, HandOver
 from sluicegate.scheduling.pacing import Pacing
+from sluicegate.scheduling.placement import Reason
+from sluicegate.scheduling.placement.prefix_affinity import PrefixAffinity
 from sluicegate.scheduling.prefilling import PrefillBudgets
 from sluicegate.scheduling.queueing import QueueRule
 from sluicegate.scheduling.reserve import SpareSlots
+from sluicegate.scheduling.routing import Routing
 from sluicegate.scheduling.stats import Stats
 from sluicegate.scheduling.tenants import Tenants
 from sluicegate.stores.memory import MemoryLimitStore
@@ -88,7 +94,10 @@ def dispatcher_on(clock: FakeClock) -> Dispatcher:
         )
         for name in ("d1", "d2")
     ]
-    return Dispatcher("m", LANES, targets, lambda lane: VirtualTokenCounter(), clock)
+    placement = PrefixAffinity(targets, AFFINITY)
+    return Dispatcher(
+        "m", LANES, targets, lambda lane: VirtualTokenCounter(), clock, placement=placement
+    )
 
 
 def held_by_targets(dispatcher: Dispatcher, read: Callable[[Target], int]) -> int:
@@ -109,6 +118,7 @@ HELD: dict[type, Callable[[Any, Dispatcher], list[int]]] = {
         p.rests.count,
     ],
     Stats: lambda p, d: [lane.in_flight for lane in p.lanes.values()],
+    Routing: lambda p, d: [],
     Tenants: lambda p, d: [len(p._charged), *(len(f._in_flight) for f in p._fairness.values())],
     QueueRule: lambda p, d: [],
     SpareSlots: lambda p, d: [],
@@ -123,9 +133,20 @@ KEPT: dict[type, Callable[[Any], int]] = {
     ),
     SpareSlots: lambda p: len(p._splits) - (BATCH + 1),
     Learner: lambda p: 0,
+    Routing: lambda p: (
+        len(p.chosen)
+        - 2 * len(Reason)
+        + sum(p.placement.view()["index_blocks"].values())
+        - 2 * AFFINITY.index_blocks
+    ),
 }
 """How far what a plug-in keeps exceeds its bound (tenants, lanes, deployments): at most
 0."""
+
+
+PROMPTS = ("a shared system prompt; ", "another application's; ", "a third one's prompt; ")
+"""Prompts that share prefixes, so that the prefix index fills and evicts."""
+AFFINITY = PrefixAffinitySpec(block_bytes=16, index_blocks=6)
 
 
 def call(clock: FakeClock, rng: random.Random) -> Call:
@@ -137,7 +158,7 @@ def call(clock: FakeClock, rng: random.Random) -> Call:
         Model("m", ()),
         RoutePolicy(),
         rng.choice(LANES),
-        {},
+        {"messages": [{"role": "user", "content": rng.choice(PROMPTS) * rng.randint(1, 4)}]},
         rng.random() < 0.8,
         now,
         now + rng.uniform(0.5, 5.0),
