@@ -27,7 +27,6 @@ from sluicegate.api.asgi import (
     Scope,
     Send,
     header,
-    read_body,
     send_json,
 )
 from sluicegate.api.intake import Intake, endpoint_of, path_id
@@ -70,7 +69,7 @@ class BatchRoutes:
     async def _upload(self, tenant: Tenant, scope: Scope, receive: Receive, send: Send) -> None:
         intake = self._intake
         reader = FormReader(header(scope, b"content-type") or b"")
-        await read_body(receive, intake.policy.max_file_bytes, reader.feed)
+        await intake.body(scope, receive, intake.policy.max_file_bytes, reader.feed)
         form = reader.fields()
         purpose, upload = form.get("purpose"), form.get("file")
         if purpose is None or purpose.content != INPUT_PURPOSE.encode():
@@ -144,7 +143,7 @@ class BatchRoutes:
 
     async def _create(self, tenant: Tenant, scope: Scope, receive: Receive, send: Send) -> None:
         intake = self._intake
-        spec = json_object(await read_body(receive, intake.settings.max_body_bytes))
+        spec = json_object(await intake.body(scope, receive, intake.settings.max_body_bytes))
         endpoint = endpoint_of(spec.get("endpoint"))
         if spec.get("completion_window") != WINDOW:
             raise bad_request(f"'completion_window' must be {WINDOW!r}")

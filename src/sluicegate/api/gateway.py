@@ -11,7 +11,6 @@ from typing import Any
 import orjson
 
 from sluicegate.api.asgi import (
-    CLOSE,
     CONNECTION,
     JSON_HEADERS,
     SSE_HEADERS,
@@ -24,8 +23,7 @@ from sluicegate.api.asgi import (
     Scope,
     Send,
     error_body,
-    error_headers,
-    read_body,
+    read_body_within,
     send_bytes,
     send_error,
     send_json,
@@ -141,15 +139,7 @@ class Gateway:
         _identity_encoding(headers)
 
         async def payload() -> dict[str, Any]:
-            late = None
-            if connection is not None:
-                connection.read_within(timeout_s)
-                late = connection.body_late
-            try:
-                body = await read_body(receive, limit, late=late)
-            except TimeoutError:
-                raise _body_late(timeout_s) from None
-            return parse(endpoint, body)
+            return parse(endpoint, await read_body_within(scope, receive, limit, timeout_s))
 
         return Inbound(
             endpoint,
@@ -192,10 +182,8 @@ class Gateway:
         if exchange.started:
             event = frame(error_body(err))
             await exchange.send({"type": "http.response.body", "body": event})
-        elif err.status in _UNREAD_BODY:
-            await send_bytes(exchange.send, err.status, error_body(err), error_headers(err) + CLOSE)
         else:
-            await send_error(exchange.send, err)
+            await send_error(exchange.send, err, close=err.status in _UNREAD_BODY)
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -318,16 +306,6 @@ def _with_timing(headers: Headers, answer: Answer, first: float | None) -> Heade
 def _whole_not_known() -> bool:
     """Without the server's connection, whether the body is whole is not known."""
     return False
-
-
-def _body_late(timeout_s: float) -> GatewayError:
-    return GatewayError(
-        408,
-        "body_timeout",
-        f"the request body did not arrive within {timeout_s:g}s",
-        ErrorType.INVALID_REQUEST,
-        should_retry=False,
-    )
 
 
 def _internal() -> GatewayError:

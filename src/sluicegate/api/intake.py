@@ -3,13 +3,16 @@
 A request is checked as its synchronous route would check it (body, model, the tenant's
 allow-list) and the backlog bounds are applied before anything is stored. These routes
 touch only the job store, never a pool or a queue, so they answer while the models are
-saturated.
+saturated. Their bodies (uploads up to `max_file_bytes`) are read within the server's
+body deadline, and a tenant holds at most `tenant_max_concurrency` of their requests at
+once, so slow uploads pin neither memory nor connections beyond the tenant's share.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import orjson
@@ -20,6 +23,8 @@ from sluicegate.api.asgi import (
     Receive,
     Scope,
     Send,
+    body_unread,
+    read_body_within,
     send_error,
     shown,
 )
@@ -27,6 +32,7 @@ from sluicegate.api.auth import Authenticator
 from sluicegate.api.payloads import parse
 from sluicegate.core.clock import Clock
 from sluicegate.core.errors import ErrorType, GatewayError, bad_request, not_found
+from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Endpoint, Settings, Tenant
 from sluicegate.jobs.store import JobStore
 
@@ -52,6 +58,7 @@ class Intake:
         self._authenticate = Authenticator(settings.keys)
         self._on_accepted = on_accepted
         self._store: JobStore | None = None
+        self._held = TenantSlots(self.policy.tenant_max_concurrency)
 
     def attach(self, store: JobStore | None) -> None:
         self._store = store
@@ -69,13 +76,16 @@ class Intake:
         self._on_accepted()
 
     def route(self, handler: TenantHandler) -> Handler:
-        """An ASGI handler that authenticates, then answers any failure in OpenAI's shape."""
+        """An ASGI handler that authenticates and takes one of the tenant's slots, then
+        answers any failure in OpenAI's shape, closing a connection whose body is unread."""
 
         async def handle(scope: Scope, receive: Receive, send: Send) -> None:
             try:
-                await handler(self._authenticate(scope), scope, receive, send)
+                tenant = self._authenticate(scope)
+                with self._held.hold(tenant.name):
+                    await handler(tenant, scope, receive, send)
             except GatewayError as err:
-                await send_error(send, err)
+                await send_error(send, err, close=body_unread(scope))
             except ClientDisconnected:
                 pass
             except Exception:
@@ -83,6 +93,17 @@ class Intake:
                 await send_error(send, _internal())
 
         return handle
+
+    async def body(
+        self,
+        scope: Scope,
+        receive: Receive,
+        limit: int,
+        into: Callable[[bytes], None] | None = None,
+    ) -> bytes:
+        """The request's body, due within the server's body deadline."""
+        timeout_s = self.settings.edge.body_timeout_s
+        return await read_body_within(scope, receive, limit, timeout_s, into)
 
     def request(self, tenant: Tenant, endpoint: Endpoint, body: Any) -> bytes:
         """The body a job will send, checked as its route checks it; never streamed."""
@@ -135,6 +156,34 @@ class Intake:
                 f"the oldest queued job has waited {every.oldest_age_s:.0f}s, "
                 f"longer than the {policy.backlog_max_age_s:g}s the backlog allows",
             )
+
+
+class TenantSlots:
+    """At most `limit` requests of each tenant at once (None: no bound), in this process,
+    refused at once with a 429 and no Retry-After: a count of requests in flight knows no
+    time at which one will end."""
+
+    def __init__(self, limit: int | None) -> None:
+        self._limit = limit
+        self._held: dict[str, int] = {}
+
+    @contextmanager
+    def hold(self, tenant: str) -> Iterator[None]:
+        held = self._held.get(tenant, 0)
+        if self._limit is not None and held >= self._limit:
+            raise Refusal.TENANT_CONCURRENCY.error(
+                f"tenant {tenant} has {held} job, file and batch requests open; "
+                f"its limit is {self._limit}"
+            )
+        self._held[tenant] = held + 1
+        try:
+            yield
+        finally:
+            left = self._held[tenant] - 1
+            if left:
+                self._held[tenant] = left
+            else:
+                del self._held[tenant]
 
 
 def endpoint_of(path: Any) -> Endpoint:

@@ -19,7 +19,6 @@ from sluicegate.api.asgi import (
     Scope,
     Send,
     header,
-    read_body,
     send_bytes,
     send_json,
 )
@@ -69,7 +68,7 @@ class JobRoutes:
 
     async def _submit(self, tenant: Tenant, scope: Scope, receive: Receive, send: Send) -> None:
         intake = self._intake
-        spec = json_object(await read_body(receive, intake.settings.max_body_bytes))
+        spec = json_object(await intake.body(scope, receive, intake.settings.max_body_bytes))
         job = self._job(tenant, scope, spec)
         await intake.admit(tenant, 1)
         stored = await intake.store.submit(job)

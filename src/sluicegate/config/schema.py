@@ -345,6 +345,9 @@ class JobsConfig(Strict):
     tenant_storage_max_bytes: int | None = Field(
         default=1024**3, ge=1024, description="a tenant's files, uploads and results"
     )
+    tenant_max_concurrency: int | None = Field(
+        default=16, ge=1, description="a tenant's job, file and batch requests at once, per process"
+    )
     store_timeout_s: Seconds = Field(
         default=5.0, description="longest wait for a database connection or lock"
     )
