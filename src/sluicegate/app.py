@@ -209,7 +209,7 @@ def build(
     gateway = Gateway(settings, pipeline, metrics, clock, status)
     wall = UnixClock()
     workers = Workers(settings, pipeline, metrics, clock, wall)
-    intake = Intake(settings, wall, workers.wake)
+    intake = Intake(settings, wall, workers.wake, pace_clock=clock)
     ledger = BatchLedger(intake)
     background: list[asyncio.Task[None]] = []
     listeners: list[Redis] = []

@@ -56,11 +56,11 @@ class BatchRoutes:
 
     def routes(self, router: Router) -> Router:
         route = self._intake.route
-        router.add("POST", "/v1/files", route(self._upload))
+        router.add("POST", "/v1/files", route(self._upload, submits=True))
         router.add("GET", "/v1/files", route(self._files))
         router.add_prefix("GET", FILES, route(self._file))
         router.add_prefix("DELETE", FILES, route(self._delete_file))
-        router.add("POST", "/v1/batches", route(self._create))
+        router.add("POST", "/v1/batches", route(self._create, submits=True))
         router.add("GET", "/v1/batches", route(self._batches))
         router.add_prefix("GET", BATCHES, route(self._get))
         router.add_prefix("POST", BATCHES, route(self._cancel))
@@ -194,7 +194,8 @@ class BatchRoutes:
             total_requests=len(requests),
             expires_at=deadline,
         )
-        stored = await intake.store.create_batch(running, jobs)
+        quota = intake.policy.tenant_storage_max_bytes
+        stored = await intake.store.create_batch(running, jobs, quota)
         intake.accepted()
         return stored
 

@@ -6,6 +6,8 @@ touch only the job store, never a pool or a queue, so they answer while the mode
 saturated. Their bodies (uploads up to `max_file_bytes`) are read within the server's
 body deadline, and a tenant holds at most `tenant_max_concurrency` of their requests at
 once, so slow uploads pin neither memory nor connections beyond the tenant's share.
+What stores something (a job, an upload, a batch) is also paced per tenant, so storage
+cannot be churned faster than `tenant_submissions_per_minute`.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from sluicegate.api.auth import Authenticator
 from sluicegate.api.payloads import parse
 from sluicegate.core.clock import Clock
 from sluicegate.core.errors import ErrorType, GatewayError, bad_request, not_found
+from sluicegate.core.limits import Rate, gcra
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Endpoint, Settings, Tenant
 from sluicegate.jobs.store import JobStore
@@ -51,7 +54,15 @@ class Intake:
     begun) the routes answer 503 rather than fail.
     """
 
-    def __init__(self, settings: Settings, clock: Clock, on_accepted: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Clock,
+        on_accepted: Callable[[], None],
+        pace_clock: Clock | None = None,
+    ) -> None:
+        """`clock` gives the jobs' times (unix seconds); `pace_clock`, a steady clock
+        for the submission rates (`clock` if not given)."""
         self.settings = settings
         self.policy = settings.jobs
         self.clock = clock
@@ -59,6 +70,7 @@ class Intake:
         self._on_accepted = on_accepted
         self._store: JobStore | None = None
         self._held = TenantSlots(self.policy.tenant_max_concurrency)
+        self._paced = Submissions(self.policy.tenant_submissions_per_minute, pace_clock or clock)
 
     def attach(self, store: JobStore | None) -> None:
         self._store = store
@@ -75,13 +87,16 @@ class Intake:
         """New jobs are stored: wake this process's claimer rather than wait for its poll."""
         self._on_accepted()
 
-    def route(self, handler: TenantHandler) -> Handler:
-        """An ASGI handler that authenticates and takes one of the tenant's slots, then
-        answers any failure in OpenAI's shape, closing a connection whose body is unread."""
+    def route(self, handler: TenantHandler, *, submits: bool = False) -> Handler:
+        """An ASGI handler that authenticates, takes one of the tenant's slots and, for a
+        route that `submits`, one of its submissions, then answers any failure in
+        OpenAI's shape, closing a connection whose body is unread."""
 
         async def handle(scope: Scope, receive: Receive, send: Send) -> None:
             try:
                 tenant = self._authenticate(scope)
+                if submits:
+                    self._paced.take(tenant.name)
                 with self._held.hold(tenant.name):
                     await handler(tenant, scope, receive, send)
             except GatewayError as err:
@@ -184,6 +199,30 @@ class TenantSlots:
                 self._held[tenant] = left
             else:
                 del self._held[tenant]
+
+
+class Submissions:
+    """Each tenant's submissions per minute in this process, a minute's worth at once
+    (GCRA; None: no bound), refused with a 429 whose Retry-After is when the next one
+    may pass."""
+
+    def __init__(self, per_minute: float | None, clock: Clock) -> None:
+        self._rate = None if per_minute is None else Rate(per_minute, 60.0, per_minute)
+        self._clock = clock
+        self._tats: dict[str, float] = {}
+
+    def take(self, tenant: str) -> None:
+        rate = self._rate
+        if rate is None:
+            return
+        now = self._clock.now()
+        decision, self._tats[tenant] = gcra(self._tats.get(tenant, now), now, rate, 1)
+        if not decision.allowed:
+            raise Refusal.TENANT_RATE.error(
+                f"tenant {tenant} is over its limit of {rate.limit:g} job, file and batch "
+                "submissions per minute",
+                decision.retry_after_s,
+            )
 
 
 def endpoint_of(path: Any) -> Endpoint:

@@ -343,7 +343,10 @@ class JobsConfig(Strict):
     )
     retention_sweep_s: Seconds = 60.0
     tenant_storage_max_bytes: int | None = Field(
-        default=1024**3, ge=1024, description="a tenant's files, uploads and results"
+        default=1024**3, ge=1024, description="a tenant's files, job bodies and results"
+    )
+    tenant_submissions_per_minute: float | None = Field(
+        default=600, gt=0, description="a tenant's jobs, uploads and batches, per process"
     )
     tenant_max_concurrency: int | None = Field(
         default=16, ge=1, description="a tenant's job, file and batch requests at once, per process"

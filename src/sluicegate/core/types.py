@@ -338,6 +338,8 @@ class JobPolicy:
     retention_s: float | None = 30 * 86_400.0
     retention_sweep_s: float = 60.0
     tenant_storage_max_bytes: int | None = 1024**3
+    tenant_submissions_per_minute: float | None = 600.0
+    """A tenant's jobs, uploads and batches per minute, in one process (GCRA)."""
     tenant_max_concurrency: int | None = 16
     """A tenant's requests on the job, file and batch routes at once, in one process."""
     store_timeout_s: float = 5.0

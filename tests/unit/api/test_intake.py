@@ -153,3 +153,29 @@ async def test_a_tenant_holds_at_most_its_concurrency_on_these_routes_and_others
     clock.advance(BODY_TIMEOUT_S)
     await asyncio.wait_for(last, 1)
     assert again.status == 408
+
+
+async def post(
+    clock: FakeClock, router: Router, path: str, body: bytes, tenant: str = "alice"
+) -> Upload:
+    """A request whose whole body arrived with it, answered."""
+    upload = Upload(clock, b"")
+    upload._messages = [{"type": "http.request", "body": body, "more_body": False}]
+    await asyncio.wait_for(start(router, upload, path, tenant), 1)
+    return upload
+
+
+async def test_submissions_past_the_tenants_rate_get_a_429_with_a_real_retry_after():
+    clock = FakeClock()
+    router = gateway(clock, tenant_submissions_per_minute=2)
+    for path in ("/v1/jobs", "/v1/batches"):
+        assert (await post(clock, router, path, b"[]")).status == 400
+    refused = await post(clock, router, "/v1/files", b"")
+    assert (refused.status, refused.code) == (429, "tenant_rate_limited")
+    assert refused.headers[b"retry-after"] == b"30"
+    assert (await post(clock, router, "/v1/jobs", b"[]", tenant="bob")).status == 400
+    clock.advance(29)
+    assert (await post(clock, router, "/v1/jobs", b"[]")).status == 429
+    assert (await post(clock, router, "/v1/jobs/x/cancel", b"")).status != 429
+    clock.advance(1)
+    assert (await post(clock, router, "/v1/jobs", b"[]")).status == 400
