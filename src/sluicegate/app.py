@@ -131,6 +131,8 @@ def build(
     `seat`: this process is one worker of `serve --workers N`."""
     clock = clock or MonotonicClock()
     policy = settings.redis
+    if policy is not None and seat is not None:
+        policy = counting_workers(policy, seat.count)
     ttl_s = policy.lease_ttl_s if policy is not None else LEASE_TTL_S
     shared = redis = None
     if store is None and policy is not None:
@@ -319,6 +321,18 @@ def build(
     )
 
 
+def counting_workers(policy: RedisPolicy, workers: int) -> RedisPolicy:
+    """Each of `serve --workers N`'s workers is a replica: until Redis has told a live
+    count, a degraded worker assumes at least N, so its local share is limit / N and the
+    server admits each limit once, not N times."""
+    down = policy.when_down
+    if down.expected_replicas >= workers:
+        return policy
+    return dataclasses.replace(
+        policy, when_down=dataclasses.replace(down, expected_replicas=workers)
+    )
+
+
 def redis_store(policy: RedisPolicy) -> RedisLimitStore:
     connection = RespConnection(policy.url, policy.timeout_s)
     return RedisLimitStore(connection, policy.key_prefix, policy.timeout_s)
@@ -452,7 +466,7 @@ def run(args: argparse.Namespace) -> int:
             return 1
         store_down = False
         if settings.redis is not None:
-            found = _shared_store_at_start(settings.redis)
+            found = _shared_store_at_start(counting_workers(settings.redis, args.workers))
             if found is None:
                 return 1
             store_down = found
