@@ -27,6 +27,7 @@ from redis.asyncio import Redis
 from sluicegate.admission.boundary import Boundary
 from sluicegate.api.asgi import Handler, Router
 from sluicegate.api.batches import BatchRoutes
+from sluicegate.api.budget import BodyBudget
 from sluicegate.api.degraded import mark_degraded
 from sluicegate.api.gateway import Gateway
 from sluicegate.api.intake import Intake
@@ -303,9 +304,9 @@ def build(
     router = gateway.routes(Router(on_startup=[startup], on_shutdown=[shutdown]))
     JobRoutes(intake).routes(router)
     BatchRoutes(intake, ledger).routes(router)
-    app: Handler = router
+    app: Handler = BodyBudget(router, settings.edge.max_body_bytes_in_flight)
     if shared is not None:
-        app = mark_degraded(router, lambda: shared.degraded)
+        app = mark_degraded(app, lambda: shared.degraded)
     return Runtime(
         app,
         pipeline,

@@ -33,6 +33,7 @@ from sluicegate.api.auth import Authenticator, key_digest, unauthorised
 from sluicegate.api.payloads import parse
 from sluicegate.core.clock import Clock
 from sluicegate.core.errors import ErrorType, GatewayError, bad_request, not_found
+from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Endpoint, Settings, Tenant
 from sluicegate.observability.metrics import UNKNOWN_MODEL, GatewayMetrics
 from sluicegate.pipeline import Answer, Inbound, Pipeline
@@ -183,7 +184,8 @@ class Gateway:
             event = frame(error_body(err))
             await exchange.send({"type": "http.response.body", "body": event})
         else:
-            await send_error(exchange.send, err, close=err.status in _UNREAD_BODY)
+            unread = err.status in _UNREAD_BODY or err.code == Refusal.BODY_BUDGET
+            await send_error(exchange.send, err, close=unread)
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:

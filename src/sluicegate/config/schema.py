@@ -33,6 +33,9 @@ class ServerConfig(Strict):
     max_header_bytes: int = Field(default=16 * 1024, ge=1024, description="line + headers")
     body_timeout_s: Seconds = Field(default=30.0, description="a request's whole body")
     write_timeout_s: Seconds = Field(default=30.0, description="one send to a client")
+    max_body_bytes_in_flight: int = Field(
+        default=512 * 1024 * 1024, ge=1024 * 1024, description="every request body held at once"
+    )
 
 
 class QuotaConfig(Strict):

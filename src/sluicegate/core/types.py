@@ -392,6 +392,8 @@ class EdgeLimits:
     body_timeout_s: float = 30.0
     write_timeout_s: float = 30.0
     """The longest one send to a client may wait for it to read."""
+    max_body_bytes_in_flight: int = 512 * 1024 * 1024
+    """Request bodies held at once by the process, from arrival to their request's end."""
 
 
 @dataclass(frozen=True, slots=True)
