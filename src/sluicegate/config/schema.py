@@ -352,7 +352,7 @@ class JobsConfig(Strict):
         default=600, gt=0, description="a tenant's jobs, uploads and batches, per process"
     )
     tenant_max_concurrency: int | None = Field(
-        default=16, ge=1, description="a tenant's job, file and batch requests at once, per process"
+        default=64, ge=1, description="a tenant's job, file and batch requests at once, per process"
     )
     store_timeout_s: Seconds = Field(
         default=5.0, description="longest wait for a database connection or lock"

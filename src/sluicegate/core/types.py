@@ -340,7 +340,7 @@ class JobPolicy:
     tenant_storage_max_bytes: int | None = 1024**3
     tenant_submissions_per_minute: float | None = 600.0
     """A tenant's jobs, uploads and batches per minute, in one process (GCRA)."""
-    tenant_max_concurrency: int | None = 16
+    tenant_max_concurrency: int | None = 64
     """A tenant's requests on the job, file and batch routes at once, in one process."""
     store_timeout_s: float = 5.0
     statement_timeout_s: float = 30.0
