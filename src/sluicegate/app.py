@@ -27,6 +27,7 @@ from redis.asyncio import Redis
 from sluicegate.admission.boundary import Boundary
 from sluicegate.api.asgi import Handler, Router
 from sluicegate.api.batches import BatchRoutes
+from sluicegate.api.budget import BodyBudget
 from sluicegate.api.degraded import mark_degraded
 from sluicegate.api.gateway import Gateway
 from sluicegate.api.intake import Intake
@@ -132,6 +133,8 @@ def build(
     `seat`: this process is one worker of `serve --workers N`."""
     clock = clock or MonotonicClock()
     policy = settings.redis
+    if policy is not None and seat is not None:
+        policy = counting_workers(policy, seat.count)
     ttl_s = policy.lease_ttl_s if policy is not None else LEASE_TTL_S
     shared = redis = None
     if store is None and policy is not None:
@@ -211,7 +214,7 @@ def build(
     gateway = Gateway(settings, pipeline, metrics, clock, status)
     wall = UnixClock()
     workers = Workers(settings, pipeline, metrics, clock, wall)
-    intake = Intake(settings, wall, workers.wake)
+    intake = Intake(settings, wall, workers.wake, pace_clock=clock)
     ledger = BatchLedger(intake)
     background: list[asyncio.Task[None]] = []
     listeners: list[Redis] = []
@@ -303,9 +306,9 @@ def build(
     router = gateway.routes(Router(on_startup=[startup], on_shutdown=[shutdown]))
     JobRoutes(intake).routes(router)
     BatchRoutes(intake, ledger).routes(router)
-    app: Handler = router
+    app: Handler = BodyBudget(router, settings.edge.max_body_bytes_in_flight)
     if shared is not None:
-        app = mark_degraded(router, lambda: shared.degraded)
+        app = mark_degraded(app, lambda: shared.degraded)
     return Runtime(
         app,
         pipeline,
@@ -318,6 +321,18 @@ def build(
         shared,
         start_policies,
         stop_policies,
+    )
+
+
+def counting_workers(policy: RedisPolicy, workers: int) -> RedisPolicy:
+    """Each of `serve --workers N`'s workers is a replica: until Redis has told a live
+    count, a degraded worker assumes at least N, so its local share is limit / N and the
+    server admits each limit once, not N times."""
+    down = policy.when_down
+    if down.expected_replicas >= workers:
+        return policy
+    return dataclasses.replace(
+        policy, when_down=dataclasses.replace(down, expected_replicas=workers)
     )
 
 
@@ -457,7 +472,7 @@ def run(args: argparse.Namespace) -> int:
             return 1
         store_down = False
         if settings.redis is not None:
-            found = _shared_store_at_start(settings.redis)
+            found = _shared_store_at_start(counting_workers(settings.redis, args.workers))
             if found is None:
                 return 1
             store_down = found

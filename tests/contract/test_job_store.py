@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
 
 import asyncpg
@@ -13,6 +14,8 @@ from sluicegate.core.errors import GatewayError
 from sluicegate.core.types import Endpoint
 from sluicegate.jobs.model import Batch, BatchStatus, Job, JobState, StoredFile
 from sluicegate.jobs.postgres import PostgresDatabase
+from sluicegate.jobs.queries import insert_jobs
+from sluicegate.jobs.rows import job_row
 from sluicegate.jobs.schema import MIGRATIONS, migrate
 from sluicegate.jobs.sql import Database
 from sluicegate.jobs.sqlite import connect_sqlite
@@ -660,9 +663,90 @@ async def test_a_file_is_read_only_by_its_tenant(store):
         await content_of(store, replace(created, tenant="bob"))
 
 
+async def stored_bytes(store, tenant: str = "alice") -> int:
+    """What the store counts against the tenant's quota, read as a refusal reports it."""
+    with pytest.raises(StorageQuotaExceeded) as refused:
+        await store.submit(job(tenant), quota_bytes=0)
+    return refused.value.used
+
+
+async def test_job_bodies_and_results_count_against_the_tenants_quota(store):
+    quota = 3 * len(BODY) + 10
+    kept = await store.submit(job(), quota_bytes=quota)
+    await store.cancel("alice", (await store.submit(job(), quota_bytes=quota)).id)
+    assert await stored_bytes(store) == 2 * len(BODY)
+    with pytest.raises(StorageQuotaExceeded):
+        await put_file(store, b"x" * (len(BODY) + 11), quota_bytes=quota)
+    [claimed] = await store.claim("w", 30, 1)
+    assert claimed.id == kept.id
+    assert await store.finish("w", kept.id, JobState.SUCCEEDED, result=b"r" * 100)
+    assert await stored_bytes(store) == 2 * len(BODY) + 100
+    with pytest.raises(StorageQuotaExceeded):
+        await store.submit(job(), quota_bytes=quota)
+    again = await store.submit(replace(job(), id=kept.id), quota_bytes=quota)
+    assert again.id == kept.id
+    await store.submit(job("bob"), quota_bytes=quota)
+    assert await stored_bytes(store, "bob") == len(BODY)
+
+
+async def test_a_batch_counts_its_jobs_bodies_and_past_the_quota_stores_nothing(store):
+    source = await put_file(store, b"{}\n" * 2)
+    batch = Batch(
+        tenant="alice",
+        input_file_id=source.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        status=BatchStatus.IN_PROGRESS,
+        total_requests=2,
+    )
+    quota = 6 + 3 * len(BODY)
+    await store.create_batch(batch, [job(custom_id=f"r{i}") for i in range(2)], quota)
+    assert await stored_bytes(store) == 6 + 2 * len(BODY)
+    second = replace(batch, id="batch_second")
+    with pytest.raises(StorageQuotaExceeded):
+        await store.create_batch(second, [job(custom_id=f"r{i}") for i in range(2)], quota)
+    assert await store.get_batch("alice", second.id) is None
+    assert sum((await store.batch_counts(second.id)).values()) == 0
+    assert await stored_bytes(store) == 6 + 2 * len(BODY)
+
+
+async def test_deleted_and_retired_rows_give_their_bytes_back(store, clock):
+    done = await store.submit(job())
+    await store.claim("w", 30, 1)
+    await store.finish("w", done.id, JobState.SUCCEEDED, result=b"r" * 50)
+    deleted, retired = await put_file(store, b"d" * 70), await put_file(store, b"f" * 30)
+    await create_batch(store, lines=2)
+    batch = (await store.list_batches("alice", 1))[0]
+    await store.cancel_batch("alice", batch.id)
+    await store.update_batch(
+        replace(await store.get_batch("alice", batch.id), status=BatchStatus.CANCELLED),
+        BatchStatus.CANCELLING,
+    )
+    assert await stored_bytes(store) == 3 * len(BODY) + 50 + 70 + 30 + 6
+    assert await store.delete_file("alice", deleted.id)
+    assert await stored_bytes(store) == 3 * len(BODY) + 50 + 30 + 6
+    clock.advance(1)
+    while any(await store.purge(clock.now(), 1)):
+        pass
+    assert await store.get_file("alice", retired.id) is None
+    assert await stored_bytes(store) == 0
+
+
 @pytest.fixture
 async def version_2(request, open_store, tmp_path) -> AsyncIterator[Database]:
-    """The database `open_store` opens, as a release of schema version 2 left it."""
+    async with schema_at(2, request, tmp_path) as db:
+        yield db
+
+
+@pytest.fixture
+async def version_3(request, open_store, tmp_path) -> AsyncIterator[Database]:
+    async with schema_at(3, request, tmp_path) as db:
+        yield db
+
+
+@asynccontextmanager
+async def schema_at(version: int, request, tmp_path) -> AsyncIterator[Database]:
+    """The database `open_store` opens, as a release of schema `version` left it."""
     if request.node.callspec.params["open_store"] == "sqlite":
         db: Database = await connect_sqlite(tmp_path / "jobs.db")
         setup: tuple[str, ...] = ()
@@ -675,10 +759,25 @@ async def version_2(request, open_store, tmp_path) -> AsyncIterator[Database]:
         pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1, server_settings=settings)
         db, setup = PostgresDatabase(pool, None), (f"CREATE SCHEMA {schema}",)
     try:
-        await migrate(db, 0.0, setup, [m for m in MIGRATIONS if m.version <= 2])
+        await migrate(db, 0.0, setup, [m for m in MIGRATIONS if m.version <= version])
         yield db
     finally:
         await db.close()
+
+
+async def test_upgrading_to_version_4_counts_what_each_tenant_already_stores(version_3, open_store):
+    async with version_3.write() as session:
+        await session.fetch(
+            """INSERT INTO files (id, tenant, purpose, filename, size, created_at)
+            VALUES ('file-a', 'alice', 'batch', 'in.jsonl', 40, 1.0),
+                ('file-partial', 'alice', 'batch', 'in.jsonl', NULL, 1.0)"""
+        )
+        for i, result in enumerate((b"r" * 9, None)):
+            row = job_row(replace(job(), id=f"job-{i}", result=result, created_at=1.0))
+            await session.fetch(insert_jobs(1), {f"{k}_0": v for k, v in row.items()})
+    store = await open_store()
+    assert await stored_bytes(store) == 40 + 2 * len(BODY) + 9
+    assert await stored_bytes(store, "bob") == 0
 
 
 async def test_upgrading_to_version_3_moves_each_files_content_into_chunks(version_2, open_store):

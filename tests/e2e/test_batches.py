@@ -6,6 +6,7 @@ import asyncio
 import io
 from collections.abc import Iterator
 
+import aiohttp
 import openai
 import orjson
 import pytest
@@ -260,6 +261,39 @@ async def test_an_upload_past_the_tenants_storage_quota_is_refused(sim, tmp_path
         assert refused.value.code == "storage_quota_exceeded"
         await sdk.files.delete(first.id)
         await sdk.files.create(file=("b.jsonl", jsonl(big)), purpose="batch")
+    finally:
+        gateway.stop()
+
+
+async def churned(sdk: openai.AsyncOpenAI, file_id: str, rounds: int = 40) -> str | None:
+    """Create and cancel batches from one file until one is refused: the refusal's code."""
+    for _ in range(rounds):
+        try:
+            batch = await sdk.batches.create(
+                input_file_id=file_id, endpoint=CHAT, completion_window="24h"
+            )
+        except openai.RateLimitError as err:
+            return err.code
+        await sdk.batches.cancel(batch.id)
+    return None
+
+
+async def test_cancelled_jobs_and_batches_copied_from_one_file_count_against_the_quota(
+    sim, tmp_path
+):
+    """Storage churned by cancelling what was just stored runs into the quota: every job
+    body and every batch's copy of its file is kept until retention, and counted."""
+    jobs = sqlite_jobs(tmp_path, tenant_storage_max_bytes=4096)
+    gateway = start_gateway(tmp_path, gateway_config(sim, jobs))
+    try:
+        sdk = client(gateway, "alice")
+        upload = await sdk.files.create(file=("a.jsonl", jsonl({"r": chat()})), purpose="batch")
+        assert await churned(sdk, upload.id) == "storage_quota_exceeded"
+        async with aiohttp.ClientSession() as http:
+            status, _, body = await JobClient(http, gateway, "alice").submit()
+            assert (status, body["error"]["code"]) == (429, "storage_quota_exceeded")
+            status, _, _ = await JobClient(http, gateway, "bob").submit()
+            assert status == 202
     finally:
         gateway.stop()
 

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import orjson
 import pytest
@@ -80,12 +80,17 @@ async def gateway(fast_sim: Proc) -> AsyncIterator[InProcessGateway]:
 
 
 def request(body: dict, key: str = "sk-a", **headers: str) -> bytes:
-    raw = orjson.dumps(body)
+    return post("/v1/chat/completions", orjson.dumps(body), key, **headers)
+
+
+def post(
+    path: str, raw: bytes, key: str = "sk-a", content_type: str = "application/json", **headers: str
+) -> bytes:
     lines = [
-        "POST /v1/chat/completions HTTP/1.1",
+        f"POST {path} HTTP/1.1",
         "host: gw",
         f"authorization: Bearer {key}",
-        "content-type: application/json",
+        f"content-type: {content_type}",
         f"content-length: {len(raw)}",
         *(f"{name}: {value}" for name, value in headers.items()),
     ]
@@ -247,3 +252,65 @@ async def test_a_send_never_waits_past_the_requests_deadline(fast_sim):
         await asyncio.sleep(5)
         assert not any((await settled(gw)).values()), await counters(gw)
         stuck.close()
+
+
+JOB = orjson.dumps({"endpoint": "/v1/chat/completions", "body": CHAT})
+UPLOAD = (
+    b'--xyz\r\ncontent-disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+    b'--xyz\r\ncontent-disposition: form-data; name="file"; filename="in.jsonl"\r\n\r\n'
+    + b"{}" * 4096
+    + b"\r\n--xyz--\r\n"
+)
+TRICKLED = {
+    "/v1/jobs": post("/v1/jobs", JOB),
+    "/v1/batches": post("/v1/batches", orjson.dumps({"input_file_id": "file-x"})),
+    "/v1/files": post("/v1/files", UPLOAD, content_type="multipart/form-data; boundary=xyz"),
+}
+
+
+@pytest.fixture
+async def job_routes(fast_sim: Proc, tmp_path) -> AsyncIterator[InProcessGateway]:
+    raw = config(fast_sim.url)
+    raw["jobs"] = {"sqlite_path": str(tmp_path / "jobs.db"), "tenant_max_concurrency": 2}
+    async with inprocess_gateway(raw, ENV) as gw:
+        yield gw
+
+
+@pytest.fixture
+def stalled(job_routes: InProcessGateway) -> Iterator[Callable[[bytes], Awaitable[socket.socket]]]:
+    """Opens connections that send all of a request but its last 10 bytes; they are
+    closed before the gateway stops, which would otherwise wait for them."""
+    opened: list[socket.socket] = []
+
+    async def open_one(raw: bytes) -> socket.socket:
+        sock = await connect(job_routes)
+        opened.append(sock)
+        await asyncio.get_running_loop().sock_sendall(sock, raw[:-10])
+        return sock
+
+    yield open_one
+    for sock in opened:
+        sock.close()
+
+
+@pytest.mark.parametrize("path", TRICKLED)
+async def test_a_stalled_job_file_or_batch_body_gets_a_408_and_is_closed(stalled, path):
+    started = time.monotonic()
+    reply = await answer(await stalled(TRICKLED[path]))
+    assert reply.startswith(b"HTTP/1.1 408"), reply
+    assert b"body_timeout" in reply
+    assert 0.9 < time.monotonic() - started < 5
+
+
+async def test_stalled_uploads_hold_only_their_tenants_share_of_the_job_routes(job_routes, stalled):
+    held = [await stalled(TRICKLED["/v1/files"]) for _ in range(2)]
+    await asyncio.sleep(0.3)
+    reply = await answer(await stalled(TRICKLED["/v1/files"]), within_s=2)
+    assert reply.startswith(b"HTTP/1.1 429"), reply
+    assert b"tenant_concurrency_limited" in reply
+    assert await status_of(job_routes, post("/v1/jobs", JOB, key="sk-b")) == (
+        b"HTTP/1.1 202 Accepted"
+    )
+    for sock in held:
+        assert (await answer(sock)).startswith(b"HTTP/1.1 408")
+    assert await status_of(job_routes, post("/v1/jobs", JOB)) == b"HTTP/1.1 202 Accepted"

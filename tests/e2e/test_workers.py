@@ -24,7 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import SIM_KEY, sim_stats
 from tests.e2e.test_fleet import fleet_config, key_of
-from tests.support.processes import Proc, start
+from tests.support.jobs import start_sim
+from tests.support.processes import Proc, free_port, start
 from tests.support.redis import REDIS_URL, redis_or_skip
 
 ADMIN = "sk-workers-admin"
@@ -275,3 +276,24 @@ async def test_sigterm_lets_requests_in_flight_finish(server, http):
     assert [status for status, _ in answers] == [200] * 4
     assert all(body["usage"]["completion_tokens"] == 120 for _, body in answers)
     assert await asyncio.to_thread(server.popen.wait, 20) == 0
+
+
+async def test_workers_started_with_redis_down_admit_each_limit_once(http, tmp_path):
+    """Both workers start degraded: each enforces its share of the pool, half of it, so
+    the backend never sees more than the pool though both take requests."""
+    slow = start_sim(tmp_path, "--step-base-ms", "100")
+    path = write_config(tmp_path, slow, "down:", {"max_concurrency": 2})
+    env = ENV | {"REDIS_URL": f"redis://127.0.0.1:{free_port()}"}
+    proc = start("serve", ["--config", str(path), "--workers", "2"], tmp_path, env=env)
+    try:
+        await wait_all_answering(http, proc)
+        statuses = await flood(proc, total=300, width=12)
+        document = await wait_all_answering(http, proc)
+        answered = [doc["answered"] for doc in document["per_worker"].values()]
+        assert min(answered) >= 50, answered
+        assert statuses.count(200) >= 2
+        assert (await sim_stats(http, slow))["max_in_flight"] <= 2
+        assert "as one of 2 replicas" in proc.log.read_text()
+    finally:
+        proc.stop()
+        slow.stop()

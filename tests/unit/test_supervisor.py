@@ -5,7 +5,10 @@ from __future__ import annotations
 import sys
 import time
 
+from sluicegate.app import build
+from sluicegate.observability.siblings import Seat
 from sluicegate.supervisor import RESTARTS, Supervisor
+from tests.config.test_config import base, parse
 
 
 def test_a_worker_that_keeps_dying_stops_the_server(tmp_path, capsys):
@@ -30,3 +33,20 @@ def test_a_worker_that_keeps_dying_stops_the_server(tmp_path, capsys):
     assert f"died more than {RESTARTS} times" in err
     assert len(list(marks.iterdir())) == RESTARTS + 1
     assert not directory.exists()  # the run directory goes with the server
+
+
+def test_a_worker_that_starts_with_redis_down_counts_every_worker_in_its_share(tmp_path):
+    """Until Redis tells a live count, each of N workers assumes N replicas (or the
+    configured count, if larger), so the server admits each limit once, not N times."""
+    raw = base()
+    raw["store"] = "redis"
+    raw["redis"] = {"url": "redis://127.0.0.1:9", "expected_replicas": 1}
+    settings = parse(raw)
+    alone = build(settings, store_down=True)
+    assert alone.shared.live == 1
+    for count, expected in ((3, 3), (1, 1)):
+        worker = build(settings, store_down=True, seat=Seat(0, count, tmp_path))
+        assert worker.shared.live == expected
+    raw["redis"]["expected_replicas"] = 5
+    worker = build(parse(raw), store_down=True, seat=Seat(1, 3, tmp_path))
+    assert worker.shared.live == 5

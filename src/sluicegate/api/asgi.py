@@ -97,8 +97,11 @@ async def send_json(send: Send, status: int, payload: object) -> None:
     await send_bytes(send, status, orjson.dumps(payload), JSON_HEADERS)
 
 
-async def send_error(send: Send, err: GatewayError) -> None:
-    await send_bytes(send, err.status, error_body(err), error_headers(err))
+async def send_error(send: Send, err: GatewayError, *, close: bool = False) -> None:
+    """`close`: the request's body was not read to its end, so what follows on the
+    connection is not the start of a request (and a trickled body must not keep it)."""
+    headers = error_headers(err) + CLOSE if close else error_headers(err)
+    await send_bytes(send, err.status, error_body(err), headers)
 
 
 async def read_body(
@@ -128,6 +131,46 @@ async def read_body(
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
         if late is not None and late():
             raise TimeoutError
+
+
+async def read_body_within(
+    scope: Scope,
+    receive: Receive,
+    limit: int,
+    timeout_s: float,
+    into: Callable[[bytes], None] | None = None,
+) -> bytes:
+    """`read_body`, with the whole body due within `timeout_s` (a 408 past it), kept by
+    the server's connection; without one (another ASGI server) it is not bounded in time."""
+    connection: Connection | None = scope.get("extensions", _NONE).get(CONNECTION)
+    late = None
+    if connection is not None:
+        connection.read_within(timeout_s)
+        late = connection.body_late
+    try:
+        return await read_body(receive, limit, into, late)
+    except TimeoutError:
+        raise body_late(timeout_s) from None
+
+
+def body_unread(scope: Scope) -> bool:
+    """Whether the request's body may still be arriving (unknown without the server's
+    connection, where an answer leaves the connection as the server decides)."""
+    connection: Connection | None = scope.get("extensions", _NONE).get(CONNECTION)
+    return connection is not None and not connection.body_complete()
+
+
+def body_late(timeout_s: float) -> GatewayError:
+    return GatewayError(
+        408,
+        "body_timeout",
+        f"the request body did not arrive within {timeout_s:g}s",
+        ErrorType.INVALID_REQUEST,
+        should_retry=False,
+    )
+
+
+_NONE: dict[str, Any] = {}
 
 
 def shown(path: str) -> str:

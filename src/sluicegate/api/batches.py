@@ -27,7 +27,6 @@ from sluicegate.api.asgi import (
     Scope,
     Send,
     header,
-    read_body,
     send_json,
 )
 from sluicegate.api.intake import Intake, endpoint_of, path_id, plain, storable
@@ -57,11 +56,11 @@ class BatchRoutes:
 
     def routes(self, router: Router) -> Router:
         route = self._intake.route
-        router.add("POST", "/v1/files", route(self._upload))
+        router.add("POST", "/v1/files", route(self._upload, submits=True))
         router.add("GET", "/v1/files", route(self._files))
         router.add_prefix("GET", FILES, route(self._file))
         router.add_prefix("DELETE", FILES, route(self._delete_file))
-        router.add("POST", "/v1/batches", route(self._create))
+        router.add("POST", "/v1/batches", route(self._create, submits=True))
         router.add("GET", "/v1/batches", route(self._batches))
         router.add_prefix("GET", BATCHES, route(self._get))
         router.add_prefix("POST", BATCHES, route(self._cancel))
@@ -70,7 +69,7 @@ class BatchRoutes:
     async def _upload(self, tenant: Tenant, scope: Scope, receive: Receive, send: Send) -> None:
         intake = self._intake
         reader = FormReader(header(scope, b"content-type") or b"")
-        await read_body(receive, intake.policy.max_file_bytes, reader.feed)
+        await intake.body(scope, receive, intake.policy.max_file_bytes, reader.feed)
         form = reader.fields()
         purpose, upload = form.get("purpose"), form.get("file")
         if purpose is None or purpose.content != INPUT_PURPOSE.encode():
@@ -145,7 +144,7 @@ class BatchRoutes:
 
     async def _create(self, tenant: Tenant, scope: Scope, receive: Receive, send: Send) -> None:
         intake = self._intake
-        spec = json_object(await read_body(receive, intake.settings.max_body_bytes))
+        spec = json_object(await intake.body(scope, receive, intake.settings.max_body_bytes))
         endpoint = endpoint_of(spec.get("endpoint"))
         if spec.get("completion_window") != WINDOW:
             raise bad_request(f"'completion_window' must be {WINDOW!r}")
@@ -198,7 +197,8 @@ class BatchRoutes:
             total_requests=len(requests),
             expires_at=deadline,
         )
-        stored = await intake.store.create_batch(running, jobs)
+        quota = intake.policy.tenant_storage_max_bytes
+        stored = await intake.store.create_batch(running, jobs, quota)
         intake.accepted()
         return stored
 

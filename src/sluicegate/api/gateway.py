@@ -25,7 +25,7 @@ from sluicegate.api.asgi import (
     Send,
     error_body,
     error_headers,
-    read_body,
+    read_body_within,
     send_bytes,
     send_error,
     send_json,
@@ -35,6 +35,7 @@ from sluicegate.api.auth import Authenticator, key_digest, unauthorised
 from sluicegate.api.payloads import parse
 from sluicegate.core.clock import Clock
 from sluicegate.core.errors import ErrorType, GatewayError, bad_request, not_found
+from sluicegate.core.refusals import Refusal
 from sluicegate.core.slo import Timeline, judge_error
 from sluicegate.core.types import Endpoint, Settings, Tenant
 from sluicegate.observability.metrics import UNKNOWN_MODEL, GatewayMetrics
@@ -167,14 +168,7 @@ class Gateway:
         _identity_encoding(headers)
 
         async def payload() -> dict[str, Any]:
-            late = None
-            if connection is not None:
-                connection.read_within(timeout_s)
-                late = connection.body_late
-            try:
-                body = await read_body(receive, limit, late=late)
-            except TimeoutError:
-                raise _body_late(timeout_s) from None
+            body = await read_body_within(scope, receive, limit, timeout_s)
             return parse(endpoint, body, route.max_messages)
 
         return Inbound(
@@ -218,8 +212,10 @@ class Gateway:
             event = frame(error_body(err))
             await exchange.send({"type": "http.response.body", "body": event})
         else:
-            close = CLOSE if err.status in _UNREAD_BODY else []
-            headers = exchange.timed(error_headers(err) + close, self._clock.now())
+            unread = err.status in _UNREAD_BODY or err.code == Refusal.BODY_BUDGET
+            headers = exchange.timed(
+                error_headers(err) + (CLOSE if unread else []), self._clock.now()
+            )
             await send_bytes(exchange.send, err.status, error_body(err), headers)
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -330,16 +326,6 @@ def _identity_encoding(headers: Mapping[bytes, bytes]) -> None:
 def _whole_not_known() -> bool:
     """Without the server's connection, whether the body is whole is not known."""
     return False
-
-
-def _body_late(timeout_s: float) -> GatewayError:
-    return GatewayError(
-        408,
-        "body_timeout",
-        f"the request body did not arrive within {timeout_s:g}s",
-        ErrorType.INVALID_REQUEST,
-        should_retry=False,
-    )
 
 
 def _internal() -> GatewayError:

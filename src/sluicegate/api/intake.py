@@ -3,14 +3,19 @@
 A request is checked as its synchronous route would check it (body, model, the tenant's
 allow-list) and the backlog bounds are applied before anything is stored. These routes
 touch only the job store, never a pool or a queue, so they answer while the models are
-saturated.
+saturated. Their bodies (uploads up to `max_file_bytes`) are read within the server's
+body deadline, and a tenant holds at most `tenant_max_concurrency` of their requests at
+once, so slow uploads pin neither memory nor connections beyond the tenant's share.
+What stores something (a job, an upload, a batch) is also paced per tenant, so storage
+cannot be churned faster than `tenant_submissions_per_minute`.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import orjson
@@ -21,6 +26,8 @@ from sluicegate.api.asgi import (
     Receive,
     Scope,
     Send,
+    body_unread,
+    read_body_within,
     send_error,
     shown,
 )
@@ -28,6 +35,8 @@ from sluicegate.api.auth import Authenticator
 from sluicegate.api.payloads import parse
 from sluicegate.core.clock import Clock
 from sluicegate.core.errors import ErrorType, GatewayError, bad_request, not_found
+from sluicegate.core.limits import Rate, gcra
+from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Endpoint, Settings, Tenant
 from sluicegate.jobs.store import JobStore
 
@@ -49,13 +58,23 @@ class Intake:
     begun) the routes answer 503 rather than fail.
     """
 
-    def __init__(self, settings: Settings, clock: Clock, on_accepted: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Clock,
+        on_accepted: Callable[[], None],
+        pace_clock: Clock | None = None,
+    ) -> None:
+        """`clock` gives the jobs' times (unix seconds); `pace_clock`, a steady clock
+        for the submission rates (`clock` if not given)."""
         self.settings = settings
         self.policy = settings.jobs
         self.clock = clock
         self._authenticate = Authenticator(settings.keys)
         self._on_accepted = on_accepted
         self._store: JobStore | None = None
+        self._held = TenantSlots(self.policy.tenant_max_concurrency)
+        self._paced = Submissions(self.policy.tenant_submissions_per_minute, pace_clock or clock)
 
     def attach(self, store: JobStore | None) -> None:
         self._store = store
@@ -72,14 +91,20 @@ class Intake:
         """New jobs are stored: wake this process's claimer rather than wait for its poll."""
         self._on_accepted()
 
-    def route(self, handler: TenantHandler) -> Handler:
-        """An ASGI handler that authenticates, then answers any failure in OpenAI's shape."""
+    def route(self, handler: TenantHandler, *, submits: bool = False) -> Handler:
+        """An ASGI handler that authenticates, takes one of the tenant's slots and, for a
+        route that `submits`, one of its submissions, then answers any failure in
+        OpenAI's shape, closing a connection whose body is unread."""
 
         async def handle(scope: Scope, receive: Receive, send: Send) -> None:
             try:
-                await handler(self._authenticate(scope), scope, receive, send)
+                tenant = self._authenticate(scope)
+                if submits:
+                    self._paced.take(tenant.name)
+                with self._held.hold(tenant.name):
+                    await handler(tenant, scope, receive, send)
             except GatewayError as err:
-                await send_error(send, err)
+                await send_error(send, err, close=body_unread(scope))
             except ClientDisconnected:
                 pass
             except Exception:
@@ -87,6 +112,17 @@ class Intake:
                 await send_error(send, _internal())
 
         return handle
+
+    async def body(
+        self,
+        scope: Scope,
+        receive: Receive,
+        limit: int,
+        into: Callable[[bytes], None] | None = None,
+    ) -> bytes:
+        """The request's body, due within the server's body deadline."""
+        timeout_s = self.settings.edge.body_timeout_s
+        return await read_body_within(scope, receive, limit, timeout_s, into)
 
     def request(self, tenant: Tenant, endpoint: Endpoint, body: Any) -> bytes:
         """The body a job will send, checked as its route checks it; never streamed."""
@@ -153,6 +189,58 @@ def storable(text: str) -> bool:
     """Whether `text` could name something stored: an id looked up that could not be
     stored is not found without asking the store."""
     return _CONTROL.search(text) is None
+
+
+class TenantSlots:
+    """At most `limit` requests of each tenant at once (None: no bound), in this process,
+    refused at once with a 429 and no Retry-After: a count of requests in flight knows no
+    time at which one will end."""
+
+    def __init__(self, limit: int | None) -> None:
+        self._limit = limit
+        self._held: dict[str, int] = {}
+
+    @contextmanager
+    def hold(self, tenant: str) -> Iterator[None]:
+        held = self._held.get(tenant, 0)
+        if self._limit is not None and held >= self._limit:
+            raise Refusal.TENANT_CONCURRENCY.error(
+                f"tenant {tenant} has {held} job, file and batch requests open; "
+                f"its limit is {self._limit}"
+            )
+        self._held[tenant] = held + 1
+        try:
+            yield
+        finally:
+            left = self._held[tenant] - 1
+            if left:
+                self._held[tenant] = left
+            else:
+                del self._held[tenant]
+
+
+class Submissions:
+    """Each tenant's submissions per minute in this process, a minute's worth at once
+    (GCRA; None: no bound), refused with a 429 whose Retry-After is when the next one
+    may pass."""
+
+    def __init__(self, per_minute: float | None, clock: Clock) -> None:
+        self._rate = None if per_minute is None else Rate(per_minute, 60.0, per_minute)
+        self._clock = clock
+        self._tats: dict[str, float] = {}
+
+    def take(self, tenant: str) -> None:
+        rate = self._rate
+        if rate is None:
+            return
+        now = self._clock.now()
+        decision, self._tats[tenant] = gcra(self._tats.get(tenant, now), now, rate, 1)
+        if not decision.allowed:
+            raise Refusal.TENANT_RATE.error(
+                f"tenant {tenant} is over its limit of {rate.limit:g} job, file and batch "
+                "submissions per minute",
+                decision.retry_after_s,
+            )
 
 
 def endpoint_of(path: Any) -> Endpoint:

@@ -19,7 +19,6 @@ from sluicegate.api.asgi import (
     Scope,
     Send,
     header,
-    read_body,
     send_bytes,
     send_json,
 )
@@ -60,7 +59,7 @@ class JobRoutes:
 
     def routes(self, router: Router) -> Router:
         route = self._intake.route
-        router.add("POST", "/v1/jobs", route(self._submit))
+        router.add("POST", "/v1/jobs", route(self._submit, submits=True))
         router.add("GET", "/v1/jobs", route(self._list))
         router.add_prefix("GET", PREFIX, route(self._get))
         router.add_prefix("DELETE", PREFIX, route(self._delete))
@@ -69,10 +68,10 @@ class JobRoutes:
 
     async def _submit(self, tenant: Tenant, scope: Scope, receive: Receive, send: Send) -> None:
         intake = self._intake
-        spec = json_object(await read_body(receive, intake.settings.max_body_bytes))
+        spec = json_object(await intake.body(scope, receive, intake.settings.max_body_bytes))
         job = self._job(tenant, scope, spec)
         await intake.admit(tenant, 1)
-        stored = await intake.store.submit(job)
+        stored = await intake.store.submit(job, intake.policy.tenant_storage_max_bytes)
         fresh = stored.id == job.id
         if fresh:
             intake.accepted()

@@ -33,6 +33,9 @@ class ServerConfig(Strict):
     max_header_bytes: int = Field(default=16 * 1024, ge=1024, description="line + headers")
     body_timeout_s: Seconds = Field(default=30.0, description="a request's whole body")
     write_timeout_s: Seconds = Field(default=30.0, description="one send to a client")
+    max_body_bytes_in_flight: int = Field(
+        default=512 * 1024 * 1024, ge=1024 * 1024, description="every request body held at once"
+    )
 
 
 class QuotaConfig(Strict):
@@ -376,7 +379,13 @@ class JobsConfig(Strict):
     )
     retention_sweep_s: Seconds = 60.0
     tenant_storage_max_bytes: int | None = Field(
-        default=1024**3, ge=1024, description="a tenant's files, uploads and results"
+        default=1024**3, ge=1024, description="a tenant's files, job bodies and results"
+    )
+    tenant_submissions_per_minute: float | None = Field(
+        default=600, gt=0, description="a tenant's jobs, uploads and batches, per process"
+    )
+    tenant_max_concurrency: int | None = Field(
+        default=64, ge=1, description="a tenant's job, file and batch requests at once, per process"
     )
     store_timeout_s: Seconds = Field(
         default=5.0, description="longest wait for a database connection or lock"

@@ -24,6 +24,7 @@ class Refusal(enum.StrEnum):
     PROMPT_TOO_LONG = "prompt_too_long"
     TOO_COSTLY = "request_too_costly"
     BODY_TOO_LARGE = "body_too_large"
+    BODY_BUDGET = "body_budget_exhausted"
     QUEUE_FULL = "queue_full"
     EXPIRED = "expired"
     BACKEND_BUSY = "backend_busy"
@@ -67,6 +68,7 @@ _STATUS = {
     Refusal.PROMPT_TOO_LONG: 400,
     Refusal.TOO_COSTLY: 400,
     Refusal.BODY_TOO_LARGE: 413,
+    Refusal.BODY_BUDGET: 503,
     Refusal.QUEUE_FULL: 503,
     Refusal.EXPIRED: 503,
     Refusal.BACKEND_BUSY: 503,

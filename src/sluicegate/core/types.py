@@ -360,6 +360,10 @@ class JobPolicy:
     retention_s: float | None = 30 * 86_400.0
     retention_sweep_s: float = 60.0
     tenant_storage_max_bytes: int | None = 1024**3
+    tenant_submissions_per_minute: float | None = 600.0
+    """A tenant's jobs, uploads and batches per minute, in one process (GCRA)."""
+    tenant_max_concurrency: int | None = 64
+    """A tenant's requests on the job, file and batch routes at once, in one process."""
     store_timeout_s: float = 5.0
     statement_timeout_s: float = 30.0
 
@@ -410,6 +414,8 @@ class EdgeLimits:
     body_timeout_s: float = 30.0
     write_timeout_s: float = 30.0
     """The longest one send to a client may wait for it to read."""
+    max_body_bytes_in_flight: int = 512 * 1024 * 1024
+    """Request bodies held at once by the process, from arrival to their request's end."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,7 +77,7 @@ HEARTBEAT = f"""UPDATE jobs SET lease_until = :until
 WHERE {_HELD} AND cancel_requested = 0 AND lease_until > :now RETURNING id"""
 FINISH = f"""UPDATE jobs SET state = :state, result = :result, error = :error,
     lease_until = NULL, updated_at = :now
-WHERE {_HELD} RETURNING id"""
+WHERE {_HELD} RETURNING tenant"""
 RELEASE = f"""UPDATE jobs SET
     state = CASE cancel_requested WHEN 1 THEN 'cancelled' ELSE 'queued' END,
     lease_owner = NULL, lease_until = NULL, not_before = :not_before, error = :error,
@@ -141,22 +141,34 @@ LIST_FILES = f"SELECT * FROM files WHERE tenant = :tenant AND {_WHOLE} {_NEWEST_
 LIST_FILES_AFTER = f"""SELECT * FROM files WHERE tenant = :tenant AND {_WHOLE}
 AND (created_at, id) < (SELECT created_at, id FROM files WHERE tenant = :tenant AND id = :after)
 {_NEWEST_FILES}"""
-DELETE_FILE = f"DELETE FROM files WHERE tenant = :tenant AND id = :id AND {_WHOLE} RETURNING id"
+DELETE_FILE = f"""DELETE FROM files WHERE tenant = :tenant AND id = :id AND {_WHOLE}
+RETURNING tenant, size AS n"""
 """Its chunks go with it (ON DELETE CASCADE)."""
-FILE_BYTES = "SELECT COALESCE(SUM(size), 0) AS n FROM files WHERE tenant = :tenant"
+
+OPEN_TENANT_BYTES = """INSERT INTO tenant_bytes (tenant, bytes) VALUES (:tenant, 0)
+ON CONFLICT DO NOTHING"""
+CHARGE_BYTES = """UPDATE tenant_bytes SET bytes = bytes + :n
+WHERE tenant = :tenant AND bytes + :n <= :quota RETURNING bytes"""
+"""Atomic under the row's lock, so concurrent charges never pass the quota together."""
+ADD_BYTES = "UPDATE tenant_bytes SET bytes = bytes + :n WHERE tenant = :tenant"
+TENANT_BYTES = "SELECT bytes FROM tenant_bytes WHERE tenant = :tenant"
+_JOB_BYTES = "tenant, LENGTH(body) + COALESCE(LENGTH(result), 0) AS n"
+"""What a deleted job gives back to its tenant's stored bytes."""
 
 _FINAL_BATCH = "status IN ('failed', 'completed', 'expired', 'cancelled')"
 _RETIRED_BATCH = f"{_FINAL_BATCH} AND updated_at < :before"
 PURGE_BATCH_JOBS = f"""DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE batch_id IN (
-    SELECT id FROM batches WHERE {_RETIRED_BATCH}) LIMIT :limit) RETURNING id"""
+    SELECT id FROM batches WHERE {_RETIRED_BATCH}) LIMIT :limit) RETURNING {_JOB_BYTES}"""
 PURGE_BATCHES = f"""DELETE FROM batches WHERE id IN (SELECT id FROM batches
     WHERE {_RETIRED_BATCH} AND NOT EXISTS (SELECT 1 FROM jobs WHERE batch_id = batches.id)
-    LIMIT :limit) RETURNING id"""
+    LIMIT :limit) RETURNING tenant, 0 AS n"""
 """A retired batch goes once its jobs are gone, so no transaction deletes more than
 `:limit` jobs, however large the batch."""
-PURGE_JOBS = """DELETE FROM jobs WHERE id IN (SELECT id FROM jobs
+PURGE_JOBS = f"""DELETE FROM jobs WHERE id IN (SELECT id FROM jobs
     WHERE batch_id IS NULL AND state NOT IN ('queued', 'running') AND updated_at < :before
-    LIMIT :limit {skip_locked}) RETURNING id"""
+    LIMIT :limit {{skip_locked}}) RETURNING {_JOB_BYTES}"""
 PURGE_FILES = """DELETE FROM files WHERE id IN (SELECT id FROM files
-    WHERE created_at < :before LIMIT :limit {skip_locked}) RETURNING id"""
-"""Partial files too, from when they were begun; chunks go with their files."""
+    WHERE created_at < :before LIMIT :limit {skip_locked})
+RETURNING tenant, COALESCE(size, 0) AS n"""
+"""Partial files too, from when they were begun (never counted: no size yet); chunks go
+with their files. Each purge answers the bytes it gives back to each row's tenant."""

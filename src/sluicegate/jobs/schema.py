@@ -124,12 +124,29 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX jobs_batch_by_state ON jobs (batch_id, state, created_at, id)",
         ),
     ),
+    Migration(
+        4,
+        (
+            """CREATE TABLE tenant_bytes (
+                tenant TEXT PRIMARY KEY,
+                bytes {bigint} NOT NULL
+            )""",
+            """INSERT INTO tenant_bytes (tenant, bytes)
+            SELECT tenant, SUM(n) FROM (
+                SELECT tenant, COALESCE(size, 0) AS n FROM files
+                UNION ALL
+                SELECT tenant, LENGTH(body) + COALESCE(LENGTH(result), 0) AS n FROM jobs
+            ) AS stored GROUP BY tenant""",
+        ),
+    ),
 )
 """Version 3 keeps a file's content as 1 MiB chunks, `file_chunks` keyed by (file, seq),
 moving each stored file's content there; `files.size` is NULL while a file is written.
 A batch's jobs are read a state at a time, in order, from one index that also serves
 the counts, the live probe, cancels and retention, in place of `jobs_batch` and
-`jobs_batch_state`."""
+`jobs_batch_state`. Version 4 keeps each tenant's stored bytes (whole files, job bodies
+and results) as one counter, `tenant_bytes`, counted from what is stored: a quota check
+reads one row, however much the tenant keeps."""
 
 _CREATE_VERSIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (
     version INTEGER PRIMARY KEY,

@@ -71,9 +71,9 @@ class SqlJobStore:
     async def close(self) -> None:
         await self._db.close()
 
-    async def submit(self, job: Job) -> Job:
+    async def submit(self, job: Job, quota_bytes: int | None = None) -> Job:
         async with self._db.write() as session:
-            return await self._submit(session, job, self._clock.now())
+            return await self._submit(session, job, self._clock.now(), quota_bytes)
 
     async def get(self, tenant: str, job_id: str) -> Job | None:
         return _first_job(await self._read(q.SELECT_JOB, {"tenant": tenant, "id": job_id}))
@@ -162,7 +162,11 @@ class SqlJobStore:
             "result": result,
             "error": json_text(error),
         }
-        return bool(await self._stamped(q.FINISH, lambda now: values | {"now": now}))
+        async with self._db.write() as session:
+            rows = await session.fetch(q.FINISH, values | {"now": self._clock.now()})
+            if rows and result:
+                await _charge(session, rows[0]["tenant"], len(result))
+        return bool(rows)
 
     async def release(
         self, owner: str, job_id: str, delay_s: float, error: dict[str, Any] | None = None
@@ -210,22 +214,22 @@ class SqlJobStore:
             await session.fetch(q.INSERT_CHUNK, {"id": file_id, "seq": seq, "data": data})
 
     async def _show_file(self, file: StoredFile, size: int, quota_bytes: int | None) -> StoredFile:
-        """Shown in one transaction with the quota check, which counts only whole files:
-        concurrent writes are serialised here by the tenant's lock."""
+        """Counted and shown in one transaction: only whole files count. A refused file
+        is dropped in that transaction; one gone meanwhile undoes its count."""
         refusal: StorageQuotaExceeded | None = None
         async with self._db.write() as session:
             now = self._clock.now()
-            if quota_bytes is not None:
-                await session.lock(f"files\n{file.tenant}")
-                [used] = await session.fetch(q.FILE_BYTES, {"tenant": file.tenant})
-                if used["n"] + size > quota_bytes:
-                    refusal = StorageQuotaExceeded(file.tenant, used["n"], quota_bytes)
             params = {"id": file.id, "size": size, "now": now}
-            shown = await session.fetch(q.DROP_PARTIAL_FILE if refusal else q.SHOW_FILE, params)
+            try:
+                await _charge(session, file.tenant, size, quota_bytes)
+            except StorageQuotaExceeded as err:
+                refusal = err
+                await session.fetch(q.DROP_PARTIAL_FILE, params)
+            else:
+                if not await session.fetch(q.SHOW_FILE, params):
+                    raise file_gone(file.id)
         if refusal is not None:
             raise refusal
-        if not shown:
-            raise file_gone(file.id)
         return replace(file, size=size, created_at=now)
 
     async def get_file(self, tenant: str, file_id: str) -> StoredFile | None:
@@ -252,9 +256,13 @@ class SqlJobStore:
         return [file_from_row(row) for row in rows]
 
     async def delete_file(self, tenant: str, file_id: str) -> bool:
-        return bool(await self._write(q.DELETE_FILE, {"tenant": tenant, "id": file_id}))
+        return bool(await self._delete(q.DELETE_FILE, {"tenant": tenant, "id": file_id}))
 
-    async def create_batch(self, batch: Batch, jobs: Iterable[Job]) -> Batch:
+    async def create_batch(
+        self, batch: Batch, jobs: Iterable[Job], quota_bytes: int | None = None
+    ) -> Batch:
+        """The bodies are counted as they are inserted and charged at the end: a batch
+        past the quota rolls back whole."""
         async with self._db.write() as session:
             now = self._clock.now()
             status_at = batch.status_at | {batch.status.value: now}
@@ -262,9 +270,12 @@ class SqlJobStore:
             await session.fetch(q.INSERT_BATCH, batch_row(stored))
             stamp = {"tenant": batch.tenant, "batch_id": batch.id, "created_at": now}
             stamp["updated_at"] = now
+            size = 0
             for chunk in _chunks(jobs, _INSERT_ROWS):
                 rows = [job_row(job) | stamp for job in chunk]
+                size += sum(len(job.body) for job in chunk)
                 await session.fetch(q.insert_jobs(len(rows)), _numbered(rows))
+            await _charge(session, batch.tenant, size, quota_bytes)
         return stored
 
     async def get_batch(self, tenant: str, batch_id: str) -> Batch | None:
@@ -308,15 +319,30 @@ class SqlJobStore:
     async def purge(self, before: float, limit: int) -> Purged:
         """Each statement in its own short transaction, deleting at most `limit` rows."""
         params = {"before": before, "limit": limit}
-        counts = [len(await self._write(query, params)) for query in _PURGES]
+        counts = [await self._delete(query, params) for query in _PURGES]
         return Purged(counts[0] + counts[1], counts[2], counts[3])
 
-    async def _submit(self, session: Session, job: Job, now: float) -> Job:
-        """The job as stored: `job`, or the one its idempotency key or id already names."""
+    async def _delete(self, query: str, params: Row) -> int:
+        """Run a delete answering each row's `tenant` and bytes `n`, and give those bytes
+        back to their tenants in its transaction; how many rows it deleted."""
+        async with self._db.write() as session:
+            rows = await session.fetch(query, params)
+            freed: dict[str, int] = {}
+            for row in rows:
+                freed[row["tenant"]] = freed.get(row["tenant"], 0) + row["n"]
+            for tenant, size in freed.items():
+                await _charge(session, tenant, -size)
+        return len(rows)
+
+    async def _submit(self, session: Session, job: Job, now: float, quota: int | None) -> Job:
+        """The job as stored: `job`, or the one its idempotency key or id already names
+        (then nothing more is counted)."""
         row = job_row(replace(job, created_at=now, updated_at=now))
-        if await session.fetch(q.INSERT_JOB, row) and job.version_key is not None:
-            await session.lock(f"version\n{job.tenant}\n{job.version_key}")
-            await session.fetch(q.SUPERSEDE, row | {"now": now})
+        if await session.fetch(q.INSERT_JOB, row):
+            await _charge(session, job.tenant, len(job.body), quota)
+            if job.version_key is not None:
+                await session.lock(f"version\n{job.tenant}\n{job.version_key}")
+                await session.fetch(q.SUPERSEDE, row | {"now": now})
         stored = _first_job(await session.fetch(q.SELECT_EXISTING, row))
         if stored is None:
             raise ValueError(f"job id {job.id} is taken by another tenant")
@@ -346,6 +372,20 @@ class SqlJobStore:
     async def _write(self, query: str, params: Mapping[str, Any]) -> list[Row]:
         async with self._db.write() as session:
             return await session.fetch(query, params)
+
+
+async def _charge(session: Session, tenant: str, size: int, quota_bytes: int | None = None) -> None:
+    """Count `size` bytes (negative: given back) against `tenant`'s stored bytes, in the
+    caller's transaction; past `quota_bytes`, `StorageQuotaExceeded` and nothing counted."""
+    if size == 0:
+        return
+    params = {"tenant": tenant, "n": size}
+    await session.fetch(q.OPEN_TENANT_BYTES, params)
+    if quota_bytes is None or size < 0:
+        await session.fetch(q.ADD_BYTES, params)
+    elif not await session.fetch(q.CHARGE_BYTES, params | {"quota": quota_bytes}):
+        [row] = await session.fetch(q.TENANT_BYTES, params)
+        raise StorageQuotaExceeded(tenant, row["bytes"], quota_bytes)
 
 
 def _chunks(items: Iterable[Job], size: int) -> Iterator[list[Job]]:

@@ -39,15 +39,20 @@ class JobStoreUnavailable(GatewayError):
 
 
 class StorageQuotaExceeded(GatewayError):
+    """Every byte a tenant keeps counts: whole files, job bodies (a batch's too) and job
+    results, until deleted or retired."""
+
     def __init__(self, tenant: str, used: int, quota: int) -> None:
         super().__init__(
             429,
             "storage_quota_exceeded",
-            f"tenant {tenant} stores {used} bytes of files; its quota is {quota}: "
-            "delete files (DELETE /v1/files/{id}) or wait for retention to remove them",
+            f"tenant {tenant} stores {used} bytes of files, jobs and results; its quota is "
+            f"{quota}: delete files (DELETE /v1/files/{{id}}) or wait for retention to "
+            "remove what ended",
             ErrorType.RATE_LIMIT,
             should_retry=False,
         )
+        self.used = used
 
 
 def file_gone(file_id: str) -> GatewayError:
@@ -55,8 +60,13 @@ def file_gone(file_id: str) -> GatewayError:
 
 
 class JobStore(Protocol):
-    async def submit(self, job: Job) -> Job:
-        """Store `job` durably, or return the tenant's job with the same idempotency key.
+    """`quota_bytes` bounds what a tenant stores (None: counted, never refused): a write
+    that would pass it raises `StorageQuotaExceeded` and keeps nothing. Results and result
+    files are written without one, since they hold work already done."""
+
+    async def submit(self, job: Job, quota_bytes: int | None = None) -> Job:
+        """Store `job` durably, or return the tenant's job with the same idempotency key
+        (which counts nothing more).
 
         A stored job with a `version_key` supersedes, in the same transaction, every
         unfinished job of the tenant with that key and a lower version; a job older than
@@ -148,8 +158,11 @@ class JobStore(Protocol):
         """Delete a whole file and its chunks."""
         ...
 
-    async def create_batch(self, batch: Batch, jobs: Iterable[Job]) -> Batch:
-        """Store a batch and its jobs (fresh ones, keyless) in one transaction."""
+    async def create_batch(
+        self, batch: Batch, jobs: Iterable[Job], quota_bytes: int | None = None
+    ) -> Batch:
+        """Store a batch and its jobs (fresh ones, keyless) in one transaction; their
+        bodies count, beside the input file they were read from."""
         ...
 
     async def get_batch(self, tenant: str, batch_id: str) -> Batch | None: ...
