@@ -467,6 +467,9 @@ def body_for(call: Call, deployment: Deployment, top_priority: int) -> dict[str,
     extra: dict[str, Any] = {}
     if deployment.pass_priority:
         extra["priority"] = top_priority - call.lane.priority
+    salt = call.tenant.cache_salt
+    if salt is not None and deployment.pass_cache_salt:
+        extra["cache_salt"] = salt
     effort = call.route.reasoning_effort
     if effort is not None and "reasoning_effort" not in payload:
         extra["reasoning_effort"] = effort

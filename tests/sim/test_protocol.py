@@ -42,3 +42,15 @@ def test_text_parts_render_as_their_text_and_completions_as_their_prompts() -> N
         "<|user|>ab<|assistant|>"
     )
     assert completion_text({"prompt": ["one", "two"]}) == "onetwo"
+
+
+def test_a_cache_salt_keys_the_prompt_so_no_other_salt_shares_its_blocks() -> None:
+    """As vLLM's `cache_salt`: the same prompt under two salts shares no block, under
+    one salt or none it is the same text as before."""
+    plain = chat_text({"messages": QUESTION})
+    salted = chat_text({"messages": QUESTION, "cache_salt": "tenant-a"})
+    other = chat_text({"messages": QUESTION, "cache_salt": "tenant-b"})
+    assert salted.endswith(plain)
+    assert salted[:16] != other[:16] != plain[:16]
+    assert chat_text({"messages": QUESTION, "cache_salt": "tenant-a"}) == salted
+    assert completion_text({"prompt": "p", "cache_salt": "s"}).endswith("p")

@@ -161,6 +161,25 @@ async def test_a_caller_cannot_steer_the_engine(pass_priority: bool):
         assert not (ENGINE_STEERING.keys() - {"priority"}) & sent.keys()
 
 
+@pytest.mark.parametrize(("isolate", "passes"), [(True, True), (True, False), (False, True)])
+async def test_a_tenant_that_isolates_its_cache_sends_its_own_salt(isolate: bool, passes: bool):
+    """Only to a deployment that takes it, never the caller's own, the same salt for
+    every request of the tenant."""
+    raw = config({"name": "a", "pass_cache_salt": passes})
+    raw["tenants"][0]["isolate_cache"] = isolate
+    async with running(raw, {}) as h:
+        for _ in range(2):
+            await h.ask(h.inbound(cache_salt="chosen-by-the-caller"))
+        salts = {body.get("cache_salt") for body in h.providers["a"].bodies}
+        assert "chosen-by-the-caller" not in salts
+        if isolate and passes:
+            (salt,) = salts
+            assert isinstance(salt, str)
+            assert len(salt) == 32
+        else:
+            assert salts == {None}
+
+
 async def test_a_caller_gone_during_the_hedge_delay_leaves_no_attempt_behind():
     raw = config({"name": "a"}, {"name": "b"}, route={"hedge_after_s": 1})
     async with running(raw, {"a": "hang"}) as h:

@@ -179,6 +179,13 @@ def _path(loc: tuple[Any, ...]) -> str:
     return out
 
 
+def _cache_salt(tenant: str) -> str:
+    """A tenant's cache salt: the same on every replica, so that its prompts find their
+    cache wherever they went. A caller cannot send one of its own (the pipeline drops
+    it), so knowing another tenant's salt lets it probe nothing."""
+    return hashlib.sha256(f"sluicegate cache salt\n{tenant}".encode()).hexdigest()[:32]
+
+
 def _to_settings(
     config: GatewayConfig, env: Mapping[str, str], source: str, callers_keys: bool
 ) -> Settings:
@@ -202,6 +209,7 @@ def _to_settings(
             spec.weight,
             spec.lane,
             None if spec.lanes is None else frozenset(spec.lanes),
+            _cache_salt(spec.name) if spec.isolate_cache else None,
         )
         tenants.append(tenant)
         for k_index, key in enumerate(spec.keys if callers_keys else ()):
@@ -362,6 +370,7 @@ def _deployment(
         metrics=_backend_metrics(spec, base_url),
         adaptive=_adaptive(spec),
         pass_priority=spec.pass_priority,
+        pass_cache_salt=spec.pass_cache_salt,
         resumable=spec.resumable,
         breaker=BreakerPolicy(**spec.breaker.model_dump()),
         throttle_cooldown_s=spec.throttle_cooldown_s,

@@ -249,6 +249,11 @@ class DeploymentConfig(Strict):
     pass_priority: bool = Field(
         default=False, description="send the lane's priority as vLLM's `priority` field"
     )
+    pass_cache_salt: bool = Field(
+        default=False,
+        description="send a tenant's own cache salt (tenants' isolate_cache) as vLLM's "
+        "`cache_salt` field",
+    )
     resumable: bool = Field(
         default=False,
         description="the backend continues a partial assistant message (vLLM's "
@@ -340,6 +345,11 @@ class TenantConfig(Strict):
         default=None,
         min_length=1,
         description="lanes it may ask for by header; omit for its own lane and every lower one",
+    )
+    isolate_cache: bool = Field(
+        default=False,
+        description="its prompts share the backends' prefix cache with its own alone "
+        "(deployments with pass_cache_salt)",
     )
 
 

@@ -112,6 +112,7 @@ class Deployment:
     metrics: BackendMetrics | None = None
     adaptive: AdaptiveLimit | None = None
     pass_priority: bool = False
+    pass_cache_salt: bool = False
     resumable: bool = False
     breaker: BreakerPolicy = BreakerPolicy()
     throttle_cooldown_s: float = 5.0
@@ -312,6 +313,10 @@ class Tenant:
     lane: str | None = None
     lanes: frozenset[str] | None = None
     """The lanes it may ask for by header; None: its own lane and every lower one."""
+    cache_salt: str | None = None
+    """Sent as vLLM's `cache_salt` to deployments that take it: its prompts share the
+    backend's prefix cache with its own alone, so no other tenant can tell by timing
+    what it sent. None: the cache is shared."""
 
     def may_use(self, model: str) -> bool:
         return self.allowed_models is None or model in self.allowed_models

@@ -100,6 +100,11 @@ def _generation(
     if options is not None and not isinstance(options, dict):
         raise bad_request("stream_options must be an object")
     include_usage = _optional_bool(options, "include_usage") if options else False
+    salt = payload.get("cache_salt")
+    if salt is not None and not isinstance(salt, str):
+        raise bad_request("cache_salt must be a string")
+    if text is not None and salt:
+        text = f"<|salt:{salt}|>{text}"
     return GenerationRequest(
         model=_model(payload),
         prompt_tokens=_tokens(chars),

@@ -266,3 +266,12 @@ def test_the_prompt_is_rendered_in_the_order_the_backend_reads_it():
     blocks = chained(b"x" * 100, 32)
     assert len(blocks) == 3
     assert chained(b"y" + b"x" * 99, 32)[2] != blocks[2], "each block covers all before it"
+
+
+def test_tenants_that_isolate_their_cache_never_share_an_index_entry():
+    payload = {"messages": [{"role": "system", "content": SYSTEM}]}
+    shared = chained(render(Endpoint.CHAT, payload).data, 32)
+    one = chained(render(Endpoint.CHAT, payload, "salt-a").data, 32)
+    other = chained(render(Endpoint.CHAT, payload, "salt-b").data, 32)
+    assert not set(one) & set(other)
+    assert not set(one) & set(shared)

@@ -83,7 +83,7 @@ class PrefixAffinity:
 
     def order(self, targets: Sequence[Target], attempt: Attempt) -> tuple[list[Target], Placed]:
         call = attempt.call
-        rendered = render(call.endpoint, call.payload)
+        rendered = render(call.endpoint, call.payload, call.tenant.cache_salt)
         opening = hashlib.blake2b(rendered.data[: rendered.opening], digest_size=16).digest()
         blocks = chained(rendered.data, self._spec.block_bytes)
         held = {t.deployment.name: self._held(t.deployment.name, blocks) for t in targets}
@@ -156,14 +156,18 @@ def chained(data: bytes, size: int) -> list[bytes]:
     return hashes
 
 
-def render(endpoint: Endpoint, payload: Mapping[str, Any]) -> Rendered:
+def render(endpoint: Endpoint, payload: Mapping[str, Any], salt: str | None = None) -> Rendered:
     """The prompt as the backend reads it, in its order: for chat, the tools and then
-    each message's role and content; for completions, the prompt."""
+    each message's role and content; for completions, the prompt. A tenant's cache salt
+    comes first, as the backend keys its cache by it: one tenant's blocks never match
+    another's."""
+    salted = [] if salt is None else [salt.encode()]
     if endpoint is not Endpoint.CHAT:
         prompt = payload.get("prompt", payload.get("input"))
-        data = prompt.encode() if isinstance(prompt, str) else orjson.dumps(prompt)
+        text = prompt.encode() if isinstance(prompt, str) else orjson.dumps(prompt)
+        data = SEPARATOR.join([*salted, text])
         return Rendered(data, len(data))
-    parts: list[bytes] = []
+    parts: list[bytes] = salted
     tools = payload.get("tools")
     if tools:
         parts.append(orjson.dumps(tools))
