@@ -230,7 +230,7 @@ def build(
         # A prefill budget with room again wakes its deployment's waiters, as a slot of
         # any of its pools would.
         by_key = by_slot | {keys.prefill(d.name): pools[d.pools[0]] for d in deployments}
-        listeners.append(listener(policy.url, policy.timeout_s))
+        listeners.append(listener(policy.url, policy.connect_timeout_s))
 
         def freed(key: str) -> None:
             pool = by_key.get(key)
@@ -320,7 +320,7 @@ def build(
 
 
 def redis_store(policy: RedisPolicy) -> RedisLimitStore:
-    connection = RespConnection(policy.url, policy.timeout_s)
+    connection = RespConnection(policy.url, policy.connect_timeout_s)
     return RedisLimitStore(connection, policy.key_prefix, policy.timeout_s)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -102,6 +103,16 @@ class RedisServer:
             time.sleep(0.05)
         raise RuntimeError(f"redis-server on port {self.port} did not start")
 
+    def pause(self) -> None:
+        """Stop the server without closing anything (SIGSTOP): connections stay open and
+        connecting still succeeds (the kernel accepts), but nothing is answered."""
+        if self._popen is not None:
+            self._popen.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self._popen is not None:
+            self._popen.send_signal(signal.SIGCONT)
+
     def kill(self) -> None:
         if self._popen is not None:
             self._popen.kill()
@@ -147,6 +158,7 @@ def redis_server(folder: Path, *, tls: bool = False) -> Iterator[RedisServer]:
     try:
         yield server
     finally:
+        server.resume()
         server.kill()
 
 
