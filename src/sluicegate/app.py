@@ -70,7 +70,7 @@ from sluicegate.scheduling.fleet_fairness import FairnessSync, FleetVirtualToken
 from sluicegate.scheduling.overload import OverloadMonitor, OverloadWatch
 from sluicegate.stores.failover import FailoverStore
 from sluicegate.stores.memory import MemoryLimitStore
-from sluicegate.stores.redis import RedisLimitStore, listener, unreachable
+from sluicegate.stores.redis import RedisLimitStore, inspect, listener
 from sluicegate.stores.resp import RespConnection
 from sluicegate.supervisor import Supervisor, run_directory
 from sluicegate.worker import Workers
@@ -508,8 +508,15 @@ def _supervise(args: argparse.Namespace, settings: Settings, holder: socket.sock
 
 def _shared_store_at_start(policy: RedisPolicy) -> bool | None:
     """Whether to start degraded (Redis unreachable, `at_start: degraded`), or None when
-    the start must stop (`at_start: fail`); says which in one line."""
-    problem = asyncio.run(unreachable(policy.url))
+    the start must stop (`at_start: fail`, or a Redis that cannot hold the fleet's
+    limits); says which in one line, after one warning per assumption left unchecked."""
+    found = asyncio.run(inspect(policy.url))
+    for line in found.unchecked:
+        print(f"sluicegate: warning: {line}", file=sys.stderr)
+    if found.unfit is not None:
+        print(f"sluicegate: {found.unfit}; not starting", file=sys.stderr)
+        return None
+    problem = found.unreachable
     if problem is None:
         return False
     if policy.at_start == "fail":

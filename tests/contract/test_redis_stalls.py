@@ -13,14 +13,13 @@ from pathlib import Path
 import pytest
 
 from sluicegate.app import redis_store
-from sluicegate.config.loader import parse_settings
 from sluicegate.core.clock import MonotonicClock
 from sluicegate.core.limits import Ask, Lease, Slot, StoreTimeout, StoreUnavailable
-from sluicegate.core.types import DegradedPolicy, RedisPolicy, WhenDown
+from sluicegate.core.types import DegradedPolicy, WhenDown
 from sluicegate.stores import resp
 from sluicegate.stores.failover import FailoverStore
 from sluicegate.stores.resp import RespConnection
-from tests.support.redis import RedisServer, redis_server
+from tests.support.redis import RedisServer, redis_policy, redis_server
 
 TIMEOUT_S = 0.05
 TTL_S = 30.0
@@ -34,28 +33,10 @@ def server(tmp_path: Path) -> Iterator[RedisServer]:
         yield started
 
 
-def configured(url: str) -> RedisPolicy:
-    """The shared store's settings of a config naming only its URL: every default."""
-    raw = {
-        "models": [
-            {
-                "name": "chat",
-                "deployments": [{"name": "a", "base_url": "http://127.0.0.1:9/v1", "model": "m"}],
-            }
-        ],
-        "tenants": [{"name": "t", "keys": [{"env": "KEY"}]}],
-        "store": "redis",
-        "redis": {"url": url, "key_prefix": "stall:"},
-    }
-    policy = parse_settings(raw, "test.yaml", {"KEY": "sk-t"}).redis
-    assert policy is not None
-    return policy
-
-
 @pytest.fixture
 async def replica(server: RedisServer) -> AsyncIterator[FailoverStore]:
     """A replica's store as `serve` wires it, with every default, connected."""
-    policy = configured(server.url)
+    policy = redis_policy(server.url)
     assert policy.timeout_s == TIMEOUT_S
     store = FailoverStore(redis_store(policy), MonotonicClock(), POLICY, TTL_S)
     await store.run_once()
@@ -156,7 +137,7 @@ async def test_a_redis_slower_to_connect_than_a_call_s_bound_is_still_reached(se
     await admin.close()
     proxy = await delayed_proxy(server.port, 4 * TIMEOUT_S)
     port = proxy.sockets[0].getsockname()[1]
-    policy = configured(f"redis://gateway:s3cret@127.0.0.1:{port}/0")
+    policy = redis_policy(f"redis://gateway:s3cret@127.0.0.1:{port}/0")
     store = redis_store(policy)
     with pytest.raises(StoreTimeout):
         await store.in_use("s")

@@ -472,3 +472,17 @@ async def test_a_prefill_budget_is_the_fleet_s_and_announced_only_when_it_was_wa
         watching.cancel()
         await asyncio.gather(watching, return_exceptions=True)
         await subscriber.aclose()
+
+
+async def test_a_tenant_named_like_another_s_rate_keeps_its_own_keys(redis):
+    """Tenant `a:requests` holding a slot while tenant `a` is charged its request rate:
+    two keys of two types, neither refused nor broken by the other."""
+    _, prefix = redis
+    store = shared(prefix)
+    rate = Ask(charges=(Charge(keys.tenant_requests("a"), RATE, 1),))
+    slot = Ask(slots=(Slot(keys.tenant_slots("a:requests"), 1),))
+    assert await store.take(rate, lease("rate"), TTL_S) is None
+    assert await store.take(slot, lease("slot", keys.tenant_slots("a:requests")), TTL_S) is None
+    assert await store.take(rate, lease("rate-2"), TTL_S) is None
+    assert await store.in_use(keys.tenant_slots("a:requests")) == 1
+    await store.close()

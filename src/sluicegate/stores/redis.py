@@ -25,6 +25,7 @@ import hashlib
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
@@ -81,18 +82,88 @@ def listener(url: str, connect_timeout_s: float) -> Redis:
     )
 
 
-async def unreachable(url: str, timeout_s: float = 2.0) -> str | None:
-    """Why Redis at `url` cannot be used now, in one line naming its host (never its
-    credentials); None when it answers."""
+MIN_VERSION = (5, 0)
+"""Scripts read the server's clock (`TIME`) before they write, which Redis allows from 5
+on (scripts replicated by their effects)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Inspection:
+    """What Redis at a URL is for the fleet's limits, each in one line naming its host
+    (never its credentials)."""
+
+    unreachable: str | None = None
+    """Why it cannot be used now; None when it answers."""
+    unfit: str | None = None
+    """Why it cannot hold the fleet's limits whatever happens (the start stops)."""
+    unchecked: tuple[str, ...] = ()
+    """The assumptions it would not let be checked (a managed Redis refusing commands)."""
+
+
+async def inspect(url: str, timeout_s: float = 2.0) -> Inspection:
+    """Reach Redis at `url` and check what the limit store assumes of it: version 5 or
+    later, no Cluster, and no eviction that could drop a lease set (every key written
+    has a TTL, so a volatile policy picks them as an allkeys one does: only
+    `noeviction`, or no `maxmemory`, keeps a limit from being forgotten)."""
+    where = _where(url)
     connection = RespConnection(url, timeout_s)
     try:
         async with asyncio.timeout(timeout_s):
             await connection.call("PING")
+            unfit, unchecked = await _assumptions(connection)
     except (RespError, OSError, TimeoutError) as exc:
-        return f"Redis at {_where(url)} is unreachable ({type(exc).__name__}: {exc})"
+        return Inspection(f"Redis at {where} is unreachable ({type(exc).__name__}: {exc})")
     finally:
         await connection.close()
-    return None
+    return Inspection(
+        unfit=f"Redis at {where} cannot hold the fleet's limits: {'; '.join(unfit)}"
+        if unfit
+        else None,
+        unchecked=tuple(f"Redis at {where}: unchecked {line}" for line in unchecked),
+    )
+
+
+async def _assumptions(connection: RespConnection) -> tuple[list[str], list[str]]:
+    """What breaks the limit store's assumptions, and what could not be checked."""
+    unfit: list[str] = []
+    unchecked: list[str] = []
+    try:
+        info = _fields(await connection.call("INFO", "server"))
+        info |= _fields(await connection.call("INFO", "cluster"))
+    except RespError as exc:
+        unchecked.append(f"that it is Redis 5 or later and no Cluster node (INFO: {exc})")
+    else:
+        version = info.get("redis_version", "0")
+        if tuple(int(part) for part in version.split(".")[:2] if part.isdigit()) < MIN_VERSION:
+            unfit.append(f"it is Redis {version}; 5 or later is needed (scripts read TIME)")
+        if info.get("cluster_enabled") == "1":
+            unfit.append("it is a Redis Cluster node; the limit store needs one standalone server")
+    try:
+        found = await connection.call("CONFIG", "GET", "maxmemory*")
+    except RespError as exc:
+        unchecked.append(
+            "that it never evicts the lease sets (maxmemory-policy noeviction, or no "
+            f"maxmemory; CONFIG GET: {exc})"
+        )
+    else:
+        config = {
+            name.decode(): value.decode()
+            for name, value in zip(found[::2], found[1::2], strict=True)
+        }
+        policy = config.get("maxmemory-policy", "noeviction")
+        if config.get("maxmemory", "0") != "0" and policy != "noeviction":
+            unfit.append(
+                f"maxmemory-policy {policy} with maxmemory set may evict the sets holding the "
+                "fleet's leases (every key the gateway writes has a TTL); set "
+                "maxmemory-policy noeviction, or give the gateway a Redis without maxmemory"
+            )
+    return unfit, unchecked
+
+
+def _fields(info: bytes) -> dict[str, str]:
+    """`INFO`'s `name:value` lines."""
+    lines = info.decode().splitlines()
+    return dict(line.split(":", 1) for line in lines if ":" in line and not line.startswith("#"))
 
 
 def _where(url: str) -> str:
