@@ -72,7 +72,7 @@ from sluicegate.scheduling.overload import OverloadMonitor, OverloadWatch
 from sluicegate.scheduling.routing import placement_for
 from sluicegate.stores.failover import FailoverStore
 from sluicegate.stores.memory import MemoryLimitStore
-from sluicegate.stores.redis import RedisLimitStore, listener, unreachable
+from sluicegate.stores.redis import RedisLimitStore, inspect, listener
 from sluicegate.stores.resp import RespConnection
 from sluicegate.supervisor import Supervisor, run_directory
 from sluicegate.worker import Workers
@@ -235,7 +235,7 @@ def build(
         # A prefill budget with room again wakes its deployment's waiters, as a slot of
         # any of its pools would.
         by_key = by_slot | {keys.prefill(d.name): pools[d.pools[0]] for d in deployments}
-        listeners.append(listener(policy.url, policy.timeout_s))
+        listeners.append(listener(policy.url, policy.connect_timeout_s))
 
         def freed(key: str) -> None:
             pool = by_key.get(key)
@@ -337,7 +337,7 @@ def counting_workers(policy: RedisPolicy, workers: int) -> RedisPolicy:
 
 
 def redis_store(policy: RedisPolicy) -> RedisLimitStore:
-    connection = RespConnection(policy.url, policy.timeout_s)
+    connection = RespConnection(policy.url, policy.connect_timeout_s)
     return RedisLimitStore(connection, policy.key_prefix, policy.timeout_s)
 
 
@@ -535,8 +535,15 @@ def _supervise(args: argparse.Namespace, settings: Settings, holder: socket.sock
 
 def _shared_store_at_start(policy: RedisPolicy) -> bool | None:
     """Whether to start degraded (Redis unreachable, `at_start: degraded`), or None when
-    the start must stop (`at_start: fail`); says which in one line."""
-    problem = asyncio.run(unreachable(policy.url))
+    the start must stop (`at_start: fail`, or a Redis that cannot hold the fleet's
+    limits); says which in one line, after one warning per assumption left unchecked."""
+    found = asyncio.run(inspect(policy.url))
+    for line in found.unchecked:
+        print(f"sluicegate: warning: {line}", file=sys.stderr)
+    if found.unfit is not None:
+        print(f"sluicegate: {found.unfit}; not starting", file=sys.stderr)
+        return None
+    problem = found.unreachable
     if problem is None:
         return False
     if policy.at_start == "fail":

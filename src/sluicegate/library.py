@@ -27,6 +27,7 @@ pools for every caller as a proxied one does. Retries and fallback are the calle
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
@@ -47,7 +48,9 @@ from sluicegate.core.errors import (
 from sluicegate.core.types import Deployment, Endpoint, Settings, Tenant
 from sluicegate.pipeline import Inbound
 from sluicegate.providers.base import UpstreamResponse
-from sluicegate.stores.redis import unreachable
+from sluicegate.stores.redis import inspect
+
+log = logging.getLogger("sluicegate")
 
 __all__ = ["ConfigError", "GatewayError", "Governor", "Grant"]
 
@@ -71,7 +74,12 @@ class Governor:
         store_down = False
         policy = self.settings.redis
         if policy is not None:
-            problem = await unreachable(policy.url)
+            found = await inspect(policy.url)
+            for line in found.unchecked:
+                log.warning("%s", line)
+            if found.unfit is not None:
+                raise RuntimeError(f"{found.unfit}; not starting")
+            problem = found.unreachable
             if problem is not None and policy.at_start == "fail":
                 raise RuntimeError(f"{problem}; not starting (redis.at_start: fail)")
             store_down = problem is not None

@@ -27,7 +27,14 @@ from sluicegate.core.limits import (
     Slot,
     StoreUnavailable,
 )
-from sluicegate.stores.redis import CLAIM_S, LAYOUT, LEARNT_KEPT_S, RedisLimitStore, listener
+from sluicegate.stores.redis import (
+    CLAIM_S,
+    LAYOUT,
+    LEARNT_KEPT_S,
+    LEASES_AT_ONCE,
+    RedisLimitStore,
+    listener,
+)
 from sluicegate.stores.resp import RespConnection
 from tests.support.clock import FakeClock
 from tests.support.processes import free_port
@@ -166,6 +173,28 @@ async def test_a_give_back_is_one_script_per_hash_tag_whatever_it_carries(redis)
     assert connection.sent == [2]
     assert [await store.in_use(k) for k in ("{e}tenant", "{e}route", "{p}pool")] == [0, 0, 0]
     assert await store.available("{e}tokens", RATE) == pytest.approx(1, abs=0.1)
+    await store.close()
+
+
+async def test_renewing_and_adopting_many_leases_is_split_into_scripts_sent_together(redis):
+    """A script holds the server for its whole run: however many leases a replica holds
+    (or hands over on its return), no one renewal or adoption holds it for all of them."""
+    _, prefix = redis
+    clock = FakeClock()
+    connection = Counting(REDIS_URL, 5.0)
+    store = RedisLimitStore(connection, prefix, 5.0, clock=clock)
+    held = [lease(f"l{i}", "{p}slots") for i in range(3 * LEASES_AT_ONCE)]
+    held += [lease(f"e{i}", "{e}slots") for i in range(LEASES_AT_ONCE // 2)]
+    await store.adopt(held, TTL_S)
+    assert connection.sent == [4]
+    clock.advance(TTL_S / 2)
+    await store.renew(held, TTL_S)
+    assert connection.sent == [4, 4]
+    clock.advance(TTL_S / 2 + 1)
+    assert [await store.in_use(k) for k in ("{p}slots", "{e}slots")] == [
+        3 * LEASES_AT_ONCE,
+        LEASES_AT_ONCE // 2,
+    ]
     await store.close()
 
 
@@ -443,3 +472,17 @@ async def test_a_prefill_budget_is_the_fleet_s_and_announced_only_when_it_was_wa
         watching.cancel()
         await asyncio.gather(watching, return_exceptions=True)
         await subscriber.aclose()
+
+
+async def test_a_tenant_named_like_another_s_rate_keeps_its_own_keys(redis):
+    """Tenant `a:requests` holding a slot while tenant `a` is charged its request rate:
+    two keys of two types, neither refused nor broken by the other."""
+    _, prefix = redis
+    store = shared(prefix)
+    rate = Ask(charges=(Charge(keys.tenant_requests("a"), RATE, 1),))
+    slot = Ask(slots=(Slot(keys.tenant_slots("a:requests"), 1),))
+    assert await store.take(rate, lease("rate"), TTL_S) is None
+    assert await store.take(slot, lease("slot", keys.tenant_slots("a:requests")), TTL_S) is None
+    assert await store.take(rate, lease("rate-2"), TTL_S) is None
+    assert await store.in_use(keys.tenant_slots("a:requests")) == 1
+    await store.close()

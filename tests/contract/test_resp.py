@@ -105,8 +105,9 @@ async def test_a_restarted_server_loses_its_scripts_and_the_store_loads_them_aga
 
 
 async def test_a_mute_server_is_left_and_the_next_call_reconnects():
-    """A peer that accepts and never answers: calls time out, the stalled connection is
-    closed, and the next call opens a new one (here: to a peer that answers)."""
+    """A peer that accepts and never answers: calls time out, the connection silent for
+    `stall_s` is closed, and the next call opens a new one (here: to a peer that
+    answers)."""
     answering = asyncio.Event()
 
     async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -116,12 +117,13 @@ async def test_a_mute_server_is_left_and_the_next_call_reconnects():
 
     listening = await asyncio.start_server(peer, "127.0.0.1", 0)
     port = listening.sockets[0].getsockname()[1]
-    connection = RespConnection(f"redis://127.0.0.1:{port}/0", 0.05)
+    connection = RespConnection(f"redis://127.0.0.1:{port}/0", 1.0, stall_s=0.025)
     store = RedisLimitStore(connection, "x:", 0.05)
     with pytest.raises(StoreTimeout):
         await store.in_use("s")
     answering.set()
-    assert await connection.call("PING") == b"PONG"
+    async with asyncio.timeout(5.0):
+        assert await connection.call("PING") == b"PONG"
     await store.close()
     listening.close()
     await listening.wait_closed()

@@ -521,3 +521,74 @@ async def test_a_replica_starts_degraded_without_redis_and_says_so(sim, http, tm
         assert answer[1]["x-sluicegate-degraded"] == "store"
     finally:
         group.stop()
+
+
+async def test_two_busy_replicas_share_again_within_5s_of_a_paused_redis_answering(
+    sim, http, tmp_path, own_redis
+):
+    """200 requests per second over two replicas while Redis is paused for 1.5 s
+    (SIGSTOP: nothing answered, nothing refused): both degrade on late answers, and both
+    decide in the shared store again within 5 s of Redis answering, under the same load.
+    Leases last the default 30 s (a heartbeat every 10 s); calls to Redis are bounded at
+    0.25 s (not the 1 s of the other fleet tests, so that the pause is an outage; still
+    past the loop lag a flood brings on this machine)."""
+    async with http.post(f"{sim.url}/sim/reset") as resp:
+        assert resp.status == 200
+    group = Fleet(tmp_path, sim, own_redis.url, "fleet:")
+    try:
+        replicas = group.start(
+            2, pool={"max_concurrency": 64}, timeout_s=0.25, probe_s=0.5, lease_ttl_s=30
+        )
+        await wait_for(lambda: _live(http, replicas[1], 2), 5)
+        answers: list[tuple] = []
+        load = asyncio.ensure_future(paced(http, replicas, per_s=200, answers=answers))
+        await asyncio.sleep(1.0)
+        own_redis.pause()
+        try:
+            for replica in replicas:
+                await wait_for(lambda r=replica: _degraded(http, r), 5, step_s=0.05)
+            await asyncio.sleep(1.0)
+        finally:
+            own_redis.resume()
+        took = await wait_for(lambda: _all_shared_again(http, replicas), 10, step_s=0.05)
+        load.cancel()
+        await asyncio.gather(load, return_exceptions=True)
+        assert took <= 5.0, f"shared again {took:.1f}s after Redis answered"
+        assert len(answers) >= 200
+        assert {code(a) for a in answers} <= {"ok", "limit_store_unavailable"}
+        assert "x-sluicegate-degraded" not in (await chat(http, replicas[1]))[1]
+    finally:
+        group.stop()
+
+
+async def paced(http, replicas: list[Proc], per_s: float, answers: list[tuple]) -> None:
+    """Requests at `per_s`, round robin over the replicas, each in a task of its own,
+    until cancelled (the requests in flight then too); a request the client could not
+    complete is answered with its error as the code."""
+
+    async def one(replica: Proc) -> None:
+        try:
+            answers.append(await chat(http, replica))
+        except aiohttp.ClientError as exc:
+            answers.append((0, {}, {"error": {"code": repr(exc)}}))
+
+    running: set[asyncio.Task] = set()
+    began = time.monotonic()
+    try:
+        for sent, replica in enumerate(itertools.cycle(replicas)):
+            await asyncio.sleep(max(0.0, began + sent / per_s - time.monotonic()))
+            task = asyncio.ensure_future(one(replica))
+            running.add(task)
+            task.add_done_callback(running.discard)
+    finally:
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+
+
+async def _degraded(http, proc: Proc) -> bool:
+    return await metric(http, proc, "sluicegate_store_degraded") == 1.0
+
+
+async def _all_shared_again(http, replicas: list[Proc]) -> bool:
+    return all([await _shared_again(http, replica) for replica in replicas])

@@ -178,7 +178,8 @@ class UnreachableStore:
 class SharedFake:
     """A `SharedStore` (a limit store replicas share, with adoption and heartbeats) held
     in memory, that can be taken down (refusing connections) or made slow (answering too
-    late), and brought back; `calls` counts every call that reached it."""
+    late), and brought back; `calls` counts every call that reached it. Each call takes
+    `latency_s` on the clock (none by default), as a round trip would."""
 
     def __init__(self, clock: FakeClock) -> None:
         self.inner = MemoryLimitStore(clock)
@@ -188,19 +189,22 @@ class SharedFake:
         self.hold: asyncio.Event | None = None
         """When set, every call that reached the store waits for it before it acts."""
         self.calls = 0
+        self.latency_s = 0.0
         self._clock = clock
         self._replicas: dict[str, float] = {}
 
-    def _reached(self) -> None:
+    async def _reached(self) -> None:
         self.calls += 1
         if self.down:
             raise StoreUnavailable("connection refused")
+        if self.latency_s:
+            await sleep_until(self._clock, self._clock.now() + self.latency_s)
 
     def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
         method = getattr(self.inner, name)
 
         async def call(*args: Any) -> Any:
-            self._reached()
+            await self._reached()
             if self.hold is not None:
                 await self.hold.wait()
             result = await method(*args)
@@ -211,7 +215,7 @@ class SharedFake:
         return call
 
     async def adopt(self, leases: Sequence[Lease], ttl_s: float) -> None:
-        self._reached()
+        await self._reached()
         if self.adopting_fails:
             raise StoreUnavailable("connection reset while adopting")
         for lease in leases:
@@ -222,7 +226,7 @@ class SharedFake:
         return None
 
     async def beat(self, replica: str, ttl_s: float) -> int:
-        self._reached()
+        await self._reached()
         now = self._clock.now()
         self._replicas[replica] = now + ttl_s
         return sum(1 for until in self._replicas.values() if until > now)

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
@@ -19,6 +20,8 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from sluicegate.config.loader import parse_settings
+from sluicegate.core.types import RedisPolicy
 from sluicegate.stores.redis import RedisLimitStore
 from sluicegate.stores.resp import RespConnection
 from tests.support.clock import FakeClock
@@ -36,6 +39,24 @@ def _unavailable(reason: str) -> None:
 def test_prefix() -> str:
     """A key prefix of the test's own, so tests never see each other's keys."""
     return f"sluicegate-test:{uuid.uuid4().hex[:10]}:"
+
+
+def redis_policy(url: str) -> RedisPolicy:
+    """The shared store's settings of a config naming only its URL: every default."""
+    raw = {
+        "models": [
+            {
+                "name": "chat",
+                "deployments": [{"name": "a", "base_url": "http://127.0.0.1:9/v1", "model": "m"}],
+            }
+        ],
+        "tenants": [{"name": "t", "keys": [{"env": "KEY"}]}],
+        "store": "redis",
+        "redis": {"url": url, "key_prefix": test_prefix()},
+    }
+    policy = parse_settings(raw, "test.yaml", {"KEY": "sk-t"}).redis
+    assert policy is not None
+    return policy
 
 
 @asynccontextmanager
@@ -65,7 +86,7 @@ class RedisServer:
     """A `redis-server` of the test's own on a free loopback port: it can be killed and
     started again on the same port."""
 
-    def __init__(self, folder: Path, *, tls: bool = False) -> None:
+    def __init__(self, folder: Path, *, tls: bool = False, options: Sequence[str] = ()) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             _unavailable("redis-server is not installed")
@@ -74,6 +95,8 @@ class RedisServer:
         self._folder = folder
         self.port = free_port()
         self._popen: subprocess.Popen[bytes] | None = None
+        self._options = list(options)
+        """More `redis-server` options (`--cluster-enabled yes`)."""
         self.certificate = _self_signed(folder) if tls else None
         """Served over TLS only, under this certificate (its own CA) for 127.0.0.1."""
 
@@ -92,7 +115,7 @@ class RedisServer:
                       "--tls-cert-file", cert, "--tls-key-file", key]  # fmt: skip
         self._popen = subprocess.Popen(
             [self._binary, *listen, "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self._folder)],
+             "--appendonly", "no", "--dir", str(self._folder), *self._options],
             stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         deadline = time.monotonic() + 10
@@ -101,6 +124,16 @@ class RedisServer:
                 return
             time.sleep(0.05)
         raise RuntimeError(f"redis-server on port {self.port} did not start")
+
+    def pause(self) -> None:
+        """Stop the server without closing anything (SIGSTOP): connections stay open and
+        connecting still succeeds (the kernel accepts), but nothing is answered."""
+        if self._popen is not None:
+            self._popen.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self._popen is not None:
+            self._popen.send_signal(signal.SIGCONT)
 
     def kill(self) -> None:
         if self._popen is not None:
@@ -141,12 +174,15 @@ def _self_signed(folder: Path) -> Path:
 
 
 @contextmanager
-def redis_server(folder: Path, *, tls: bool = False) -> Iterator[RedisServer]:
-    server = RedisServer(folder, tls=tls)
+def redis_server(
+    folder: Path, *, tls: bool = False, options: Sequence[str] = ()
+) -> Iterator[RedisServer]:
+    server = RedisServer(folder, tls=tls, options=options)
     server.start()
     try:
         yield server
     finally:
+        server.resume()
         server.kill()
 
 

@@ -250,6 +250,7 @@ def _redis(spec: RedisConfig | None) -> RedisPolicy:
         url=spec.url,
         key_prefix=spec.key_prefix,
         timeout_s=spec.timeout_s,
+        connect_timeout_s=spec.connect_timeout_s,
         lease_ttl_s=spec.lease_ttl_s,
         sync_s=spec.sync_s,
         at_start=spec.at_start,

@@ -427,6 +427,11 @@ class RedisConfig(Strict):
     )
     key_prefix: str = Field(default="sluicegate:", max_length=64)
     timeout_s: Seconds = Field(default=0.05, description="bound on every call to Redis")
+    connect_timeout_s: Seconds = Field(
+        default=1.0,
+        description="bound on opening a connection (TCP, TLS, AUTH); a connection silent "
+        "this long while calls wait on it is replaced",
+    )
     lease_ttl_s: Seconds = Field(
         default=30.0, ge=1, description="a dead replica's slots come free within this"
     )

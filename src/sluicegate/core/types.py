@@ -398,6 +398,10 @@ class RedisPolicy:
     url: str = field(repr=False)
     key_prefix: str
     timeout_s: float
+    """Bound on each call: a later answer is a strike (three in a row degrade)."""
+    connect_timeout_s: float
+    """Bound on opening a connection, apart from calls: a TLS or AUTH set-up over a
+    distant link may take longer than one call may wait, and it goes on meanwhile."""
     lease_ttl_s: float
     sync_s: float
     """How often shared state read from a snapshot (fleet circuits) is exchanged."""

@@ -16,8 +16,8 @@ limit:
 
 A probe (the replica heartbeat) retries the shared store every `probe_s`; once it
 answers, the leases released meanwhile are released there, the leases still held are
-adopted there (so the fleet counts them), and decisions go back to the shared store:
-the fleet converges without a restart.
+adopted there (so the fleet counts them), and decisions go back to the shared store, at
+that probe however busy the replica is: the fleet converges without a restart.
 
 Over-admission is bounded. During an outage, by the live count being stale: one that
 died still counts (the fleet under-admits); one that joined does not (each old replica
@@ -31,6 +31,8 @@ is each degraded replica's own, learnt afresh from its own first tokens.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
 import sys
@@ -39,7 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from sluicegate.core.clock import Clock, sleep_until
+from sluicegate.core.clock import Clock, sleep_until, timeout_at
 from sluicegate.core.limits import (
     NO_SLOTS,
     Ask,
@@ -67,7 +69,6 @@ STRIKES = 3
 MAX_ORPHANS = 100_000
 """Leases to release in the shared store once it answers again; past this they lapse."""
 ORPHANS_AT_ONCE = 256
-RECOVERY_ROUNDS = 10
 
 
 class SharedStore(LimitStore, Protocol):
@@ -123,6 +124,11 @@ class FailoverStore:
         (as ends without a first token) once it answers again, or those prompts would
         stay counted there for as long as their leases are renewed."""
         self._listeners: list[Callable[[bool], None]] = []
+        self._degraded = asyncio.Event()
+        """Set when the store degrades: the heartbeat then probes every `probe_s`."""
+        self._handing_over: asyncio.Event | None = None
+        """Set while the last leases decided here are handed over: local decisions wait
+        for it (at most one call of the shared store, which is bounded)."""
 
     def view(self) -> StoreView:
         return StoreView(self.degraded, self.live, self.transitions, self._timeouts)
@@ -149,6 +155,7 @@ class FailoverStore:
         if self.degraded:
             return
         self.degraded = True
+        self._degraded.set()
         self.transitions += 1
         held, self._shared_leases = self._shared_leases, {}
         for lease in held.values():
@@ -163,25 +170,35 @@ class FailoverStore:
             listener(True)
 
     async def _recover(self) -> None:
-        """Release there what ended meanwhile and add what is still held, until a round
-        saw nothing change; then switch back, with no await between the check and the
-        switch. Until then every lease stays counted here: a round that fails leaves the
-        store degraded and its state whole (adopting again is harmless). A replica busy
-        enough to change something in every round tries again at its next probe."""
-        for _ in range(RECOVERY_ROUNDS):
-            orphans = list(self._orphans.values())
-            held = dict(self._local_leases)
-            await self._release_orphans(orphans)
-            await self._tell_ends()
-            if held:
-                await self._shared.adopt(list(held.values()), self._ttl_s)
-            if self._local_leases.keys() == held.keys() and not self._orphans and not self._untold:
-                break
-        else:
-            return
+        """Hand every lease held here to the shared store and decide there again, under
+        any load: no moment without a lease taken or freed is needed. First, with local
+        decisions going on, release there what ended meanwhile and adopt what is held;
+        then, with new local decisions held back (`_handing_over`), adopt the few leases
+        taken during the first step and switch, with no await between that adoption
+        and the switch. Until the switch every lease stays counted here: a call that
+        fails leaves the store degraded and its state whole (adopting again is
+        harmless). A lease freed during the hand-over is released there right after
+        it (counted meanwhile: the fleet under-admits, briefly)."""
+        await self._release_orphans(list(self._orphans.values()))
+        await self._tell_ends()
+        adopted = dict(self._local_leases)
+        if adopted:
+            await self._shared.adopt(list(adopted.values()), self._ttl_s)
+        handing_over = self._handing_over = asyncio.Event()
+        try:
+            late = [lease for i, lease in self._local_leases.items() if i not in adopted]
+            if late:
+                await self._shared.adopt(late, self._ttl_s)
+            await self._switch_back()
+        finally:
+            self._handing_over = None
+            handing_over.set()
+        await self._release_orphans(list(self._orphans.values()))
+
+    async def _switch_back(self) -> None:
+        held, self._local_leases = self._local_leases, {}
         await self._local.give_back([GiveBack(lease) for lease in held.values()])
         self._shared_leases.update(held)
-        self._local_leases.clear()
         self.degraded = False
         self._strikes = 0
         self.transitions += 1
@@ -212,11 +229,18 @@ class FailoverStore:
 
     async def run(self) -> None:
         """The replica heartbeat, which is also the probe: every third of the lease TTL
-        while healthy (the live count), every `probe_s` while degraded."""
+        while healthy (the live count), every `probe_s` while degraded, counted from the
+        moment it degraded (a request may find the store gone between two beats)."""
+        clock = self._clock
         while True:
             await self.run_once()
-            pause = self._policy.probe_s if self.degraded else self._ttl_s / 3
-            await sleep_until(self._clock, self._clock.now() + pause)
+            if not self.degraded:
+                self._degraded.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with timeout_at(clock, clock.now() + self._ttl_s / 3):
+                        await self._degraded.wait()
+            if self.degraded:
+                await sleep_until(clock, clock.now() + self._policy.probe_s)
 
     async def run_once(self) -> None:
         try:
@@ -231,6 +255,8 @@ class FailoverStore:
             await self._failed(why)
 
     async def take(self, ask: Ask, lease: Lease, ttl_s: float) -> Refused | None:
+        if self._handing_over is not None:
+            await self._handing_over.wait()
         if not self.degraded:
             try:
                 refused = await self._shared.take(ask, lease, ttl_s)

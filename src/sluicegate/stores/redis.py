@@ -12,9 +12,10 @@ replica of the release before them takes and frees as it did, ignoring the line 
 the budget, while the limits stay shared; a new layout would have split them for the
 deploy). Every key has a TTL.
 
-Each call is bounded by `timeout_s`; a timeout, a refused connection or any Redis error
-is `StoreUnavailable`, never a hang. What to do then is the caller's choice
-(`stores/failover.py`).
+Each call is bounded by `timeout_s`, never a hang: a late answer (the bound passed, the
+connection stalled, or too many calls wait on it) is `StoreTimeout`; a refused or lost
+connection or an error reply is `StoreUnavailable`. What to do then is the caller's
+choice (`stores/failover.py`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import hashlib
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
@@ -57,6 +59,8 @@ log = logging.getLogger("sluicegate")
 LAYOUT = "v1"
 GIVE_BACKS_AT_ONCE = 128
 """Give-backs per script call at most: a script holds the server for its whole run."""
+LEASES_AT_ONCE = 256
+"""Lease ids per renewal or adoption script at most, for the same reason."""
 CLAIM_S = 0.25
 """How long a slot freed while replicas wait for it stays set aside for the first in its
 line: its notification and its take are a round trip each, with room for a busy loop; a
@@ -78,18 +82,88 @@ def listener(url: str, connect_timeout_s: float) -> Redis:
     )
 
 
-async def unreachable(url: str, timeout_s: float = 2.0) -> str | None:
-    """Why Redis at `url` cannot be used now, in one line naming its host (never its
-    credentials); None when it answers."""
+MIN_VERSION = (5, 0)
+"""Scripts read the server's clock (`TIME`) before they write, which Redis allows from 5
+on (scripts replicated by their effects)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Inspection:
+    """What Redis at a URL is for the fleet's limits, each in one line naming its host
+    (never its credentials)."""
+
+    unreachable: str | None = None
+    """Why it cannot be used now; None when it answers."""
+    unfit: str | None = None
+    """Why it cannot hold the fleet's limits whatever happens (the start stops)."""
+    unchecked: tuple[str, ...] = ()
+    """The assumptions it would not let be checked (a managed Redis refusing commands)."""
+
+
+async def inspect(url: str, timeout_s: float = 2.0) -> Inspection:
+    """Reach Redis at `url` and check what the limit store assumes of it: version 5 or
+    later, no Cluster, and no eviction that could drop a lease set (every key written
+    has a TTL, so a volatile policy picks them as an allkeys one does: only
+    `noeviction`, or no `maxmemory`, keeps a limit from being forgotten)."""
+    where = _where(url)
     connection = RespConnection(url, timeout_s)
     try:
         async with asyncio.timeout(timeout_s):
             await connection.call("PING")
+            unfit, unchecked = await _assumptions(connection)
     except (RespError, OSError, TimeoutError) as exc:
-        return f"Redis at {_where(url)} is unreachable ({type(exc).__name__}: {exc})"
+        return Inspection(f"Redis at {where} is unreachable ({type(exc).__name__}: {exc})")
     finally:
         await connection.close()
-    return None
+    return Inspection(
+        unfit=f"Redis at {where} cannot hold the fleet's limits: {'; '.join(unfit)}"
+        if unfit
+        else None,
+        unchecked=tuple(f"Redis at {where}: unchecked {line}" for line in unchecked),
+    )
+
+
+async def _assumptions(connection: RespConnection) -> tuple[list[str], list[str]]:
+    """What breaks the limit store's assumptions, and what could not be checked."""
+    unfit: list[str] = []
+    unchecked: list[str] = []
+    try:
+        info = _fields(await connection.call("INFO", "server"))
+        info |= _fields(await connection.call("INFO", "cluster"))
+    except RespError as exc:
+        unchecked.append(f"that it is Redis 5 or later and no Cluster node (INFO: {exc})")
+    else:
+        version = info.get("redis_version", "0")
+        if tuple(int(part) for part in version.split(".")[:2] if part.isdigit()) < MIN_VERSION:
+            unfit.append(f"it is Redis {version}; 5 or later is needed (scripts read TIME)")
+        if info.get("cluster_enabled") == "1":
+            unfit.append("it is a Redis Cluster node; the limit store needs one standalone server")
+    try:
+        found = await connection.call("CONFIG", "GET", "maxmemory*")
+    except RespError as exc:
+        unchecked.append(
+            "that it never evicts the lease sets (maxmemory-policy noeviction, or no "
+            f"maxmemory; CONFIG GET: {exc})"
+        )
+    else:
+        config = {
+            name.decode(): value.decode()
+            for name, value in zip(found[::2], found[1::2], strict=True)
+        }
+        policy = config.get("maxmemory-policy", "noeviction")
+        if config.get("maxmemory", "0") != "0" and policy != "noeviction":
+            unfit.append(
+                f"maxmemory-policy {policy} with maxmemory set may evict the sets holding the "
+                "fleet's leases (every key the gateway writes has a TTL); set "
+                "maxmemory-policy noeviction, or give the gateway a Redis without maxmemory"
+            )
+    return unfit, unchecked
+
+
+def _fields(info: bytes) -> dict[str, str]:
+    """`INFO`'s `name:value` lines."""
+    lines = info.decode().splitlines()
+    return dict(line.split(":", 1) for line in lines if ":" in line and not line.startswith("#"))
 
 
 def _where(url: str) -> str:
@@ -185,8 +259,9 @@ class RedisLimitStore:
                         raise
                 await self._connection.call("SCRIPT", "LOAD", text)
                 return await self._connection.calls(commands, at_once)
-        except TimeoutError:
-            raise StoreTimeout(f"redis: no answer within {self._timeout_s}s") from None
+        except TimeoutError as exc:
+            why = str(exc) or f"no answer within {self._timeout_s}s"
+            raise StoreTimeout(f"redis: {why}") from None
         except (RespError, OSError) as exc:
             raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from None
 
@@ -228,27 +303,28 @@ class RedisLimitStore:
         await self._hold(leases, ttl_s, adopt=True)
 
     async def _hold(self, leases: Sequence[Lease], ttl_s: float, *, adopt: bool) -> None:
-        """One script call per hash tag, so that each stays on one shard of a cluster.
-        Renewing, the prompts the leases' decisions counted in a prefill budget are
-        renewed with them (a prompt that ended is not brought back); the budgets of
-        leases no longer held are forgotten here and lapse there. Adopted leases'
-        prompts were counted by the local store, if anywhere."""
-        by_tag: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+        """One script run per hash tag (so that each stays on one shard of a cluster) and
+        per `LEASES_AT_ONCE` ids, all in one write, as `give_back`. Renewing, the prompts
+        the leases' decisions counted in a prefill budget are renewed with them (a prompt
+        that ended is not brought back); the budgets of leases no longer held are
+        forgotten here and lapse there. Adopted leases' prompts were counted by the local
+        store, if anywhere."""
+        by_tag: dict[str, list[tuple[str, str]]] = defaultdict(list)
         for lease in leases:
             for key in lease.keys:
-                by_tag[_tag(key)][self._key(key)].append(lease.id)
+                by_tag[_tag(key)].append((self._key(key), lease.id))
         if not adopt and self._prefilling:
             held = {lease.id for lease in leases}
             self._prefilling = {i: b for i, b in self._prefilling.items() if i in held}
             for lease_id, budget in self._prefilling.items():
-                by_tag[_tag(budget)][self._prefill(budget)[1]].append(lease_id)
-        for ids_by_key in by_tag.values():
-            keys: list[str] = []
-            args: list[Any] = [ttl_s, "1" if adopt else "0"]
-            for name, ids in ids_by_key.items():
-                keys.append(name)
-                args += [len(ids), *ids]
-            await self._run("renew", keys, args)
+                by_tag[_tag(budget)].append((self._prefill(budget)[1], lease_id))
+        calls = [
+            _held(ttl_s, adopt, pairs[start : start + LEASES_AT_ONCE])
+            for pairs in by_tag.values()
+            for start in range(0, len(pairs), LEASES_AT_ONCE)
+        ]
+        if calls:
+            await self._runs("renew", calls, at_once=False)
 
     def announce(self, keys: Iterable[str]) -> None:
         """Announce the release of these slots only, and keep a line for them: slots
@@ -400,6 +476,19 @@ class RedisLimitStore:
 
     async def close(self) -> None:
         await self._connection.close()
+
+
+def _held(
+    ttl_s: float, adopt: bool, pairs: Sequence[tuple[str, str]]
+) -> tuple[list[str], list[Any]]:
+    """One renewal script's keys and arguments: each key once, with its lease ids."""
+    ids_by_key: dict[str, list[str]] = defaultdict(list)
+    for name, lease_id in pairs:
+        ids_by_key[name].append(lease_id)
+    args: list[Any] = [ttl_s, "1" if adopt else "0"]
+    for ids in ids_by_key.values():
+        args += [len(ids), *ids]
+    return list(ids_by_key), args
 
 
 def _tag(key: str) -> str:

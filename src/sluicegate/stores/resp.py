@@ -10,9 +10,11 @@ the reply in its place in the queue. Replies are parsed by hiredis; URLs are par
 redis-py, which still serves the release subscription.
 
 Every call is bounded by the caller's timeout. A call that timed out keeps its place in
-the queue (its reply is dropped when it comes); a connection that fails, or that sent
-no reply at all since a call given up after `stall_s` began, is closed with
-every call on it failed, and the next call opens a new one.
+the queue (its reply is dropped when it comes). A connection that fails is closed with
+every call on it failed as `Unreachable`; one that has sent no reply for `stall_s` while
+calls wait on it (a server gone mute, a link black-holed) is closed when a call gives up,
+every call still waiting on it failing as `Late`, since all that is known is that their
+answers are late; either way the next call opens a new connection.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import hiredis
 from redis.connection import SSLConnection, parse_url
 
 MAX_PENDING = 10_000
-"""Calls waiting on one connection; more fail at once rather than queue without bound."""
+"""Calls waiting on one connection; more fail at once (`Late`) rather than queue without
+bound."""
 
 
 class RespError(Exception):
@@ -38,14 +41,20 @@ class Unreachable(ConnectionError):
     """The connection could not be made or was lost."""
 
 
+class Late(TimeoutError):
+    """No answer can come in time: the connection stalled, or too many calls wait on it.
+    A slow server, not a lost one: the caller counts it as a timeout."""
+
+
 class _Protocol(asyncio.Protocol):
     def __init__(self) -> None:
         self._reader = hiredis.Reader(replyError=RespError)
         self._waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
         self._transport: asyncio.WriteTransport | None = None
         self.lost: BaseException | None = None
-        self.replied_at = float("-inf")
-        """When the last reply came (loop time); never, at first."""
+        self._quiet_since = 0.0
+        """Since when calls wait without a reply (loop time): the later of the last reply
+        and the send that found nothing waiting."""
         self._outgoing: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -53,7 +62,7 @@ class _Protocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._reader.feed(data)
-        self.replied_at = asyncio.get_running_loop().time()
+        self._quiet_since = asyncio.get_running_loop().time()
         while (reply := self._reader.gets()) is not False:
             future = self._waiting.popleft()
             if future.done():
@@ -70,17 +79,29 @@ class _Protocol(asyncio.Protocol):
             if not future.done():
                 future.set_exception(Unreachable(str(self.lost)))
 
-    @property
-    def pending(self) -> int:
-        return len(self._waiting)
+    def silent_s(self, now: float) -> float:
+        """How long calls have waited on this connection without any reply; 0 when none
+        waits."""
+        return now - self._quiet_since if self._waiting else 0.0
+
+    def abandon(self, why: str) -> None:
+        """Close a stalled connection: every call waiting on it fails as `Late`."""
+        self.lost = Late(why)
+        while self._waiting:
+            future = self._waiting.popleft()
+            if not future.done():
+                future.set_exception(Late(why))
+        self.close()
 
     def send(self, command: bytes, at_once: bool) -> asyncio.Future[Any]:
         if self.lost is not None or self._transport is None:
             raise Unreachable("the connection was lost")
         if len(self._waiting) >= MAX_PENDING:
-            raise Unreachable(f"{MAX_PENDING} calls already wait on the connection")
+            raise Late(f"{MAX_PENDING} calls already wait on the connection")
         loop = asyncio.get_running_loop()
         future = loop.create_future()
+        if not self._waiting:
+            self._quiet_since = loop.time()
         idle = at_once and not self._waiting and not self._outgoing
         self._waiting.append(future)
         if idle:
@@ -126,19 +147,19 @@ class RespConnection:
         if options.get("db"):
             self._hello.append(["SELECT", options["db"]])
         self._connect_timeout_s = connect_timeout_s
-        self._stall_s = connect_timeout_s / 2 if stall_s is None else stall_s
-        """Half the callers' bound by default: their timeout counts from before the call
-        began (and may include connecting), so the whole bound could never be seen."""
+        self._stall_s = connect_timeout_s if stall_s is None else stall_s
+        """The connect bound by default: a connection silent that long costs more than
+        opening another would."""
         self._protocol: _Protocol | None = None
         self._opening: asyncio.Future[_Protocol] | None = None
 
     async def call(self, *args: Any) -> Any:
         """One command's reply; `RespError` for an error reply, `Unreachable` (an
-        OSError) when there is no connection. The caller bounds the wait; a call given
-        up after `stall_s` without any reply on its connection since it began leaves
-        that connection (every call on it fails; the next call opens another), so a
-        server gone mute is not waited on forever. A connection still answering, only
-        late, is kept."""
+        OSError) when there is no connection, `Late` (a TimeoutError) when it cannot come
+        in time. The caller bounds the wait; a call given up while its connection has
+        sent no reply for `stall_s` leaves that connection (every call on it fails as
+        late; the next call opens another), so a server gone mute is not waited on
+        forever. A connection still answering, only late, is kept."""
         return (await self.calls((args,)))[0]
 
     async def calls(self, commands: Sequence[tuple[Any, ...]], at_once: bool = True) -> list[Any]:
@@ -150,7 +171,6 @@ class RespConnection:
         protocol = self._protocol
         if protocol is None or protocol.lost is not None:
             protocol = await self._open()
-        began = asyncio.get_running_loop().time()
         sent: list[asyncio.Future[Any]] = []
         try:
             for command in commands:
@@ -160,7 +180,7 @@ class RespConnection:
             for reply in sent:
                 reply.add_done_callback(_dropped)
             if isinstance(exc, asyncio.CancelledError):
-                self._leave_if_stalled(protocol, began)
+                self._leave_if_stalled(protocol)
             raise
 
     async def _open(self) -> _Protocol:
@@ -200,10 +220,10 @@ class RespConnection:
             raise Unreachable(str(exc)) from None
         return protocol
 
-    def _leave_if_stalled(self, protocol: _Protocol, began: float) -> None:
-        now = asyncio.get_running_loop().time()
-        if now - began >= self._stall_s and protocol.replied_at <= began and protocol.pending:
-            protocol.close()
+    def _leave_if_stalled(self, protocol: _Protocol) -> None:
+        silent_s = protocol.silent_s(asyncio.get_running_loop().time())
+        if silent_s >= self._stall_s:
+            protocol.abandon(f"no reply from Redis for {silent_s:.3g}s")
             if self._protocol is protocol:
                 self._protocol = None
 

@@ -10,6 +10,7 @@ import logging
 
 import pytest
 
+from sluicegate.core.clock import sleep_until
 from sluicegate.core.limits import (
     Ask,
     Charge,
@@ -62,6 +63,43 @@ def slot(limit: int, key: str = "s") -> Ask:
 
 async def granted(store: FailoverStore, ask: Ask, tries: int = 20) -> int:
     return sum([isinstance(await take(store, ask), Lease) for _ in range(tries)])
+
+
+class Load:
+    """Requests arriving at `per_s` on the fake clock, spread over `replicas` round robin,
+    each holding one slot of `s` for `hold_s`; what each replica answered."""
+
+    def __init__(self, clock: FakeClock, replicas: list[FailoverStore], per_s: float) -> None:
+        self.clock, self.replicas, self.per_s = clock, replicas, per_s
+        self.hold_s = 0.1
+        self.running: set[asyncio.Task[None]] = set()
+        self.refused = 0
+
+    async def arrive(self) -> None:
+        for replica in itertools.cycle(self.replicas):
+            await sleep_until(self.clock, self.clock.now() + 1 / self.per_s)
+            request = asyncio.ensure_future(self.request(replica))
+            self.running.add(request)
+            request.add_done_callback(self.running.discard)
+
+    async def request(self, replica: FailoverStore) -> None:
+        held = await take(replica, slot(1_000))
+        if not isinstance(held, Lease):
+            self.refused += 1
+            return
+        await sleep_until(self.clock, self.clock.now() + self.hold_s)
+        await replica.give_back([GiveBack(held)])
+
+
+async def run_for(clock: FakeClock, seconds: float, until=lambda: False, step_s=0.001) -> float:
+    """Move the clock by `step_s` at a time, letting every task run between steps, for
+    `seconds` or until `until()` holds; the time it took."""
+    began = clock.now()
+    while clock.now() - began < seconds and not until():
+        clock.advance(step_s)
+        for _ in range(10):
+            await asyncio.sleep(0)
+    return clock.now() - began
 
 
 async def test_while_the_shared_store_answers_every_decision_is_made_there():
@@ -150,6 +188,22 @@ async def test_the_probe_brings_it_back_and_local_leases_are_adopted(caplog):
     assert await granted(store, slot(4)) == 3
     await store.give_back([GiveBack(held)])
     assert await shared.inner.in_use("s") == 3
+    runner.cancel()
+    await asyncio.gather(runner, return_exceptions=True)
+
+
+async def test_a_replica_degraded_between_heartbeats_probes_every_probe_s_from_then_on():
+    """The heartbeat comes every third of the lease TTL while healthy; a replica that a
+    request found the store gone from does not wait for it to try again."""
+    clock = FakeClock()
+    store, shared = make(clock)
+    runner = asyncio.ensure_future(store.run())
+    await run_for(clock, 1.0)
+    shared.down = True
+    assert isinstance(await take(store, slot(4)), Lease)
+    assert store.degraded
+    shared.down = False
+    assert await run_for(clock, TTL_S, until=lambda: not store.degraded) <= 0.5 + 0.01
     runner.cancel()
     await asyncio.gather(runner, return_exceptions=True)
 
@@ -352,3 +406,61 @@ async def test_prompts_ended_in_an_outage_are_told_on_return_and_local_ones_end_
     await store.prefilled([PrefillEnd("b", here.id, False)])
     shared.down = True
     assert isinstance(await take(store, prompt(1)), Lease), "the local budget ended it"
+
+
+async def test_two_busy_replicas_are_shared_again_within_5s_of_the_store_answering():
+    """200 requests per second over two replicas, each holding its lease 0.1 s, a round
+    trip of 5 ms: something is taken or freed during every call of a recovery, and both
+    replicas still hand their leases over and decide in the shared store again, at their
+    first probe that finds it answering. What they held is counted there exactly: once
+    every request ended, nothing is."""
+    clock = FakeClock()
+    shared = SharedFake(clock)
+    shared.latency_s = 0.005
+    replicas = [FailoverStore(shared, clock, policy(), TTL_S) for _ in range(2)]
+    load = Load(clock, replicas, per_s=200)
+    tasks = [asyncio.ensure_future(r.run()) for r in replicas]
+    tasks.append(asyncio.ensure_future(load.arrive()))
+    await run_for(clock, 1.0)
+    shared.down = True
+    await run_for(clock, 2.0)
+    assert all(r.degraded for r in replicas)
+    shared.down = False
+    took = await run_for(clock, 10.0, until=lambda: not any(r.degraded for r in replicas))
+    assert took <= 5.0
+    await run_for(clock, 1.0)
+    assert not any(r.degraded for r in replicas)
+    tasks.pop().cancel()
+    await run_for(clock, 1.0, until=lambda: not load.running)
+    assert not load.running
+    assert load.refused == 0
+    assert await shared.inner.in_use("s") == 0
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_decision_during_the_hand_over_waits_for_it_and_is_made_in_the_shared_store():
+    """A lease taken here while the bulk is adopted is adopted in the hand-over's last
+    call; a decision asked during that call waits for it (one bounded call), then is made
+    in the shared store: no lease granted here is left uncounted there."""
+    clock = FakeClock()
+    store, shared = make(clock)
+    shared.down = True
+    assert isinstance(await take(store, slot(10)), Lease)
+    shared.down, shared.latency_s = False, 0.01
+    probe = asyncio.ensure_future(store.run_once())
+    calls = shared.calls
+    await run_for(clock, 1.0, until=lambda: shared.calls == calls + 3)
+    # the beat, the release of the take that found the store down, the bulk adoption
+    assert isinstance(await take(store, slot(10)), Lease)
+    await run_for(clock, 1.0, until=lambda: shared.calls == calls + 4)
+    assert store.degraded
+    third = asyncio.ensure_future(take(store, slot(10)))
+    await run_for(clock, 0.002)
+    assert not third.done()
+    await run_for(clock, 0.1, until=third.done)
+    assert isinstance(third.result(), Lease)
+    assert not store.degraded
+    assert await shared.inner.in_use("s") == 3
+    await probe
