@@ -283,9 +283,10 @@ def build(
 
     async def startup() -> None:
         await start_policies()
-        job_stores.append(await open_job_store(settings.jobs, wall))
-        intake.attach(job_stores[0])
-        workers.start(job_stores[0], ledger.job_finished)
+        if settings.jobs.enabled:
+            job_stores.append(await open_job_store(settings.jobs, wall))
+            intake.attach(job_stores[0])
+            workers.start(job_stores[0], ledger.job_finished)
         if siblings is not None:
             await siblings.start()
         gc.collect()

@@ -1,4 +1,4 @@
-"""`sluicegate serve | sim | bench`: each subcommand owns its flags in its own module."""
+"""`sluicegate serve | check | sim | bench`: each subcommand owns its flags in its own module."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ capacity, shares it fairly between tenants and lanes, and refuses early and hone
 def main(argv: Sequence[str] | None = None) -> None:
     from sluicegate import app
     from sluicegate.bench import cli as bench_cli
+    from sluicegate.config import check
     from sluicegate.sim import cli as sim_cli
 
     parser = argparse.ArgumentParser(prog="sluicegate", description=DESCRIPTION)
@@ -24,6 +25,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     serve = commands.add_parser("serve", help="run the gateway (the demo when no --config)")
     app.add_arguments(serve)
     serve.set_defaults(run=app.run)
+    checking = commands.add_parser(
+        "check", help="report every problem of a config at once, without starting"
+    )
+    check.add_arguments(checking)
+    checking.set_defaults(run=check.run)
     sim = commands.add_parser("sim", help="run the vLLM-like simulated backend")
     sim_cli.add_arguments(sim)
     sim.set_defaults(run=sim_cli.run)

@@ -119,7 +119,7 @@ def test_interpolation_default_and_typed_values():
         (lambda c: c.update(store="etcd"), "store: Input should be 'memory' or 'redis'"),
         (
             lambda c: c.update(store="redis", redis={"url": "http://127.0.0.1:6379"}),
-            "redis.url: Value error, must start with redis://, rediss:// or unix://",
+            "redis.url: must start with redis://, rediss:// or unix://",
         ),
         (
             lambda c: c.update(redis={"url": "redis://h", "when_down": {"rates": "guess"}}),
@@ -164,7 +164,7 @@ def test_missing_key_variable_names_the_tenant_key():
 def test_missing_upstream_key_variable_names_the_deployment():
     raw = base()
     raw["models"][0]["deployments"][0]["api_key_env"] = "UPSTREAM_KEY"
-    with pytest.raises(ConfigError, match=r"'sim-a': api_key_env: .*UPSTREAM_KEY"):
+    with pytest.raises(ConfigError, match=r"api_key_env \(deployment 'sim-a'\): .*UPSTREAM_KEY"):
         parse(raw)
 
 

@@ -13,11 +13,16 @@ def with_jobs(**jobs) -> dict:
     return base() | {"jobs": jobs}
 
 
-def test_without_a_jobs_section_jobs_use_sqlite_with_the_documented_defaults():
-    policy = parse(base()).jobs
+def test_an_empty_jobs_section_keeps_jobs_in_sqlite_with_the_documented_defaults():
+    policy = parse(with_jobs()).jobs
     assert policy == JobPolicy()
     assert (policy.store, policy.sqlite_path, policy.workers) == ("sqlite", "sluicegate-jobs.db", 8)
     assert (policy.handoff_full, policy.max_attempts, policy.recheck_auth) == ("wait", 5, True)
+
+
+def test_without_a_jobs_section_the_gateway_keeps_no_jobs():
+    assert not parse(base()).jobs.enabled
+    assert parse(with_jobs()).jobs.enabled
 
 
 def test_storage_and_each_tenants_backlog_are_bounded_by_default():
@@ -39,8 +44,8 @@ def test_the_postgres_dsn_stays_out_of_the_policy_repr():
 @pytest.mark.parametrize(
     ("jobs", "expected"),
     [
-        ({"store": "postgres"}, "jobs: Value error, store 'postgres' needs postgres_dsn"),
-        ({"heartbeat_s": 30}, "jobs: Value error, heartbeat_s must be shorter than lease_s"),
+        ({"store": "postgres"}, "jobs: store 'postgres' needs postgres_dsn"),
+        ({"heartbeat_s": 30}, "jobs: heartbeat_s must be shorter than lease_s"),
         ({"handoff_full": "drop"}, "jobs.handoff_full: Input should be 'wait' or 'reject'"),
         ({"workers": 0}, "jobs.workers: Input should be greater than or equal to 1"),
         ({"postgres_schema": "Jobs"}, "jobs.postgres_schema: String should match pattern"),

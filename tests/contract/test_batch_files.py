@@ -23,7 +23,7 @@ ANSWER_BYTES = 4096
 
 
 def gateway(store, clock) -> tuple[Intake, Router]:
-    intake = Intake(parse(base()), clock, lambda: None)
+    intake = Intake(parse(base() | {"jobs": {}}), clock, lambda: None)
     intake.attach(store)
     return intake, BatchRoutes(intake, BatchLedger(intake)).routes(Router())
 

@@ -7,9 +7,11 @@ import re
 import aiohttp
 import openai
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.conftest import ALICE, MAX_BODY, SIM_KEY, sim_stats
+from tests.e2e.conftest import ALICE, MAX_BODY, SIM_KEY, gateway_config, sim_stats
+from tests.support.processes import start
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 
@@ -219,3 +221,24 @@ async def test_health_ready_and_metrics(gateway, http, alice):
         "patchlevel",
         "version",
     }
+
+
+async def test_a_gateway_without_jobs_keeps_none_and_writes_no_database(sim, tmp_path):
+    """No `jobs:` section: the job, file and batch routes say so, and nothing is written
+    to the directory the gateway runs in."""
+    home = tmp_path / "home"
+    home.mkdir()
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump(gateway_config(sim.url)))
+    env = {"SIM_KEY": SIM_KEY, "BAD_KEY": "x", "ALICE_KEY": ALICE}
+    proc = start("serve", ["--config", str(config)], tmp_path, env=env, cwd=home)
+    try:
+        client = openai.AsyncOpenAI(base_url=f"{proc.url}/v1", api_key=ALICE, max_retries=0)
+        answer = await client.chat.completions.create(model="chat", messages=MESSAGES)
+        assert answer.choices
+        with pytest.raises(openai.NotFoundError) as missing:
+            await client.files.create(file=("in.jsonl", b"{}\n"), purpose="batch")
+        assert missing.value.code == "jobs_not_configured"
+    finally:
+        proc.stop()
+    assert list(home.iterdir()) == []

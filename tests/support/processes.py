@@ -46,8 +46,10 @@ def start(
     env: dict[str, str] | None = None,
     ready_path: str = "/health",
     timeout_s: float = 20.0,
+    cwd: Path | None = None,
 ) -> Proc:
-    """Run `sluicegate COMMAND ARGS --port N` and wait until `ready_path` answers 200."""
+    """Run `sluicegate COMMAND ARGS --port N` (in `cwd`, else this one) and wait until
+    `ready_path` answers 200."""
     port = free_port()
     log = log_dir / f"{command}-{port}.log"
     handle = log.open("wb")
@@ -66,6 +68,7 @@ def start(
         stdout=handle,
         stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},
+        cwd=cwd,
     )
     proc = Proc(popen, port, log)
     deadline = time.monotonic() + timeout_s

@@ -81,6 +81,13 @@ class Intake:
 
     @property
     def store(self) -> JobStore:
+        if not self.policy.enabled:
+            raise GatewayError(
+                404,
+                "jobs_not_configured",
+                "this gateway keeps no jobs, files or batches: its config has no 'jobs' section",
+                ErrorType.INVALID_REQUEST,
+            )
         if self._store is None:
             raise GatewayError(
                 503, "job_store_unavailable", "the job store is not open", ErrorType.UNAVAILABLE

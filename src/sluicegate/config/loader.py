@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
 import hashlib
 import os
@@ -81,22 +82,44 @@ def load_settings(
 def parse_settings(
     raw: object, source: str, env: Mapping[str, str], callers_keys: bool = True
 ) -> Settings:
+    """The settings `raw` describes, or a `ConfigError` naming every problem at once:
+    each field in a wrong shape, each variable not set, and each reference across
+    sections whose fields parsed."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: the top level must be a mapping")
-    expanded = _interpolate(raw, env, source, ())
+    unset: dict[tuple[Any, ...], str] = {}
+    expanded = _interpolate(raw, env, (), unset)
+    problems = [
+        f"{_path(at)}: environment variable {name} is not set" for at, name in unset.items()
+    ]
     try:
         config = GatewayConfig.model_validate(expanded)
     except ValidationError as exc:
-        raise ConfigError(_describe(source, exc)) from None
-    return _to_settings(config, env, source, callers_keys)
+        problems += [line for loc, line in _described(exc) if loc not in unset]
+        problems += _across(expanded, exc)
+        raise ConfigError(_report(source, problems)) from None
+    settings = _to_settings(config, env, callers_keys, problems)
+    if problems:
+        raise ConfigError(_report(source, problems))
+    return settings
 
 
-def _interpolate(value: Any, env: Mapping[str, str], source: str, at: tuple[Any, ...]) -> Any:
-    """Expand `${VAR}` and `${VAR:-default}` in string values (not in the YAML text)."""
+def _report(source: str, problems: list[str]) -> str:
+    """One problem on one line; several as a list under the file's name."""
+    if len(problems) == 1:
+        return f"{source}: {problems[0]}"
+    return "\n".join([f"{source}: invalid configuration", *(f"  {p}" for p in problems)])
+
+
+def _interpolate(
+    value: Any, env: Mapping[str, str], at: tuple[Any, ...], unset: dict[tuple[Any, ...], str]
+) -> Any:
+    """Expand `${VAR}` and `${VAR:-default}` in string values (not in the YAML text); a
+    variable not set is noted in `unset` and its reference left as written."""
     if isinstance(value, dict):
-        return {k: _interpolate(v, env, source, (*at, k)) for k, v in value.items()}
+        return {k: _interpolate(v, env, (*at, k), unset) for k, v in value.items()}
     if isinstance(value, list):
-        return [_interpolate(v, env, source, (*at, i)) for i, v in enumerate(value)]
+        return [_interpolate(v, env, (*at, i), unset) for i, v in enumerate(value)]
     if not isinstance(value, str):
         return value
 
@@ -106,7 +129,8 @@ def _interpolate(value: Any, env: Mapping[str, str], source: str, at: tuple[Any,
             return env[name]
         if default is not None:
             return default
-        raise ConfigError(f"{source}: {_path(at)}: environment variable {name} is not set")
+        unset[at] = name
+        return match.group(0)
 
     expanded = _VAR.sub(substitute, value)
     if expanded != value and _VAR.fullmatch(value) and _looks_numeric(expanded):
@@ -118,12 +142,96 @@ def _looks_numeric(text: str) -> bool:
     return re.fullmatch(r"-?\d+(\.\d+)?|true|false", text) is not None
 
 
-def _describe(source: str, exc: ValidationError) -> str:
-    lines = [f"{source}: invalid configuration"]
+ACROSS = "(across sections)"
+"""Where a problem of references between sections is reported."""
+
+
+def _described(exc: ValidationError) -> list[tuple[tuple[Any, ...], str]]:
+    """Each error of `exc` with its location, a line each (a check across sections may
+    name several problems)."""
+    found = []
     for error in exc.errors():
-        where = _path(error["loc"]) or "(top level)"
-        lines.append(f"  {where}: {error['msg']}{_hint(error['type'], error['loc'])}")
-    return "\n".join(lines)
+        loc = tuple(error["loc"])
+        where = _path(loc) or ACROSS
+        hint = _hint(error["type"], loc)
+        message = str(error["msg"]).removeprefix("Value error, ")
+        found += [(loc, f"{where}: {line}{hint}") for line in message.splitlines()]
+    return found
+
+
+def _across(data: dict[str, Any], exc: ValidationError) -> list[str]:
+    """The problems across sections among the parts that parsed: the parts in error are
+    left out (an unknown key, a list's item holding an error, else the key in error)
+    until what is left validates or only the check across sections fails; a problem
+    naming a part left out is not one."""
+    errors = exc.errors()
+    if all(not tuple(e["loc"]) for e in errors):
+        return []
+    data = copy.deepcopy(data)
+    removed: set[str] = set()
+    for _ in range(4):
+        leftover = [e for e in errors if tuple(e["loc"])]
+        if not leftover:
+            break
+        for loc in sorted({_part(e) for e in leftover}, key=_order, reverse=True):
+            removed |= _strings(_remove(data, loc))
+        try:
+            GatewayConfig.model_validate(data)
+        except ValidationError as again:
+            errors = again.errors()
+            continue
+        return []
+    found = []
+    for error in errors:
+        if tuple(error["loc"]):
+            return []
+        for line in str(error["msg"]).removeprefix("Value error, ").splitlines():
+            if not any(f"'{name}'" in line for name in removed):
+                found.append(f"{ACROSS}: {line}")
+    return found
+
+
+def _part(error: Any) -> tuple[Any, ...]:
+    """What to leave out for `error`: a key that should not be there alone, else the
+    innermost list item holding the error, else the key in error."""
+    loc = tuple(error["loc"])
+    if error["type"] == "extra_forbidden":
+        return loc
+    for i in range(len(loc) - 1, -1, -1):
+        if isinstance(loc[i], int):
+            return loc[: i + 1]
+    return loc
+
+
+def _order(loc: tuple[Any, ...]) -> tuple[tuple[int, int, str], ...]:
+    """Locations in document order, list indices by number: taken out from the last, an
+    item's removal moves none still to go."""
+    return tuple((0, p, "") if isinstance(p, int) else (1, 0, str(p)) for p in loc)
+
+
+def _remove(data: Any, loc: tuple[Any, ...]) -> Any:
+    """Take the value at `loc` out of `data`; what it was (None if absent)."""
+    parent = data
+    for part in loc[:-1]:
+        try:
+            parent = parent[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    try:
+        return parent.pop(loc[-1]) if loc else None
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return None
+
+
+def _strings(value: Any) -> set[str]:
+    """Every string in `value`: the names a part left out may be referred by."""
+    if isinstance(value, str):
+        return {value}
+    if isinstance(value, dict):
+        return set().union(*(_strings(v) for v in value.values())) if value else set()
+    if isinstance(value, list):
+        return set().union(*(_strings(v) for v in value)) if value else set()
+    return set()
 
 
 def _hint(kind: str, loc: tuple[Any, ...]) -> str:
@@ -187,16 +295,20 @@ def _cache_salt(tenant: str) -> str:
 
 
 def _to_settings(
-    config: GatewayConfig, env: Mapping[str, str], source: str, callers_keys: bool
+    config: GatewayConfig, env: Mapping[str, str], callers_keys: bool, problems: list[str]
 ) -> Settings:
+    """The runtime settings; a key or secret that cannot be read is added to `problems`."""
     models = {
         m.name: Model(
             m.name,
-            tuple(_deployment(d, m.name, env, source) for d in m.deployments),
+            tuple(
+                _deployment(d, m.name, env, (f"models[{i}].deployments[{j}]", problems))
+                for j, d in enumerate(m.deployments)
+            ),
             m.strategy,
             PrefixAffinity(**m.prefix_affinity.model_dump()),
         )
-        for m in config.models
+        for i, m in enumerate(config.models)
     }
     tenants: list[Tenant] = []
     keys: dict[bytes, Tenant] = {}
@@ -213,10 +325,12 @@ def _to_settings(
         )
         tenants.append(tenant)
         for k_index, key in enumerate(spec.keys if callers_keys else ()):
-            where = f"{source}: tenants[{t_index}].keys[{k_index}]"
-            digest = _key_digest(key, env, where)
+            where = f"tenants[{t_index}].keys[{k_index}]"
+            digest = _key_digest(key, env, (where, problems))
+            if digest is None:
+                continue
             if digest in keys:
-                raise ConfigError(f"{where}: the same key is already given to another tenant")
+                problems.append(f"{where}: the same key is already given to another tenant")
             keys[digest] = tenant
     return Settings(
         host=config.server.host,
@@ -230,8 +344,9 @@ def _to_settings(
         pools=_pools(config),
         scheduling=_scheduling(config.scheduling, config.store),
         admin_keys=frozenset(
-            _key_digest(key, env, f"{source}: admin.keys[{i}]")
+            digest
             for i, key in enumerate(config.admin.keys if callers_keys else ())
+            if (digest := _key_digest(key, env, (f"admin.keys[{i}]", problems))) is not None
         ),
         jobs=_jobs(config.jobs),
         redis=_redis(config.redis) if config.store == "redis" else None,
@@ -239,7 +354,10 @@ def _to_settings(
     )
 
 
-def _jobs(spec: JobsConfig) -> JobPolicy:
+def _jobs(spec: JobsConfig | None) -> JobPolicy:
+    """Without a `jobs:` section the gateway keeps no jobs, and no database."""
+    if spec is None:
+        return JobPolicy(**JobsConfig().model_dump(), enabled=False)
     return JobPolicy(**spec.model_dump())
 
 
@@ -345,15 +463,20 @@ def _pool(spec: PoolConfig) -> PoolSpec:
     )
 
 
+Problems = tuple[str, list[str]]
+"""Where in the config a part is, and the list its problems go to."""
+
+
 def _deployment(
-    spec: DeploymentConfig, model: str, env: Mapping[str, str], source: str
+    spec: DeploymentConfig, model: str, env: Mapping[str, str], report: Problems
 ) -> Deployment:
     api_key = None
     if spec.api_key_env is not None:
         api_key = env.get(spec.api_key_env) or None
         if api_key is None:
-            raise ConfigError(
-                f"{source}: deployment {spec.name!r}: api_key_env: "
+            where, problems = report
+            problems.append(
+                f"{where}.api_key_env (deployment {spec.name!r}): "
                 f"environment variable {spec.api_key_env} is not set"
             )
     t = spec.timeouts
@@ -381,11 +504,14 @@ def _deployment(
     )
 
 
-def _key_digest(key: KeyConfig, env: Mapping[str, str], where: str) -> bytes:
+def _key_digest(key: KeyConfig, env: Mapping[str, str], report: Problems) -> bytes | None:
+    """The key's hash; None, with the problem reported, when its variable is not set."""
     if key.sha256 is not None:
         return bytes.fromhex(key.sha256)
     assert key.env is not None
     value = env.get(key.env)
     if not value:
-        raise ConfigError(f"{where}.env: environment variable {key.env} is not set")
+        where, problems = report
+        problems.append(f"{where}.env: environment variable {key.env} is not set")
+        return None
     return hashlib.sha256(value.encode()).digest()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable, Iterator
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
@@ -12,11 +14,22 @@ Seconds = Annotated[float, Field(gt=0)]
 
 
 def _unique(what: str, names: list[str]) -> None:
+    for problem in _duplicates(what, names):
+        raise ValueError(problem)
+
+
+def _duplicates(what: str, names: list[str]) -> Iterator[str]:
     seen: set[str] = set()
     for name in names:
         if name in seen:
-            raise ValueError(f"duplicate name {name!r} in {what}")
+            yield f"duplicate name {name!r} in {what}"
         seen.add(name)
+
+
+def _close(name: str, known: Iterable[str]) -> str:
+    """A did-you-mean for a name close to a known one."""
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 class Strict(BaseModel):
@@ -460,7 +473,9 @@ class GatewayConfig(Strict):
     aggregate: QuotaConfig = QuotaConfig()
     pools: list[PoolConfig] = Field(default_factory=list)
     admin: AdminConfig = AdminConfig()
-    jobs: JobsConfig = JobsConfig()
+    jobs: JobsConfig | None = Field(
+        default=None, description="durable jobs and batches; without it the gateway keeps none"
+    )
     store: Literal["memory", "redis"] = Field(
         default="memory", description="where limits and shared state live"
     )
@@ -470,32 +485,32 @@ class GatewayConfig(Strict):
 
     @model_validator(mode="after")
     def _cross_references(self) -> GatewayConfig:
+        """Every reference across sections at once, one problem a line."""
+        problems = list(self._problems())
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    def _problems(self) -> Iterator[str]:
         if self.store == "redis" and self.redis is None:
-            raise ValueError("store 'redis' needs a redis section with its url")
+            yield "store 'redis' needs a redis section with its url"
         if self.scheduling.fairness_scope == "fleet" and self.store != "redis":
-            raise ValueError("scheduling.fairness_scope 'fleet' needs store 'redis'")
-        for model in self.models:
-            for deployment in model.deployments:
-                if deployment.breaker.scope == "fleet" and self.store != "redis":
-                    raise ValueError(
-                        f"deployment {deployment.name!r}: breaker.scope 'fleet' needs store 'redis'"
-                    )
-        _unique("models", [m.name for m in self.models])
+            yield "scheduling.fairness_scope 'fleet' needs store 'redis'"
         deployments = [d for m in self.models for d in m.deployments]
-        _unique("deployments", [d.name for d in deployments])
-        _unique("tenants", [t.name for t in self.tenants])
+        for deployment in deployments:
+            if deployment.breaker.scope == "fleet" and self.store != "redis":
+                yield f"deployment {deployment.name!r}: breaker.scope 'fleet' needs store 'redis'"
+        yield from _duplicates("models", [m.name for m in self.models])
+        yield from _duplicates("deployments", [d.name for d in deployments])
+        yield from _duplicates("tenants", [t.name for t in self.tenants])
+        yield from _duplicates("pools", [p.name for p in self.pools])
         pools = {p.name for p in self.pools}
-        _unique("pools", [p.name for p in self.pools])
         for deployment in deployments:
             unknown_pools = sorted(set(deployment.pools) - pools)
             if unknown_pools:
-                raise ValueError(
-                    f"deployment {deployment.name!r} names unknown pools {unknown_pools}"
-                )
+                yield f"deployment {deployment.name!r} names unknown pools {unknown_pools}"
             if not deployment.pools and deployment.name in pools:
-                raise ValueError(
-                    f"deployment {deployment.name!r} has no pools but a pool has its name"
-                )
+                yield f"deployment {deployment.name!r} has no pools but a pool has its name"
         lanes = {lane.name for lane in self.scheduling.lanes}
         named = [(f"tenant {t.name!r}", t.lane) for t in self.tenants]
         named += [(f"route {r}", getattr(self.routes, r).lane) for r in RoutesConfig.model_fields]
@@ -504,15 +519,15 @@ class GatewayConfig(Strict):
         ]
         for who, lane in named:
             if lane is not None and lane not in lanes:
-                raise ValueError(f"{who} names unknown lane {lane!r}")
+                yield f"{who} names unknown lane {lane!r}{_close(lane, lanes)}"
         known = {m.name for m in self.models}
         small = self.scheduling.overload.ladder.background_model
         if small is not None and small not in known:
-            raise ValueError(
+            yield (
                 f"scheduling.overload.ladder.background_model {small!r} is not a model"
+                f"{_close(small, known)}"
             )
         for tenant in self.tenants:
             unknown = sorted(set(tenant.models or ()) - known)
             if unknown:
-                raise ValueError(f"tenant {tenant.name!r} names unknown models {unknown}")
-        return self
+                yield f"tenant {tenant.name!r} names unknown models {unknown}"

@@ -344,6 +344,8 @@ class JobPolicy:
 
     store: str = "sqlite"
     sqlite_path: str = "sluicegate-jobs.db"
+    enabled: bool = True
+    """False without a `jobs:` section: no store is opened, the job routes refuse."""
     postgres_dsn: str | None = field(default=None, repr=False)
     postgres_schema: str = "sluicegate"
     workers: int = 8
