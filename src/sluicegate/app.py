@@ -74,7 +74,7 @@ from sluicegate.stores.failover import FailoverStore
 from sluicegate.stores.memory import MemoryLimitStore
 from sluicegate.stores.redis import RedisLimitStore, inspect, listener
 from sluicegate.stores.resp import RespConnection
-from sluicegate.supervisor import Supervisor, run_directory
+from sluicegate.supervisor import ALIVE, Supervisor, run_directory
 from sluicegate.worker import Workers
 
 DEMO_KEYS = {"demo-alice": "sk-demo-alice", "demo-bob": "sk-demo-bob"}
@@ -197,6 +197,8 @@ def build(
         """What this worker tells a sibling asking for its numbers."""
         if kind == "metrics":
             return metrics.samples()
+        if kind == "alive":
+            return ALIVE
         return orjson.dumps(own_status()) if kind == "status" else b""
 
     siblings = None if seat is None else Siblings(seat, answer)
@@ -529,7 +531,8 @@ def _supervise(args: argparse.Namespace, settings: Settings, holder: socket.sock
     settings = dataclasses.replace(settings, port=port)
     print(f"{_banner(settings, demo=False)}, {args.workers} workers", flush=True)
     try:
-        return Supervisor(argv, args.workers, directory, grace_s=10.0).run()
+        seats = Seat(0, args.workers, directory)
+        return Supervisor(argv, args.workers, directory, 10.0, seats.socket).run()
     finally:
         holder.close()
 

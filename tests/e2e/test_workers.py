@@ -194,6 +194,27 @@ async def test_a_dead_worker_is_replaced_and_sigterm_stops_every_worker(server, 
     assert not any(alive(pid) for pid in workers)
 
 
+async def test_a_worker_that_stops_answering_is_killed_and_replaced(server, http):
+    """A stopped process holds its connections and answers nothing: the parent finds
+    it out on its sibling socket and replaces it, and the server answers on: after three
+    missed asks five seconds apart if it had answered one, else once its 30 s to start
+    are over."""
+    parent = server.popen.pid
+    victim = min(children_of(parent))
+    os.kill(victim, signal.SIGSTOP)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        now = children_of(parent)
+        if len(now) == 2 and victim not in now:
+            break
+        await asyncio.sleep(0.2)
+    else:
+        raise AssertionError(f"the stopped worker was not replaced:\n{server.output()}")
+    await wait_all_answering(http, server)
+    assert "stopped answering and was killed" in server.output()
+    assert not alive(victim)
+
+
 def test_memory_store_with_several_workers_is_refused(tmp_path, sim):
     config = write_config(tmp_path, sim, "unused:", {"max_concurrency": 8})
     settings = yaml.safe_load(config.read_text())
