@@ -4,6 +4,7 @@ the backends' own prefix-cache counters show the hits it aimed for."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,6 +46,7 @@ def gateway(sims: list[Proc], tmp_path: Path) -> Iterator[Proc]:
                         "base_url": f"{sim.url}/v1",
                         "model": "sim-model",
                         "api_key_env": "SIM_KEY",
+                        "metrics": {"interval_s": 0.1, "stale_after_s": 5},
                     }
                     for i, sim in enumerate(sims)
                 ],
@@ -98,3 +100,15 @@ async def test_a_conversation_stays_where_it_began_and_conversations_spread(gate
         for backend in backends
     ]
     assert all(hit > 0 for hit in hits), hits
+    for _ in range(50):
+        async with aiohttp.ClientSession() as http:
+            reported = {
+                s.labels["deployment"]: s.value
+                for s in await samples(http, gateway.url)
+                if s.name == "sluicegate_backend_prefix_hit_ratio"
+            }
+        if len(reported) == 2:
+            break
+        await asyncio.sleep(0.1)
+    assert set(reported) == {"sim-0", "sim-1"}
+    assert all(0 < ratio <= 1 for ratio in reported.values()), reported

@@ -34,6 +34,9 @@ class BackendSample:
     kv_usage: float | None
     tpot_sum: float | None
     tpot_count: float | None
+    prefix_queries: float | None = None
+    prefix_hits: float | None = None
+    """Prompt tokens looked up in the prefix cache and found, as running totals."""
 
 
 class BackendGate(Protocol):
@@ -149,6 +152,9 @@ class MetricsGate(_Listeners):
         self._tpot_s: float | None = None
         self._sent = 0
         self._done = 0
+        self.prefix_hit_ratio: float | None = None
+        """Of the prompt tokens the backend looked up in its prefix cache between its last
+        two scrapes with any, the share it found; None before."""
 
     @property
     def tpot_s(self) -> float | None:
@@ -180,6 +186,9 @@ class MetricsGate(_Listeners):
         ):
             delta = sample.tpot_count - previous.tpot_count
             self._tpot_s = (sample.tpot_sum - previous.tpot_sum) / delta
+        ratio = _ratio_since(previous, sample)
+        if ratio is not None:
+            self.prefix_hit_ratio = ratio
         self._sample = sample
         self._sampled_s = self._clock.now()
         self._sent = self._done = 0
@@ -286,6 +295,17 @@ class AimdGate(_Listeners):
 
     def load(self) -> Load | None:
         return None
+
+
+def _ratio_since(previous: BackendSample | None, sample: BackendSample) -> float | None:
+    """Prefix-cache hits over queries between two samples; None when neither moved."""
+    if previous is None:
+        return None
+    q0, h0 = previous.prefix_queries, previous.prefix_hits
+    q1, h1 = sample.prefix_queries, sample.prefix_hits
+    if q0 is None or h0 is None or q1 is None or h1 is None or q1 <= q0:
+        return None
+    return (h1 - h0) / (q1 - q0)
 
 
 def _over(value: float | None, ceiling: float | None) -> bool:

@@ -33,7 +33,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from sluicegate.capacity.breaker import BreakerState
-from sluicegate.capacity.gates import BackendGate, GateState
+from sluicegate.capacity.gates import BackendGate, GateState, MetricsGate
 from sluicegate.capacity.pools import Pool
 from sluicegate.core.types import OverloadState
 from sluicegate.observability.siblings import Siblings
@@ -419,10 +419,19 @@ class CapacityCollector(Collector):
             "1 for the backend gate's current state (open, closed, stale).",
             labels=["deployment", "state"],
         )
+        prefix = GaugeMetricFamily(
+            "sluicegate_backend_prefix_hit_ratio",
+            "Of the prompt tokens the backend looked up in its prefix cache between its "
+            "last two scrapes with any, the share it found (vllm:prefix_cache_hits over "
+            "vllm:prefix_cache_queries): beside sluicegate_prefix_estimated_hit_ratio.",
+            labels=["deployment"],
+        )
         for deployment, gate in self._gates.items():
             current = gate.state()
             for each in GateState:
                 state.add_metric([deployment, each.value], 1.0 if each is current else 0.0)
+            if isinstance(gate, MetricsGate) and gate.prefix_hit_ratio is not None:
+                prefix.add_metric([deployment], gate.prefix_hit_ratio)
         circuit = GaugeMetricFamily(
             "sluicegate_circuit",
             "1 for the deployment's circuit state (closed, open, half_open).",
@@ -439,7 +448,7 @@ class CapacityCollector(Collector):
                 for each in BreakerState:
                     circuit.add_metric([name, each.value], 1.0 if each is breaker.state else 0.0)
                 opened.add_metric([name], breaker.opened)
-        yield from (state, circuit, opened)
+        yield from (state, prefix, circuit, opened)
 
 
 class OverloadCollector(Collector):

@@ -23,6 +23,8 @@ log = logging.getLogger("sluicegate.backend_metrics")
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+PREFIX = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+"""Prompt tokens the backend looked up in its prefix cache, and found (counters)."""
 TPOT = (
     "vllm:inter_token_latency_seconds",
     "vllm:time_per_output_token_seconds",
@@ -58,8 +60,18 @@ def parse_sample(text: str) -> BackendSample:
         kv_usage=kv,
         tpot_sum=None if tpot is None else totals.get(tpot + "_sum"),
         tpot_count=None if tpot is None else totals[tpot + "_count"],
+        prefix_queries=totals.get(PREFIX[0]),
+        prefix_hits=totals.get(PREFIX[1]),
     )
-    read = (sample.waiting, sample.running, sample.kv_usage, sample.tpot_sum, sample.tpot_count)
+    read = (
+        sample.waiting,
+        sample.running,
+        sample.kv_usage,
+        sample.tpot_sum,
+        sample.tpot_count,
+        sample.prefix_queries,
+        sample.prefix_hits,
+    )
     if not all(v is None or (math.isfinite(v) and v >= 0) for v in read):
         raise ValueError("a negative or non-finite value in the backend's metrics")
     return sample

@@ -186,3 +186,15 @@ def test_in_a_fleet_a_full_backend_leaves_no_room_and_a_stale_or_uncounted_sampl
     clock.advance(1.5)
     assert g.fleet_slot(INTERACTIVE) is None
     assert gate()[0].fleet_slot(INTERACTIVE) is None
+
+
+def test_the_backends_prefix_hit_ratio_is_read_between_two_scrapes():
+    """Hits over queries of the prompt tokens looked up since the last scrape; a scrape
+    with no lookup keeps the last ratio rather than reading 0 of 0."""
+    g, _ = gate()
+    counters = [(None, None), (100.0, 40.0), (300.0, 190.0), (300.0, 190.0), (400.0, 190.0)]
+    ratios = []
+    for queries, hits in counters:
+        g.update(BackendSample(0.0, 0.0, None, None, None, queries, hits))
+        ratios.append(g.prefix_hit_ratio)
+    assert ratios == [None, None, 0.75, 0.75, 0.0]

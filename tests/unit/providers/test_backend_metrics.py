@@ -16,6 +16,10 @@ vllm:kv_cache_usage_perc{model_name="a"} 0.25
 vllm:inter_token_latency_seconds_bucket{le="+Inf",model_name="a"} 10.0
 vllm:inter_token_latency_seconds_count{model_name="a"} 10.0
 vllm:inter_token_latency_seconds_sum{model_name="a"} 0.5
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{model_name="a"} 1000.0
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{model_name="a"} 600.0
 """
 
 LEGACY = """
@@ -36,12 +40,14 @@ def test_current_names_summed_over_models():
     s = parse_sample(CURRENT)
     assert (s.running, s.waiting, s.kv_usage) == (4.0, 2.0, 0.25)
     assert (s.tpot_sum, s.tpot_count) == (0.5, 10.0)
+    assert (s.prefix_queries, s.prefix_hits) == (1000.0, 600.0)
 
 
 def test_legacy_names():
     s = parse_sample(LEGACY)
     assert (s.running, s.waiting, s.kv_usage) == (1.0, 0.0, 0.5)
     assert (s.tpot_sum, s.tpot_count) == (0.4, 4.0)
+    assert (s.prefix_queries, s.prefix_hits) == (None, None)
 
 
 def test_not_a_vllm_exposition():
