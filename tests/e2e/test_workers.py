@@ -150,6 +150,17 @@ async def test_metrics_on_any_worker_report_the_whole_server(server, http):
         assert reporting.value == 2
 
 
+async def replaced(server: Proc, victim: int, within_s: float) -> None:
+    """Wait until the server again runs two workers, `victim` not among them."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        now = children_of(server.popen.pid)
+        if len(now) == 2 and victim not in now:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"worker {victim} was not replaced:\n{server.output()}")
+
+
 def children_of(pid: int) -> set[int]:
     found = set()
     for entry in Path("/proc").iterdir():
@@ -178,14 +189,7 @@ async def test_a_dead_worker_is_replaced_and_sigterm_stops_every_worker(server, 
     assert len(first) == 2
     victim = min(first)
     os.kill(victim, signal.SIGKILL)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        now = children_of(parent)
-        if len(now) == 2 and victim not in now:
-            break
-        await asyncio.sleep(0.1)
-    else:
-        raise AssertionError("the dead worker was not replaced")
+    await replaced(server, victim, within_s=20)
     await wait_all_answering(http, server)
     assert "exited with -9; restarting it" in server.output()
     workers = children_of(parent)
@@ -202,14 +206,7 @@ async def test_a_worker_that_stops_answering_is_killed_and_replaced(server, http
     parent = server.popen.pid
     victim = min(children_of(parent))
     os.kill(victim, signal.SIGSTOP)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        now = children_of(parent)
-        if len(now) == 2 and victim not in now:
-            break
-        await asyncio.sleep(0.2)
-    else:
-        raise AssertionError(f"the stopped worker was not replaced:\n{server.output()}")
+    await replaced(server, victim, within_s=60)
     await wait_all_answering(http, server)
     assert "stopped answering and was killed" in server.output()
     assert not alive(victim)
