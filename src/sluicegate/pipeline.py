@@ -420,31 +420,27 @@ class Pipeline:
             for part in (opened,) if opened is last else (opened, last):
                 if part.used_tokens is not None:
                     self.slo.spent(route, model, lane, part.used_tokens, part.produced())
-        verdict = self._verdict(call, answer, timeline, error, now)
+        if error is None and call is not None and answer is not None:
+            first = timeline.first_byte_s
+            tpot = None
+            if call.stream and first is not None:
+                tpot = time_per_token(first, now, answer.produced())
+            self.slo.answered(route, model, lane, timeline, call.stream, tpot)
+            verdict = judge_answer(call.lane, timeline, now, tpot)
+        else:
+            verdict = _failed(call, timeline, error, now)
         self.slo.finished(route, model, lane, inbound.tenant.name, verdict)
 
-    def _verdict(
-        self,
-        call: Call | None,
-        answer: Answer | None,
-        timeline: Timeline,
-        error: BaseException | None,
-        now: float,
-    ) -> Verdict:
-        """How the request ended, judged against its lane's SLOs (`core.slo`)."""
-        if isinstance(error, GatewayError):
-            return judge_error(error.code, error.status, error.code in REFUSALS)
-        if isinstance(error, asyncio.CancelledError | CallerGone):
-            return judge_left(None if call is None else call.lane, timeline, now)
-        if error is not None or call is None or answer is None:
-            return Verdict("internal_error", Kind.FAILED)
-        tpot = None
-        first = timeline.first_byte_s
-        if call.stream and first is not None:
-            tpot = time_per_token(first, now, answer.produced())
-        route, model, lane = call.endpoint.value, call.model.name, call.lane.name
-        self.slo.answered(route, model, lane, timeline, call.stream, tpot)
-        return judge_answer(call.lane, timeline, now, tpot)
+
+def _failed(
+    call: Call | None, timeline: Timeline, error: BaseException | None, now: float
+) -> Verdict:
+    """How a request that got no whole answer ended, judged against its lane's SLOs."""
+    if isinstance(error, GatewayError):
+        return judge_error(error.code, error.status, error.code in REFUSALS)
+    if isinstance(error, asyncio.CancelledError | CallerGone):
+        return judge_left(None if call is None else call.lane, timeline, now)
+    return Verdict("internal_error", Kind.FAILED)
 
 
 GATEWAY_FIELDS = frozenset(

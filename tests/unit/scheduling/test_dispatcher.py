@@ -32,7 +32,7 @@ from sluicegate.core.types import (
     Tenant,
     Timeouts,
 )
-from sluicegate.observability.metrics import CapacityCollector
+from sluicegate.observability.collectors import CapacityCollector
 from sluicegate.scheduling.attempt import Attempt, Outcome, Target
 from sluicegate.scheduling.demand import SMOOTHING
 from sluicegate.scheduling.dispatcher import Dispatcher
