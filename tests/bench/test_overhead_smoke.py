@@ -15,9 +15,20 @@ PHASES = ("serial", "poisson", "closed")
 MODES = ("non-streaming", "streaming")
 
 
+def failures(doc: dict) -> dict[str, dict[str, int]]:
+    """Each failed run's errors by reason, to say what went wrong."""
+    return {
+        f"{phase} {mode} {side}": modes[mode][side]["errors"]
+        for phase, modes in doc["phases"].items()
+        for mode in MODES
+        for side in ("direct", "gateway")
+        if modes[mode][side]["failed"]
+    }
+
+
 def test_quick_run_reports_every_figure(tmp_path):
     doc = run_quick("overhead", tmp_path)
-    assert doc["failed_requests"] == 0
+    assert doc["failed_requests"] == 0, failures(doc)
     assert {figure["phase"] for figure in doc["figures"]} == {*PHASES, "all"}
     for phase in PHASES:
         assert is_number(doc["phases"][phase]["cpu_per_chunk_us"])
@@ -43,7 +54,7 @@ async def test_workers_run_measures_one_worker_then_several(tmp_path):
     docs = json.loads(out.read_text())
     assert set(docs) == {"1 workers", "2 workers"}
     for doc in docs.values():
-        assert doc["failed_requests"] == 0
+        assert doc["failed_requests"] == 0, failures(doc)
         run = doc["phases"]["closed"]["non-streaming"]
         assert run["gateway"]["cpu_s"] > 0
         assert run["direct"]["requests"] > 0

@@ -106,7 +106,19 @@ def serve(
     on the spot, skipping the caller's own clean-up (such as stopping the demo's
     simulator), so it is turned into the same quiet return as SIGINT.
     """
-    config = uvicorn.Config(
+    config = server_config(app, limits, log_level, graceful_s)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            uvicorn.Server(config).run(sockets=[listener])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def server_config(
+    app: Handler, limits: EdgeLimits, log_level: str = "warning", graceful_s: float = 5.0
+) -> uvicorn.Config:
+    return uvicorn.Config(
         app,
         loop="uvloop",
         http=guarded(limits),
@@ -115,13 +127,8 @@ def serve(
         log_level=log_level,
         backlog=BACKLOG,
         timeout_graceful_shutdown=int(graceful_s),
+        timeout_keep_alive=limits.keep_alive_s,
     )
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        with contextlib.suppress(KeyboardInterrupt):
-            uvicorn.Server(config).run(sockets=[listener])
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def guarded(limits: EdgeLimits) -> type[GuardedHttp]:

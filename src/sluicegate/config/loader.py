@@ -343,6 +343,7 @@ def _deployment(
         max_connections=spec.max_connections,
         pools=tuple(spec.pools) or (spec.name,),
         cancel_grace_s=spec.cancel_grace_s,
+        idle_connection_s=spec.idle_connection_s,
         metrics=_backend_metrics(spec, base_url),
         adaptive=_adaptive(spec),
         pass_priority=spec.pass_priority,

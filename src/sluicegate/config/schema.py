@@ -46,6 +46,9 @@ class ServerConfig(Strict):
     max_header_bytes: int = Field(default=16 * 1024, ge=1024, description="line + headers")
     body_timeout_s: Seconds = Field(default=30.0, description="a request's whole body")
     write_timeout_s: Seconds = Field(default=30.0, description="one send to a client")
+    keep_alive_s: Seconds = Field(
+        default=75.0, description="an idle client connection between requests"
+    )
     max_body_bytes_in_flight: int = Field(
         default=512 * 1024 * 1024, ge=1024 * 1024, description="every request body held at once"
     )
@@ -253,6 +256,11 @@ class DeploymentConfig(Strict):
     timeouts: TimeoutsConfig = TimeoutsConfig()
     max_connections: int = Field(default=256, ge=1)
     cancel_grace_s: float = Field(default=0.1, ge=0)
+    idle_connection_s: Seconds = Field(
+        default=4.0,
+        description="keep an idle pooled connection this long; below the backend's own "
+        "keep-alive (vLLM and uvicorn: 5 s)",
+    )
     metrics: MetricsConfig | None = Field(
         default=None, description="read the backend's queue from its Prometheus metrics"
     )

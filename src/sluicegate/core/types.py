@@ -109,6 +109,9 @@ class Deployment:
     max_connections: int
     pools: tuple[str, ...]
     cancel_grace_s: float = 0.1
+    idle_connection_s: float = 4.0
+    """Below the backend's keep-alive, so the gateway closes an idle connection before
+    the backend does and never sends a request into one closing under it."""
     metrics: BackendMetrics | None = None
     adaptive: AdaptiveLimit | None = None
     pass_priority: bool = False
@@ -425,6 +428,10 @@ class EdgeLimits:
     body_timeout_s: float = 30.0
     write_timeout_s: float = 30.0
     """The longest one send to a client may wait for it to read."""
+    keep_alive_s: float = 75.0
+    """How long an idle connection stays open between requests: longer than clients
+    and load balancers keep theirs (httpx 5 s, aiohttp 15 s, common balancers 60 s), so
+    the client always closes first and never sends into a connection closing under it."""
     max_body_bytes_in_flight: int = 512 * 1024 * 1024
     """Request bodies held at once by the process, from arrival to their request's end."""
 

@@ -96,7 +96,9 @@ class Transport:
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(
-            limit=self.deployment.max_connections, limit_per_host=0, keepalive_timeout=30
+            limit=self.deployment.max_connections,
+            limit_per_host=0,
+            keepalive_timeout=self.deployment.idle_connection_s,
         )
         self._session = aiohttp.ClientSession(
             connector=connector,

@@ -13,7 +13,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from sluicegate.api.asgi import CONNECTION, Receive, Scope, Send
-from sluicegate.api.server import GuardedHttp, guarded
+from sluicegate.api.server import GuardedHttp, server_config
 from sluicegate.core.types import EdgeLimits
 
 LIMITS = EdgeLimits(header_timeout_s=10, body_timeout_s=30, write_timeout_s=5)
@@ -131,9 +131,8 @@ def connect(
     loop: Loop, app: Any = answer_at_once, limits: EdgeLimits = LIMITS
 ) -> tuple[GuardedHttp, Transport]:
     transport = Transport()
-    protocol = guarded(limits)(
-        uvicorn.Config(app, lifespan="off", access_log=False), ServerState(), {}, _loop=loop
-    )
+    config = server_config(app, limits)
+    protocol = config.http(config, ServerState(), {}, _loop=loop)
     protocol.connection_made(transport)  # type: ignore[arg-type]
     return protocol, transport
 
@@ -247,6 +246,19 @@ def test_a_later_requests_headers_are_due_from_its_first_byte(loop):
     loop.advance(0.2)
     assert transport.written.endswith(b'header_timeout"}}')
     assert transport.closed
+
+
+def test_an_idle_connection_stays_open_for_keep_alive_s_after_its_answer(loop):
+    """Longer than clients keep theirs, so a client never reuses one closing under it."""
+    protocol, transport = connect(loop)
+    protocol.data_received(REQUEST)
+    loop.run_tasks()
+    assert transport.written.startswith(b"HTTP/1.1 200")
+    loop.advance(LIMITS.keep_alive_s - 0.1)
+    assert not transport.closed
+    loop.advance(0.2)
+    assert transport.closed
+    assert transport.written.count(b"HTTP/1.1") == 1
 
 
 def test_requests_that_meet_every_deadline_arm_no_timer_of_their_own(loop):
