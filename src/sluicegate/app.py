@@ -165,6 +165,7 @@ def build(
             pause_rule(settings, monitor),
             placement_for(model, targets),
             reserve=settings.scheduling.reserve,
+            disabled=settings.scheduling.disabled,
         )
     metrics.watch(pools.values(), dispatchers.values(), gates)
     metrics.watch_overload(monitor)

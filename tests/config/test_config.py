@@ -13,7 +13,7 @@ import yaml
 
 from sluicegate.config import ConfigError, load_settings
 from sluicegate.config.loader import parse_settings
-from sluicegate.core.types import Endpoint
+from sluicegate.core.types import Endpoint, Mechanism
 
 ENV = {"ALICE_KEY": "sk-alice", "SIM_URL": "http://127.0.0.1:9/v1"}
 
@@ -115,6 +115,10 @@ def test_interpolation_default_and_typed_values():
             ),
             "lane 'batch': ttft_target_s is read on the top lane only",
         ),
+        (
+            lambda c: c.update(scheduling={"disable": ["shedding"]}),
+            "scheduling.disable[0]: Input should be 'prefill_budget', 'predictor'",
+        ),
         (lambda c: c.update(store="redis"), "store 'redis' needs a redis section with its url"),
         (lambda c: c.update(store="etcd"), "store: Input should be 'memory' or 'redis'"),
         (
@@ -203,6 +207,13 @@ def test_serve_stops_with_a_clear_message_and_no_traceback(tmp_path: Path):
     assert done.returncode == 2
     assert "models[0].deployments[0].timeouts.total_s" in done.stderr
     assert "Traceback" not in done.stderr + done.stdout
+
+
+def test_mechanisms_switched_off_reach_the_scheduling_settings():
+    raw = base()
+    raw["scheduling"] = {"disable": ["predictor", "turnover"]}
+    assert parse(raw).scheduling.disabled == {Mechanism.PREDICTOR, Mechanism.TURNOVER}
+    assert parse(base()).scheduling.disabled == frozenset()
 
 
 def error_of(raw: dict) -> str:

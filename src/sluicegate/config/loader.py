@@ -273,6 +273,7 @@ def _scheduling(spec: SchedulingConfig, store: str) -> Scheduling:
         cost_gamma=spec.cost_gamma,
         reserve=spec.reserve,
         overload=_overload(spec.overload),
+        disabled=frozenset(spec.disable),
     )
 
 

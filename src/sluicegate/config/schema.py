@@ -9,6 +9,8 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
 
+from sluicegate.core.types import Mechanism
+
 Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][\w.:/-]*$")]
 Seconds = Annotated[float, Field(gt=0)]
 
@@ -193,6 +195,9 @@ class SchedulingConfig(Strict):
         "tenant's share; 0: none (fully work-conserving)",
     )
     overload: OverloadConfig = OverloadConfig()
+    disable: list[Mechanism] = Field(
+        default_factory=list, description="scheduling mechanisms switched off"
+    )
 
     @model_validator(mode="after")
     def _lanes_exist(self) -> SchedulingConfig:

@@ -273,6 +273,24 @@ class OverloadPolicy:
         }[state]
 
 
+class Mechanism(enum.StrEnum):
+    """A scheduling mechanism an operator may switch off (`scheduling.disable`): to see
+    what it does for their traffic, or to rule it out while chasing a problem."""
+
+    PREFILL_BUDGET = "prefill_budget"
+    PREDICTOR = "predictor"
+    """Admission by predicted time to first token, and CoDel shedding."""
+    SLOT_COST = "slot_cost"
+    WITHIN_SHARE = "within_share"
+    """The within-share verdict; without it nobody is within, so nothing is reserved
+    for them and no stream hands its slot over."""
+    PACING = "pacing"
+    """Lower lanes yielding to the top lane's `ttft_target_s`."""
+    TURNOVER = "turnover"
+    """A hand-over's expected pause from the rate slots come free."""
+    HANDOVER = "handover"
+
+
 @dataclass(frozen=True, slots=True)
 class Scheduling:
     """Lane order, fairness and the admission cost proxy alpha*prompt + beta*max_tokens +
@@ -292,6 +310,7 @@ class Scheduling:
     """At most this share of the batch is kept free for top-lane requests within their
     tenant's share (`scheduling/reserve.py`); 0: none."""
     overload: OverloadPolicy = field(default_factory=OverloadPolicy)
+    disabled: frozenset[Mechanism] = frozenset()
 
     @property
     def top(self) -> Lane:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from sluicegate.core.clock import Clock, Wakeup
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.refusals import Refusal
-from sluicegate.core.types import Lane
+from sluicegate.core.types import Lane, Mechanism
 from sluicegate.scheduling.attempt import Attempt, Target
 from sluicegate.scheduling.checks import default_checks
 from sluicegate.scheduling.demand import Learner
@@ -63,6 +63,7 @@ class Dispatcher:
         paused: Callable[[Lane], bool] = lambda lane: False,
         placement: Placement | None = None,
         reserve: float = MOST_OF_BATCH,
+        disabled: frozenset[Mechanism] = frozenset(),
     ) -> None:
         self.model = model
         self.lanes = sorted(lanes, key=lambda lane: -lane.priority)
@@ -71,7 +72,11 @@ class Dispatcher:
         self.clock = clock
         fair = {lane.name: fairness(lane) for lane in self.lanes}
         self.queues = {lane.name: LaneQueue(lane, fair[lane.name]) for lane in self.lanes}
-        slot_costs = {name: f.costs for name, f in fair.items() if isinstance(f, WeighsSlots)}
+        slot_costs = {
+            name: f.costs
+            for name, f in fair.items()
+            if isinstance(f, WeighsSlots) and Mechanism.SLOT_COST not in disabled
+        }
         self._paused = paused
         self.routing = Routing(self.targets, placement or RoundRobin())
         self._kicked = asyncio.Event()
@@ -79,8 +84,12 @@ class Dispatcher:
         """The wake-up for a rate limit's next slot or a cooldown's end."""
         batch = sum(target.full for target in self.targets)
         self.stats = Stats(model, self.lanes, on_wait)
-        self.budgets = budgets = PrefillBudgets(self.lanes, self.targets, clock)
-        self.rule = QueueRule(self.lanes, batch, clock, budgets.rates)
+        budgeted = Mechanism.PREFILL_BUDGET not in disabled
+        self.budgets = budgets = PrefillBudgets(self.lanes, self.targets, clock, budgeted)
+        predicts = Mechanism.PREDICTOR not in disabled
+        self.rule = QueueRule(self.lanes, batch, clock, budgets.rates, predicts)
+        judges = Mechanism.WITHIN_SHARE not in disabled
+        reserve = reserve if judges else 0.0
         self.spares = SpareSlots(self.targets, reserve, clock, lambda: self.rule.predictor.gap_s)
         self.learner = Learner(
             len(self.targets),
@@ -91,15 +100,22 @@ class Dispatcher:
             lambda lane: slot_costs.get(lane.name),
         )
         resumable = any(target.deployment.resumable for target in self.targets)
-        self.handover = HandOver(batch, clock, self.queues, fair[top.name]) if resumable else None
+        hands_over = resumable and judges and Mechanism.HANDOVER not in disabled
+        self.handover = (
+            HandOver(batch, clock, self.queues, fair[top.name], Mechanism.TURNOVER not in disabled)
+            if hands_over
+            else None
+        )
         """Built only where a stream may give its slot away: elsewhere the pump's order is
         the lanes' alone, and no request is the rest of an answer."""
         top_queue = self.queues[top.name]
         queued = top_queue.queued if self.handover is None else self.handover.queued(top_queue)
         work_s = self.learner.unit.work_s
-        self.share = WithinShare(top, fair[top.name], queued, batch, clock, work_s, budgets.rates)
+        self.share = WithinShare(
+            top, fair[top.name], queued, batch, clock, work_s, budgets.rates, judges
+        )
         self.turns = Turns(self.lanes, self.queues, self.queued, clock, self.share.asked_lately)
-        self.pacing = Pacing(self.lanes, clock, self.kick)
+        self.pacing = Pacing(self.lanes, clock, self.kick, Mechanism.PACING not in disabled)
         tenants = Tenants(fair)
         self.checks: tuple[Check, ...] = (
             self.pacing,

@@ -99,9 +99,16 @@ class Rests:
 
 class HandOver(Quiet):
     def __init__(
-        self, batch: int, clock: Clock, queues: Mapping[str, LaneQueue], top_shares: Shares
+        self,
+        batch: int,
+        clock: Clock,
+        queues: Mapping[str, LaneQueue],
+        top_shares: Shares,
+        reads_turnover: bool = True,
     ) -> None:
         self._batch = batch
+        self._reads_turnover = reads_turnover
+        """Off: the pause is read from the running streams' `max_tokens` alone."""
         self._shares = top_shares
         """The top lane's share verdict: a stream of a tenant beyond its share may give
         its slot to a request within one."""
@@ -241,7 +248,7 @@ class HandOver(Quiet):
         """How long a stream would stand still if it gave its slot away now, its rest
         behind `pending` others: the longer of the two readings (module docstring)."""
         now = self._clock.now()
-        expected_s = (pending + 1) * self.turnover.gap_s(now)
+        expected_s = (pending + 1) * self.turnover.gap_s(now) if self._reads_turnover else 0.0
         soonest: list[float] = []
 
         def pause_s(victim: Attempt) -> float:

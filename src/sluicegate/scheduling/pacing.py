@@ -26,9 +26,15 @@ class Pacing(Quiet):
     lane_wide = True
     holds_rests = False
 
-    def __init__(self, lanes: Sequence[Lane], clock: Clock, wake: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        lanes: Sequence[Lane],
+        clock: Clock,
+        wake: Callable[[], None],
+        yields: bool = True,
+    ) -> None:
         self._top = max(lanes, key=lambda lane: lane.priority)
-        target = self._top.ttft_target_s
+        target = self._top.ttft_target_s if yields else None
         self.yielding = None if target is None else Yielding(target, clock)
         self._clock = clock
         self._wake = wake

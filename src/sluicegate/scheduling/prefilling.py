@@ -5,7 +5,8 @@ first token may together take at most `PREFILL_PART` of that promise to prefill
 (`core.prefill`). The budget itself lives in the limit store, decided with the pools
 (`Ask.prefill`), one for every replica sending to the deployment; this plug-in asks for
 each streamed attempt's part, counts this replica's prompts until their first token,
-and hears the throughput the budget learnt. Without a promise there is no budget.
+and hears the throughput the budget learnt. Without a promise, or `budgeted` off, there
+is no budget.
 """
 
 from __future__ import annotations
@@ -48,8 +49,14 @@ class BudgetView:
 
 
 class PrefillBudgets(Quiet):
-    def __init__(self, lanes: Sequence[Lane], targets: Sequence[Target], clock: Clock) -> None:
-        promise = max(lanes, key=lambda lane: lane.priority).ttft_slo_s
+    def __init__(
+        self,
+        lanes: Sequence[Lane],
+        targets: Sequence[Target],
+        clock: Clock,
+        budgeted: bool = True,
+    ) -> None:
+        promise = max(lanes, key=lambda lane: lane.priority).ttft_slo_s if budgeted else None
         self._within_s = None if promise is None else PREFILL_PART * promise
         names = [] if promise is None else [target.deployment.name for target in targets]
         self._budgets = {name: _Budget(keys.prefill(name)) for name in names}

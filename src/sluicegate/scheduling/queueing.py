@@ -39,8 +39,12 @@ class QueueRule(Quiet):
         batch: int,
         clock: Clock,
         prefill_rates: Callable[[], list[float]],
+        predicts: bool = True,
     ) -> None:
         self.predictor = WaitPredictor()
+        self._predicts = predicts
+        """Off: a request that finds no slot queues (within the lane's size) and waits
+        up to its lane's `max_queue_age_s`; nothing is refused on a forecast or shed."""
         self._batch = batch
         """Requests the deployments take at once: before any service gap is measured, a
         promised lane queues at most one such batch."""
@@ -54,6 +58,8 @@ class QueueRule(Quiet):
         prefill may alone; beyond its tenant's share, at the lane's tail of waits:
         `WaitPredictor.admitted_wait_s`) or its wait outlasts the lane's age limit (it
         would only expire). No Retry-After: when capacity comes back is not known."""
+        if not self._predicts:
+            return None
         lane = call.lane
         predictor = self.predictor
         now = self._now()
@@ -99,7 +105,7 @@ class QueueRule(Quiet):
         if call.resumed:
             return math.inf
         promise = lane.ttft_slo_s
-        if promise is None:
+        if promise is None or not self._predicts:
             return lane.max_queue_age_s
         budget_s = self.predictor.budget_s(lane.name, promise, self._own_prefill_s(call))
         return min(lane.max_queue_age_s, budget_s)
@@ -139,7 +145,7 @@ class QueueRule(Quiet):
         (until its budget), and the shedding falls on those above their share."""
         lane = queue.lane
         promise = lane.ttft_slo_s
-        if promise is None:
+        if promise is None or not self._predicts:
             return
         now = self._now()
         target = self.predictor.budget_s(lane.name, promise) * CODEL_TARGET

@@ -44,8 +44,11 @@ class WithinShare:
         clock: Clock,
         work_s: WorkS,
         prefill_rates: Callable[[], list[float]],
+        judges: bool = True,
     ) -> None:
         self._top = top
+        self._judges = judges
+        """Off: no request is within its share."""
         self._shares = shares
         self._queued = queued
         """Each tenant's requests waiting in the top lane."""
@@ -60,7 +63,7 @@ class WithinShare:
 
     def judge(self, attempt: Attempt) -> bool:
         lane, call = attempt.lane, attempt.call
-        if lane is not self._top:
+        if lane is not self._top or not self._judges:
             return False
         if call.client_retries or call.resumed or attempt.number > 1 or attempt.hedge:
             return False

@@ -26,6 +26,7 @@ from sluicegate.core.types import (
     Deployment,
     Endpoint,
     Lane,
+    Mechanism,
     Model,
     PoolSpec,
     RoutePolicy,
@@ -385,12 +386,18 @@ async def test_a_paced_lane_spreads_its_dispatches(clock, rate, count):
     assert times[-1] <= (count - 1) * (1 / rate + step) + step, times
 
 
-@pytest.mark.parametrize("target_s", [None, 0.05])
-async def test_lower_lanes_yield_when_the_top_lanes_first_tokens_are_late(clock, target_s):
+@pytest.mark.parametrize(
+    ("target_s", "disabled"),
+    [(None, frozenset()), (0.05, frozenset()), (0.05, frozenset({Mechanism.PACING}))],
+)
+async def test_lower_lanes_yield_when_the_top_lanes_first_tokens_are_late(
+    clock, target_s, disabled
+):
+    """With pacing switched off, a target is not kept: the lower lane goes on."""
     top = Lane("interactive", priority=100, queue_size=10, ttft_target_s=target_s)
     low = Lane("background", queue_size=10, max_queue_age_s=60)
     pool = Pool(PoolSpec("p", 10), leases(clock))
-    dispatcher = dispatcher_for([top, low], pool, clock)
+    dispatcher = dispatcher_for([top, low], pool, clock, disabled=disabled)
     runner = asyncio.create_task(dispatcher.run())
     try:
         dispatcher.first_token(attempt(clock, lane=top), 10 * 0.05)
@@ -400,8 +407,9 @@ async def test_lower_lanes_yield_when_the_top_lanes_first_tokens_are_late(clock,
             granted(dispatcher, attempt(clock, lane=low, deadline_in_s=60))
         )
         await settle()
-        assert second.done() == (target_s is None)
-        if target_s is None:
+        goes = target_s is None or bool(disabled)
+        assert second.done() == goes
+        if goes:
             assert second.exception() is None
     finally:
         second.cancel()
@@ -846,13 +854,24 @@ async def test_a_stream_whose_first_token_was_not_counted_teaches_the_unit_nothi
         runner.cancel()
 
 
-async def test_a_tenant_whose_slots_cost_the_engine_less_is_within_its_share_in_more(clock):
+@pytest.mark.parametrize(
+    ("disabled", "within"),
+    [
+        (frozenset(), ["cheap"]),
+        (frozenset({Mechanism.SLOT_COST}), []),
+        (frozenset({Mechanism.WITHIN_SHARE}), []),
+    ],
+)
+async def test_a_tenant_whose_slots_cost_the_engine_less_is_within_its_share_in_more(
+    clock, disabled, within
+):
     """A request of 10 prompt tokens and 9 out asks 1 s of the engine: `cheap`'s held its
     slot 10 s, `dear`'s 1 s. On a full pool of 4, each holding 2, cheap's next request
     comes within its share (by the engine's time, more than 3 of the 4 slots are its),
-    dear's does not. By count both are at their share of 2."""
+    dear's does not. By count (slot costs switched off) both are at their share of 2;
+    with the verdict switched off nobody is within."""
     pool = Pool(PoolSpec("p", 4), leases(clock))
-    dispatcher = dispatcher_for([PROMISED], pool, clock)
+    dispatcher = dispatcher_for([PROMISED], pool, clock, disabled=disabled)
     runner = asyncio.create_task(dispatcher.run())
     try:
         await learn_engine_unit(dispatcher, clock, "learner")
@@ -871,9 +890,9 @@ async def test_a_tenant_whose_slots_cost_the_engine_less_is_within_its_share_in_
             for tenant in ("cheap", "dear")
         ]
         await settle()
-        assert dispatcher.view().protected_arrivals == before + 1
+        assert dispatcher.view().protected_arrivals == before + len(within)
         within_share = dispatcher.queues["promised"].within_share_waiters()
-        assert [waiter.flow for waiter in within_share] == ["cheap"]
+        assert [waiter.flow for waiter in within_share] == within
         for task in queued:
             task.cancel()
         await settle()
@@ -1222,10 +1241,13 @@ ONE_SECOND = Lane("promised", queue_size=20, max_queue_age_s=5, ttft_slo_s=1.0)
 
 
 @contextlib.asynccontextmanager
-async def full_after_a_measure(clock: FakeClock) -> AsyncIterator[Dispatcher]:
+async def full_after_a_measure(
+    clock: FakeClock, disabled: frozenset[Mechanism] = frozenset()
+) -> AsyncIterator[Dispatcher]:
     """A dispatcher whose two slots are held after one streamed prompt measured the
     prefill: 16,000 tokens/s, its first token 0.125 s after dispatch."""
-    dispatcher = dispatcher_for([ONE_SECOND], Pool(PoolSpec("p", 2), leases(clock)), clock)
+    pool = Pool(PoolSpec("p", 2), leases(clock))
+    dispatcher = dispatcher_for([ONE_SECOND], pool, clock, disabled=disabled)
     runner = asyncio.create_task(dispatcher.run())
     try:
         first = await measure_prefill(dispatcher, clock, ONE_SECOND)
@@ -1329,10 +1351,39 @@ async def test_a_prompt_whose_prefill_alone_takes_the_whole_promise_is_refused_a
         waiter.cancel()
 
 
+async def test_with_the_predictor_switched_off_a_request_queues_whatever_its_forecast(clock):
+    """The prompt whose prefill alone breaks the promise queues, and waits the lane's
+    whole `max_queue_age_s` (5 s), not what the promise leaves."""
+    async with full_after_a_measure(clock, frozenset({Mechanism.PREDICTOR})) as dispatcher:
+        waiter = asyncio.create_task(granted(dispatcher, streamed(clock, ONE_SECOND, 17_000)))
+        await settle()
+        assert not waiter.done()
+        clock.advance(4.9)
+        await settle()
+        assert not waiter.done()
+        clock.advance(0.2)
+        await settle()
+        assert waiter.exception().code == "expired"
+
+
 async def test_without_a_promise_there_is_no_prefill_budget(clock):
     lane = Lane("plain", queue_size=20, max_queue_age_s=5)
     dispatcher = dispatcher_for([lane], Pool(PoolSpec("p", 20), leases(clock)), clock)
     grants = [await granted(dispatcher, streamed(clock, lane, 50_000)) for _ in range(3)]
+    (deployment,) = dispatcher.view().targets
+    assert deployment.prefill_pending_tokens is None
+    for grant in grants:
+        await dispatcher.release(grant)
+
+
+async def test_a_prefill_budget_switched_off_counts_no_prompt(clock):
+    dispatcher = dispatcher_for(
+        [ONE_SECOND],
+        Pool(PoolSpec("p", 20), leases(clock)),
+        clock,
+        disabled=frozenset({Mechanism.PREFILL_BUDGET}),
+    )
+    grants = [await granted(dispatcher, streamed(clock, ONE_SECOND, 50_000)) for _ in range(3)]
     (deployment,) = dispatcher.view().targets
     assert deployment.prefill_pending_tokens is None
     for grant in grants:
@@ -1420,6 +1471,28 @@ async def streaming(
         dispatcher.may_give(running, running.giver)
     clock.advance(0.1)
     return running
+
+
+@pytest.mark.parametrize("off", [Mechanism.HANDOVER, Mechanism.WITHIN_SHARE])
+async def test_with_hand_overs_switched_off_no_stream_gives_its_slot(clock, off):
+    pool = Pool(PoolSpec("p", 2), leases(clock))
+    dispatcher = dispatcher_for(
+        [INTERACTIVE], pool, clock, deployment=RESUMABLE, disabled=frozenset({off})
+    )
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        held = [await streaming(dispatcher, clock, "a", INTERACTIVE) for _ in range(2)]
+        waiting = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="b")))
+        await settle()
+        dispatcher.kick()
+        await settle()
+        assert dispatcher.handover is None
+        assert [running.preempted for running in held] == [False, False]
+        waiting.cancel()
+        for grant in held:
+            await dispatcher.release(grant)
+    finally:
+        runner.cancel()
 
 
 async def test_a_request_within_its_share_takes_the_slot_of_a_stream_beyond_it(clock):
@@ -1593,6 +1666,7 @@ async def hand_overs_asked(
     events: int = 11,
     tpot_s: float | None = None,
     rests_holding: int = 0,
+    disabled: frozenset[Mechanism] = frozenset(),
 ) -> list[bool]:
     """After twenty of `a`'s requests ended `ends_every_s` apart (None: none yet), `a`'s
     streams in `held_in` hold all eight slots, each `ends_in_s` from its `max_tokens` at
@@ -1606,7 +1680,7 @@ async def hand_overs_asked(
     pool = Pool(PoolSpec("p", 8), leases(clock))
     gate = Gate()
     gate.tpot_s = tpot_s
-    dispatcher = dispatcher_for(lanes, pool, clock, gate, RESUMABLE)
+    dispatcher = dispatcher_for(lanes, pool, clock, gate, RESUMABLE, disabled=disabled)
     runner = asyncio.create_task(dispatcher.run())
     try:
         for _ in range(0 if ends_every_s is None else 20):
@@ -1667,6 +1741,24 @@ async def test_a_stream_of_a_promised_lane_is_not_paused_past_its_promise(
     Before any end, when a slot comes free is unknown, and none is asked."""
     asked_of = await hand_overs_asked(clock, [INTERACTIVE, LOWER], LOWER, 2, ends_every_s)
     assert asked_of.count(True) == asked
+
+
+@pytest.mark.parametrize("ends_every_s", [None, 3.0])
+async def test_with_turnover_switched_off_only_the_streams_ends_bound_the_pause(
+    clock, ends_every_s
+):
+    """Slots that came free rarely, or never yet, keep every stream running while the
+    rate they come free at is read; without it, streams due to end within 0.1 s are
+    asked as if slots came free at once."""
+    asked_of = await hand_overs_asked(
+        clock,
+        [INTERACTIVE, LOWER],
+        LOWER,
+        2,
+        ends_every_s,
+        disabled=frozenset({Mechanism.TURNOVER}),
+    )
+    assert asked_of.count(True) == 2
 
 
 @pytest.mark.parametrize(
