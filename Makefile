@@ -18,8 +18,8 @@ run: $(STAMP)
 	$(BIN)/sluicegate serve
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
 	$(BIN)/lint-imports
 
 # Two workers: the suite mostly waits on the processes it starts (README, "Development"). The unit

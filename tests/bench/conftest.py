@@ -8,24 +8,37 @@ import sys
 from pathlib import Path
 
 TIMEOUT_S = 120
+ROOT = Path(__file__).resolve().parents[2]
+"""The repository, where the research harness (`python -m bench.family`) runs from."""
 
 
 def is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def _command(args: tuple[str, ...]) -> list[str]:
+    """`sluicegate bench ARGS`, or the research harness for `family ARGS`."""
+    if args[:1] == ("family",):
+        return [sys.executable, "-m", "bench.family", *args[1:]]
+    return [sys.executable, "-m", "sluicegate", "bench", *args]
+
+
+def _run(args: tuple[str, ...], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        _command(args), capture_output=True, text=True, timeout=timeout_s, check=False, cwd=ROOT
+    )
+
+
 def run_bench(*args: str) -> subprocess.CompletedProcess[str]:
-    """`sluicegate bench ARGS` as a user runs it; asserts it completed."""
-    command = [sys.executable, "-m", "sluicegate", "bench", *args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    """The benchmark as a user runs it; asserts it completed."""
+    done = _run(args, TIMEOUT_S)
     assert done.returncode == 0, done.stderr
     return done
 
 
 def refused_bench(*args: str) -> subprocess.CompletedProcess[str]:
-    """`sluicegate bench ARGS` that must stop at once with a usage error (exit 2)."""
-    command = [sys.executable, "-m", "sluicegate", "bench", *args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    """The benchmark, which must stop at once with a usage error (exit 2)."""
+    done = _run(args, 60)
     assert done.returncode == 2
     return done
 

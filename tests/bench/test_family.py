@@ -9,7 +9,10 @@ import orjson
 import pytest
 import yaml
 
-from sluicegate.bench import capacity, client, family, familyrun
+from bench.family import capacity, run
+from bench.family import variants as family
+from bench.family.__main__ import main as family_main
+from sluicegate.bench import client
 from sluicegate.bench.arrivals import Burst, Closed, Poisson
 from sluicegate.bench.scenario import load
 
@@ -145,17 +148,17 @@ def test_a_capacity_read_back_from_its_json_is_the_capacity_written():
         capacity.Probe(4.0, 50, 0.9, 0.4, 5.0),
     )
     found = capacity.Capacity(3.5, probes)
-    assert familyrun.capacity_from_json(familyrun.capacity_json(found)) == found
+    assert run.capacity_from_json(run.capacity_json(found)) == found
 
 
 def test_a_gateway_setting_changed_by_a_dotted_key_leaves_the_rest():
     config = {"scheduling": {"fairness": "vtc", "reserve": 0.25}, "pools": [1]}
-    path, value = familyrun.setting("scheduling.reserve=0")
-    changed = familyrun.with_setting(config, path, value)
+    path, value = run.setting("scheduling.reserve=0")
+    changed = run.with_setting(config, path, value)
     assert changed == {"scheduling": {"fairness": "vtc", "reserve": 0}, "pools": [1]}
     assert config["scheduling"]["reserve"] == 0.25
     with pytest.raises(ValueError, match="KEY=VALUE"):
-        familyrun.setting("scheduling.reserve")
+        run.setting("scheduling.reserve")
 
 
 def test_the_simulator_caches_prefixes_of_prompts_that_differ() -> None:
@@ -171,3 +174,12 @@ def test_the_simulator_caches_prefixes_of_prompts_that_differ() -> None:
     texts = [orjson.loads(r.body)["messages"][0]["content"] for r in (first, second)]
     assert all(len(text) == 300 * client.CHARS_PER_TOKEN for text in texts)
     assert texts[0][:64] != texts[1][:64]
+
+
+def test_a_choice_of_runs_is_listed_once_each(capsys):
+    with pytest.raises(SystemExit) as ended:
+        family_main(["--help"])
+    assert ended.value.code == 0
+    shown = capsys.readouterr().out
+    assert "{on,off,on,off}" not in shown
+    assert "on,off|on|off" in shown

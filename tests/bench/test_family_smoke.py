@@ -1,4 +1,4 @@
-"""`sluicegate bench family --quick`: one small variant end to end, every figure computed.
+"""`python -m bench.family --quick`: one small variant end to end, every figure computed.
 
 The variant is the first of the family whose requests are short, so the smoke stays
 short; the figures are whatever the run measured, checked for presence and range only.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sluicegate.bench import family
+from bench.family import variants
 from sluicegate.bench.scenario import load
 from tests.bench.conftest import is_number, refused_bench, run_bench
 from tests.support.processes import free_port
@@ -23,7 +23,7 @@ from tests.support.redis import REDIS_URL, redis_or_skip
 def small_seed() -> int:
     """The first seed whose variant 0 has few tenants, short answers, a wide batch."""
     for seed in range(1000):
-        variant = family.generate(seed, 0)
+        variant = variants.generate(seed, 0)
         small = (
             variant.slowdown is None
             and len(variant.tenants) <= 3
@@ -56,7 +56,7 @@ def test_quick_family_finds_capacity_and_reports_every_figure(quick_run: tuple[P
     assert "WORST" in stdout
     doc = json.loads((tmp_path / "family.json").read_text())
     (result,) = doc["variants"]
-    variant = family.generate(seed, 0)
+    variant = variants.generate(seed, 0)
     assert result["variant"] == variant.name
     found = result["capacity"]["normal"]
     assert is_number(found["rps"])
@@ -113,7 +113,7 @@ def test_quick_family_finds_capacity_and_reports_every_figure(quick_run: tuple[P
     assert worst["recovery_s"] is None
     replay = load(tmp_path / variant.name / "scenario.yaml")
     assert replay.capacity_rps == found["rps"]
-    assert replay.gateway == family.gateway_config(variant)
+    assert replay.gateway == variants.gateway_config(variant)
     assert (tmp_path / variant.name / "policy-on" / "gateway-metrics.txt").exists()
     rescore = tmp_path.parent / f"{tmp_path.name}-rescored"
     shutil.copytree(tmp_path, rescore)

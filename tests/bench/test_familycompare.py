@@ -8,8 +8,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from sluicegate.bench import familycompare
-from sluicegate.bench.familycompare import cell, parse, runs_by_variant, table
+from bench.family import compare
+from bench.family.compare import cell, parse, runs_by_variant, table
 
 
 def figures(goodput: float, refused: float | None, jain: float = 0.9) -> dict:
@@ -86,12 +86,12 @@ def test_compare_reads_each_folders_document(tmp_path, capsys):
         folder = tmp_path / name
         folder.mkdir()
         (folder / "family.json").write_bytes(orjson.dumps(document(("v1", figures(goodput, 0.2)))))
-    assert familycompare.compare([f"arm={tmp_path / 'a'},{tmp_path / 'b'}"]) == 0
+    assert compare.compare([f"arm={tmp_path / 'a'},{tmp_path / 'b'}"]) == 0
     assert "100.0 [90.0-110.0]" in capsys.readouterr().out
 
 
 def test_compare_says_what_is_missing_rather_than_failing(tmp_path, capsys):
     (tmp_path / "family.json").write_bytes(orjson.dumps({"config": {}}))
-    assert familycompare.compare([f"arm={tmp_path}"]) == 2
+    assert compare.compare([f"arm={tmp_path}"]) == 2
     assert "no 'variants'" in capsys.readouterr().err
-    assert familycompare.compare([f"arm={tmp_path / 'absent'}"]) == 2
+    assert compare.compare([f"arm={tmp_path / 'absent'}"]) == 2

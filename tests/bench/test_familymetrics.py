@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from sluicegate.bench import capacity, familymetrics
+from bench.family import capacity, metrics
 from sluicegate.bench.client import queue_from_server_timing
 from sluicegate.bench.records import Attempt, Record
 from sluicegate.bench.scenario import Slo
@@ -45,16 +45,16 @@ def basis(
     weights: Mapping[str, float],
     capacity: Mapping[str, float],
     duration_s: float,
-    cost: familymetrics.Cost = unit_cost,
+    cost: metrics.Cost = unit_cost,
     batch: int = 8,
     step_s: float = 0.008,
-) -> familymetrics.Basis:
-    return familymetrics.Basis(LANES, weights, cost, capacity, batch, duration_s, 2.0, None, step_s)
+) -> metrics.Basis:
+    return metrics.Basis(LANES, weights, cost, capacity, batch, duration_s, 2.0, None, step_s)
 
 
 def test_a_request_and_its_retry_count_once_in_goodput() -> None:
     records = [refused_then_served(0.0), served(1.0, 0.5)]
-    found = familymetrics.figures(records, basis({"a": 1.0}, {"rps": 1.0, "work": 1.0}, 10.0))
+    found = metrics.figures(records, basis({"a": 1.0}, {"rps": 1.0, "work": 1.0}, 10.0))
     assert found["goodput_rps"] == pytest.approx(0.2)
     assert found["goodput_of_capacity"] == pytest.approx(0.2)
     assert found["admitted"] == 2
@@ -68,9 +68,7 @@ def test_goodput_leaves_out_a_late_first_token_and_weighs_work() -> None:
     def by_tokens(record: Record) -> float:
         return record.asked_prompt_tokens / 100
 
-    found = familymetrics.figures(
-        records, basis({"a": 1.0}, {"rps": 1.0, "work": 3.0}, 1.0, by_tokens)
-    )
+    found = metrics.figures(records, basis({"a": 1.0}, {"rps": 1.0, "work": 3.0}, 1.0, by_tokens))
     assert found["goodput_rps"] == 1.0
     assert found["goodput_of_capacity"] == 1.0
     assert found["goodput_rps_of_capacity"] == 1.0
@@ -88,9 +86,7 @@ def test_tenants_below_their_share_get_wait_and_refusals_the_others_jain() -> No
     big = [served(float(i), 1.9, "big") for i in range(8)] + [refused(0.5, "big")] * 8
     heavy = [served(float(i), 1.9, "heavy") for i in range(2)] + [refused(0.5, "heavy")] * 14
     weights = {"small": 1.0, "big": 1.0, "heavy": 1.0}
-    found = familymetrics.figures(
-        small + big + heavy, basis(weights, {"rps": 9, "work": 13.0}, 1.0)
-    )
+    found = metrics.figures(small + big + heavy, basis(weights, {"rps": 9, "work": 13.0}, 1.0))
     tenants = found["tenants"]
     assert not tenants["small"]["above_share"]
     assert tenants["small"]["fair_share"] == 4.0
@@ -112,15 +108,15 @@ def test_tenants_below_their_share_get_wait_and_refusals_the_others_jain() -> No
 
 def test_recovery_ends_with_the_last_window_that_broke_the_promise() -> None:
     records = [served(10.2, 1.0), served(11.5, 3.0), served(12.4, 2.5), served(13.3, 0.4)]
-    found = familymetrics.recovery(records, 2.0, 10.0, 20.0)
+    found = metrics.recovery(records, 2.0, 10.0, 20.0)
     assert found["recovery_s"] == 3.0
     assert found["recovered"] is True
     assert found["windows_breached"] == 2
 
 
 def test_recovery_is_zero_when_no_window_broke_and_unrecovered_at_the_end() -> None:
-    assert familymetrics.recovery([served(10.5, 1.0)], 2.0, 10.0, 20.0)["recovery_s"] == 0.0
-    late = familymetrics.recovery([served(19.5, 3.0)], 2.0, 10.0, 20.0)
+    assert metrics.recovery([served(10.5, 1.0)], 2.0, 10.0, 20.0)["recovery_s"] == 0.0
+    late = metrics.recovery([served(19.5, 3.0)], 2.0, 10.0, 20.0)
     assert late["recovered"] is False
     assert late["recovery_s"] == 10.0
 
@@ -136,9 +132,9 @@ def test_pauses_are_the_longest_stand_still_of_answers_served_and_those_past_the
         return Record("a", "interactive", 0, True, 0.0, (attempt,), 100, 10)
 
     records = [answer(0.4), answer(2.5), answer(3.1), answer(None), answer(9.0, 503)]
-    found = familymetrics.figures(records, basis({"a": 1.0}, {"rps": 1.0, "work": 1.0}, 10.0))
+    found = metrics.figures(records, basis({"a": 1.0}, {"rps": 1.0, "work": 1.0}, 10.0))
     assert found["pauses"] == {"answers": 3, "longest_s": 3.1, "past_promise": 2}
-    assert math.isnan(familymetrics.pauses([answer(None)], 2.0)["longest_s"])
+    assert math.isnan(metrics.pauses([answer(None)], 2.0)["longest_s"])
 
 
 def probe_at(limit: float) -> capacity.Measure:
@@ -188,10 +184,10 @@ def test_the_ceiling_is_a_full_batch_busy_all_the_time() -> None:
 
 def test_quantiles_of_a_histogram_are_interpolated_within_their_bucket() -> None:
     buckets = [(0.1, 50.0), (0.5, 90.0), (1.0, 100.0), (math.inf, 100.0)]
-    found = familymetrics.histogram_quantiles(buckets, (50, 95, 10))
+    found = metrics.histogram_quantiles(buckets, (50, 95, 10))
     assert found == {"p50": pytest.approx(0.1), "p95": pytest.approx(0.75), "p10": 0.02}
-    assert math.isnan(familymetrics.histogram_quantiles([(1.0, 0.0)], (50,))["p50"])
-    beyond = familymetrics.histogram_quantiles([(1.0, 1.0), (math.inf, 4.0)], (95,))
+    assert math.isnan(metrics.histogram_quantiles([(1.0, 0.0)], (50,))["p50"])
+    beyond = metrics.histogram_quantiles([(1.0, 1.0), (math.inf, 4.0)], (95,))
     assert beyond["p95"] == math.inf, "past the last bound: no bound to interpolate to"
 
 
@@ -203,7 +199,7 @@ def test_the_gateways_own_figures_are_read_from_its_metrics_page() -> None:
     metrics.refused("chat", "expired", 503, 9.0)
     for real, predicted in ((0.3, 0.2), (0.5, None), (1.0, 1.2)):
         metrics.queue_waited("m", "interactive", real, predicted, False)
-    found = familymetrics.gateway_figures(metrics.exposition().decode())
+    found = metrics.gateway_figures(metrics.exposition().decode())
     assert found["refusals"] == 100, "the expiry waited: not a refusal at once"
     assert 0.5 <= found["refusal_p99_ms"] <= 1.0
     predictor = found["predictor"]
@@ -229,12 +225,12 @@ def test_the_requests_the_gateway_judged_within_their_share_are_read_from_its_co
         metrics.queue_waited("m", "interactive", wait_s, None, True)
     metrics.queue_waited("m", "interactive", 9.0, None, False)
     page = metrics.exposition().decode()
-    found = familymetrics.gateway_figures(page + PROTECTED_PAGE)["protected"]
+    found = metrics.gateway_figures(page + PROTECTED_PAGE)["protected"]
     assert found["requests"] == 40
     assert found["refused_fraction"] == pytest.approx(0.05)
     assert found["refused_by_reason"] == {"expired": 1, "overloaded": 1}
     assert found["queue_wait_p95_ms"] == pytest.approx(262.5), "9 s beyond share would read 381"
-    assert familymetrics.gateway_figures(page)["protected"] is None
+    assert metrics.gateway_figures(page)["protected"] is None
 
 
 QUEUE_PAGE = """\
@@ -252,10 +248,10 @@ sluicegate_queue_shed_total{lane="interactive",model="m"} 2.0
 def test_the_share_of_queued_requests_refused_after_their_wait_is_the_gateways_count():
     """Ten queued over the lanes, four of them expired or shed. A page without the
     count of dispatches from a queue (an older gateway's) gives no figure."""
-    found = familymetrics.gateway_figures(QUEUE_PAGE)["queue"]
+    found = metrics.gateway_figures(QUEUE_PAGE)["queue"]
     assert (found["queued"], found["unserved_fraction"]) == (10, pytest.approx(0.4))
     older = QUEUE_PAGE.replace("sluicegate_queue_dispatched", "sluicegate_other")
-    assert familymetrics.gateway_figures(older)["queue"] is None
+    assert metrics.gateway_figures(older)["queue"] is None
 
 
 def test_a_burst_given_its_window_share_scores_one_below_share_on_average() -> None:
@@ -263,7 +259,7 @@ def test_a_burst_given_its_window_share_scores_one_below_share_on_average() -> N
     for w in (1, 2, 3):
         steady += [served(2.0 * w + 0.1 * k, 0.3, "s") for k in range(3)] + [refused(2.0 * w, "s")]
     burst = [served(0.5, 0.3, "b") for _ in range(2)] + [refused(0.5, "b") for _ in range(4)]
-    found = familymetrics.figures(
+    found = metrics.figures(
         steady + burst, basis({"s": 1.0, "b": 1.0}, {"rps": 2.0, "work": 2.0}, 8.0)
     )
     # Over the run b asks 0.75/s of 2: below its share, so the first figures count its
@@ -286,9 +282,7 @@ def test_within_share_at_send_judges_a_burst_by_the_batch_free_when_it_came() ->
     burst = [served(1.0, 0.3, "burst", prefill=0.1) for _ in range(2)]
     burst += [served(1.0, 5.0, "burst") for _ in range(4)] + [refused(1.0, "burst")] * 4
     weights = {"other": 1.0, "burst": 1.0}
-    found = familymetrics.figures(
-        other + burst, basis(weights, {"rps": 9, "work": 9.0}, 8.0, batch=4)
-    )
+    found = metrics.figures(other + burst, basis(weights, {"rps": 9, "work": 9.0}, 8.0, batch=4))
     within = found["within_share"]
     assert within["requests"] == 6
     assert within["queue_wait_p95_ms"] == pytest.approx(200.0)
@@ -304,7 +298,7 @@ def test_refused_at_once_a_tenant_looks_within_its_share_at_send_but_not_by_dema
     """Each refusal ends its request before the next comes, so at its send every request
     of a tenant asking ten times the capacity finds nothing of its own outstanding."""
     flood = [refused(0.1 * k, "a") for k in range(40)]
-    found = familymetrics.figures(flood, basis({"a": 1.0}, {"rps": 1.0, "work": 1.0}, 4.0))
+    found = metrics.figures(flood, basis({"a": 1.0}, {"rps": 1.0, "work": 1.0}, 4.0))
     within = found["within_share"]
     assert within["requests"] == 40
     assert within["asked_of_capacity"] == pytest.approx(10.0)
@@ -322,7 +316,7 @@ def test_the_windowed_class_says_which_of_its_requests_were_beyond_share_at_send
     big = [served(0.0, 0.3, "big") for _ in range(7)]
     small = [served(0.05, 0.3, "small"), refused(0.1, "small")]
     weights = {"small": 1.0, "big": 15.0}
-    found = familymetrics.figures(big + small, basis(weights, {"rps": 10, "work": 10.0}, 4.0))
+    found = metrics.figures(big + small, basis(weights, {"rps": 10, "work": 10.0}, 4.0))
     windowed = found["at_or_below_share"]["windowed"]
     assert windowed["requests"] == 9
     assert windowed["refusals_by_code"] == {"overloaded": 1}
@@ -340,7 +334,7 @@ def test_the_gateways_part_of_a_wait_is_its_refusals_the_backoff_and_its_queue()
     record = Record("a", "interactive", 0, True, 0.0, (refusal, ok), 100, 10)
     assert record.queue_wait_s == pytest.approx(0.65)
     assert record.gateway_wait_s == pytest.approx(0.6)
-    group = familymetrics.figures([record], basis({"a": 1.0}, {"rps": 1.0, "work": 1.0}, 10.0))
+    group = metrics.figures([record], basis({"a": 1.0}, {"rps": 1.0, "work": 1.0}, 10.0))
     assert group["within_share"]["gateway_wait_p95_ms"] == pytest.approx(600)
 
 
@@ -372,9 +366,7 @@ def burst(count: int, at: float, tenant: str = "a", output: int = 16) -> list[Re
 def test_a_burst_beyond_the_batch_is_out_of_any_schedulers_reach() -> None:
     """16 tokens at 8 ms hold a slot 128 ms: of 12 sent at once on 8 slots, 4 wait past
     100 ms whatever the order, and the tenant asks no more than its share."""
-    found = familymetrics.figures(
-        burst(12, 1.0), basis({"a": 1.0}, {"rps": 100.0, "work": 100.0}, 10.0)
-    )
+    found = metrics.figures(burst(12, 1.0), basis({"a": 1.0}, {"rps": 100.0, "work": 100.0}, 10.0))
     assert found["tenants"]["a"]["beyond_reach_fraction"] == pytest.approx(4 / 12)
     below = found["at_or_below_share"]
     assert below["tenants"] == 1
@@ -386,7 +378,7 @@ def test_the_runs_shortest_answer_sets_the_span_a_slot_may_free_in() -> None:
     """The run's fewest output tokens bound every slot's hold, the cautious end: with one
     answer of a single token in the run, nothing is beyond reach."""
     records = [*burst(12, 1.0), *burst(1, 5.0, tenant="b", output=1)]
-    found = familymetrics.figures(
+    found = metrics.figures(
         records, basis({"a": 1.0, "b": 1.0}, {"rps": 100.0, "work": 100.0}, 10.0)
     )
     assert found["tenants"]["a"]["beyond_reach_fraction"] == 0.0

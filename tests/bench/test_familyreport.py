@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sluicegate.bench import familymetrics, familyreport
+from bench.family import document, metrics
 from sluicegate.bench.records import Attempt, Record
 from sluicegate.bench.scenario import Slo
 
-BASIS = familymetrics.Basis(
+BASIS = metrics.Basis(
     {"interactive": Slo(ttft_s=2.0)},
     {"a": 1.0},
     lambda record: 1.0,
@@ -24,7 +24,7 @@ BASIS = familymetrics.Basis(
 
 def figures(wait_ms: float, refused: float, jain: float, asked: float = 0.5) -> dict[str, Any]:
     attempt = Attempt(0.0, 1.0, 200, first_token_s=0.5, backend_prefill_s=0.1)
-    found: dict[str, Any] = familymetrics.figures(
+    found: dict[str, Any] = metrics.figures(
         [Record("a", "interactive", 0, True, 0.0, (attempt,))], BASIS
     )
     found["within_share"] |= {
@@ -71,7 +71,7 @@ def test_the_worst_takes_the_longest_wait_most_refusals_and_lowest_windowed_jain
         "refused_fraction": None,
         "queue_wait_p95_ms": None,
     }
-    worst = familyreport.worst(results, "on")
+    worst = document.worst(results, "on")
     assert (worst["protected_queue_wait_p95_ms"], worst["protected_refused_fraction"]) == (
         310.0,
         0.01,
@@ -84,9 +84,9 @@ def test_the_worst_takes_the_longest_wait_most_refusals_and_lowest_windowed_jain
     assert worst["below_share_windowed_queue_wait_p95_ms"] == 60.0
     assert worst["below_share_windowed_refused_fraction"] == 0.025
     assert worst["within_share_asked_of_capacity"] == 1.3
-    doc = familyreport.document({}, results)
+    doc = document.document({}, results)
     assert doc["all_targets_met"] is None, "the family judges no target in its document"
-    text = familyreport.text(doc)
+    text = document.text(doc)
     assert "within share at send: wait p95 ms / refused %" in text
     assert "120 / 2.0" in text
     assert "at or below share (windowed): wait p95 ms / refused %" in text
@@ -108,7 +108,7 @@ def test_the_table_gives_each_readings_part_beyond_any_schedulers_reach() -> Non
     on["at_or_below_share"]["beyond_reach_fraction_max"] = 0.354
     on["at_or_below_share"]["windowed"]["beyond_reach_fraction"] = 0.0
     on["within_share"]["beyond_reach_fraction"] = math.nan
-    text = familyreport.text(familyreport.document({}, [result("v0", on)]))
+    text = document.text(document.document({}, [result("v0", on)]))
     assert "beyond reach % (run / window / send)" in text
     assert "35 / 0 / -" in text
 
@@ -117,9 +117,9 @@ def test_a_run_of_the_policy_alone_reports_without_a_pass_through() -> None:
     """`--policies on` (with `--reuse`): no pass-through run, no worst row for it."""
     alone = result("v0", figures(50.0, 0.0, 0.99))
     del alone["policy_off"]
-    doc = familyreport.document({}, [alone])
+    doc = document.document({}, [alone])
     assert set(doc["worst"]) == {"on"}
-    lines = familyreport.text(doc).splitlines()
+    lines = document.text(doc).splitlines()
     assert not any(line.split()[:2] in (["v0", "off"], ["WORST", "off"]) for line in lines)
     assert any(line.split()[:2] == ["v0", "on"] for line in lines)
 
@@ -130,5 +130,5 @@ def test_a_variant_is_judged_with_the_engines_shortest_step() -> None:
         "parameters": {"tenants": [{"name": "a", "weight": 1}], "batch": 8, "slowdown": None},
         "capacity": {"effective": {"rps": 1.0, "work": 1.0}},
     }
-    found = familyreport.basis(result, {"interactive": Slo(ttft_s=2.0)}, 30.0)
+    found = document.basis(result, {"interactive": Slo(ttft_s=2.0)}, 30.0)
     assert found.step_s == 0.008

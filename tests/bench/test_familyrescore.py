@@ -1,4 +1,4 @@
-"""`bench family --rescore`: a fabricated run folder, rescored, gives the figures computed
+"""`python -m bench.family --rescore`: a fabricated run folder, rescored, gives the figures computed
 directly from its records."""
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ import orjson
 import pytest
 import yaml
 
-from sluicegate.bench import family, familymetrics, familyreport, familyrescore, report, runreport
+from bench.family import document, metrics, rescore, variants
+from sluicegate.bench import report, runreport
 from sluicegate.bench.records import Attempt, Record
 from sluicegate.observability.metrics import GatewayMetrics
 from tests.bench.test_familymetrics import QUEUE_PAGE
 
-VARIANT = family.generate(1, 0)
+VARIANT = variants.generate(1, 0)
 DURATION_S = 8.0
 STALE = {
     "predictor": {"samples": 9.0, "p50_s": 9.0, "p95_s": 9.0, "source": "then"},
@@ -39,39 +40,39 @@ def records(policy: str) -> list[Record]:
                 attempts = (
                     Attempt(start, first + 1, 200, first_token_s=first, backend_prefill_s=0.05),
                 )
-            found.append(Record(tenant.name, family.LANE, i, True, start, attempts, 100 * k, 20))
+            found.append(Record(tenant.name, variants.LANE, i, True, start, attempts, 100 * k, 20))
     return found
 
 
 def exposition() -> str:
     metrics = GatewayMetrics()
     metrics.refused("chat", "overloaded", 503, 0.0008)
-    metrics.queue_waited("m", family.LANE, 0.3, 0.2, False)
+    metrics.queue_waited("m", variants.LANE, 0.3, 0.2, False)
     return metrics.exposition().decode() + QUEUE_PAGE
 
 
 def fabricate(out: Path, page: bool, stale: Mapping[str, Any] = STALE) -> dict[str, Any]:
     """A finished run's folder whose family.json holds stale figures; the fresh ones."""
     folder = out / VARIANT.name
-    scenario = family.scenario(VARIANT, 2.0, 1.0, DURATION_S, 20.0)
+    scenario = variants.scenario(VARIANT, 2.0, 1.0, DURATION_S, 20.0)
     folder.mkdir(parents=True)
     (folder / "scenario.yaml").write_text(yaml.safe_dump(scenario.model_dump(mode="json")))
     result: dict[str, Any] = {
         "variant": VARIANT.name,
         "description": VARIANT.describe(),
-        "parameters": familyreport.parameters(VARIANT),
+        "parameters": document.parameters(VARIANT),
         "capacity": {"effective": {"rps": 2.0, "work": 1.5}},
     }
-    basis = familyreport.basis(result, scenario.lanes, DURATION_S)
+    basis = document.basis(result, scenario.lanes, DURATION_S)
     fresh = {}
     for policy in ("on", "off"):
         run = folder / f"policy-{policy}"
         run.mkdir()
         runreport.write_records(run / "requests.jsonl", records(policy), scenario.lanes)
         if page and policy == "on":
-            (run / familyreport.GATEWAY_METRICS).write_text(exposition())
+            (run / document.GATEWAY_METRICS).write_text(exposition())
         gateway = exposition() if policy == "on" else None
-        fresh[policy] = familymetrics.figures(records(policy), basis, gateway)
+        fresh[policy] = metrics.figures(records(policy), basis, gateway)
         result[f"policy_{policy}"] = {"stale": True, **(stale if policy == "on" else {})}
     setup = {"seed": 1, "first": 0, "variants": 1, "duration_s": DURATION_S}
     old = {"config": setup, "created_utc": "then", "machine": {}, "variants": [result]}
@@ -87,7 +88,7 @@ def json_of(value: object) -> object:
 def test_a_rescore_recomputes_every_figure_from_the_runs_files(tmp_path: Path) -> None:
     fresh = fabricate(tmp_path, page=True)
     before = (tmp_path / "family.json").read_bytes()
-    assert familyrescore.rescore(tmp_path) == 0
+    assert rescore.rescore(tmp_path) == 0
     doc = orjson.loads((tmp_path / "family.json").read_bytes())
     (variant,) = doc["variants"]
     assert variant["policy_on"] == json_of(fresh["on"])
@@ -98,15 +99,15 @@ def test_a_rescore_recomputes_every_figure_from_the_runs_files(tmp_path: Path) -
     assert doc["worst"]["on"]["above_share_jain_windowed"] == json_of(
         fresh["on"]["above_share"]["jain_windowed"]
     )
-    assert (tmp_path / familyrescore.BEFORE).read_bytes() == before
+    assert (tmp_path / rescore.BEFORE).read_bytes() == before
     assert "within share at send" in (tmp_path / "family.txt").read_text()
 
 
 def test_without_the_gateways_page_a_rescore_keeps_the_gateways_figures(tmp_path: Path) -> None:
     fresh = fabricate(tmp_path, page=False)
-    assert familyrescore.rescore(tmp_path) == 0
+    assert rescore.rescore(tmp_path) == 0
     (variant,) = orjson.loads((tmp_path / "family.json").read_bytes())["variants"]
-    assert {key: variant["policy_on"][key] for key in familymetrics.GATEWAY_KEYS} == STALE
+    assert {key: variant["policy_on"][key] for key in metrics.GATEWAY_KEYS} == STALE
     assert variant["policy_on"]["within_share"] == json_of(fresh["on"]["within_share"])
 
 
@@ -116,7 +117,7 @@ def test_a_document_from_before_the_queue_was_counted_keeps_no_figure_for_it(
     newer = ("gateway_queue", "gateway_protected")
     older = {key: value for key, value in STALE.items() if key not in newer}
     fabricate(tmp_path, page=False, stale=older)
-    assert familyrescore.rescore(tmp_path) == 0
+    assert rescore.rescore(tmp_path) == 0
     doc = orjson.loads((tmp_path / "family.json").read_bytes())
     (variant,) = doc["variants"]
     assert variant["policy_on"]["gateway_queue"] is None
@@ -127,7 +128,7 @@ def test_a_document_from_before_the_queue_was_counted_keeps_no_figure_for_it(
 
 def test_a_document_missing_an_older_gateway_figure_is_not_rescored(tmp_path: Path) -> None:
     fabricate(tmp_path, page=False, stale={"gateway_queue": STALE["gateway_queue"]})
-    assert familyrescore.rescore(tmp_path) == 1
+    assert rescore.rescore(tmp_path) == 1
 
 
 def test_a_run_older_than_the_full_request_lines_is_not_rescored(
@@ -140,6 +141,6 @@ def test_a_run_older_than_the_full_request_lines_is_not_rescored(
         for attempt in line["attempts"]:
             del attempt["first_token_s"]
     lines.write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in old))
-    assert familyrescore.rescore(tmp_path) == 1
+    assert rescore.rescore(tmp_path) == 1
     assert "first_token_s" in capsys.readouterr().err
-    assert not (tmp_path / familyrescore.BEFORE).exists()
+    assert not (tmp_path / rescore.BEFORE).exists()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sluicegate.bench import shares
+from bench.family import shares
 from sluicegate.bench.records import Attempt, Record
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from sluicegate.bench import familyrun, overhead, refusal, runner
+from sluicegate.bench import overhead, refusal, runner
 
 SCENARIOS = {
     "overhead": (
@@ -12,10 +12,6 @@ SCENARIOS = {
         "latency and CPU the gateway adds in front of a zero-latency backend",
     ),
     "refusal": (refusal, "what a refusal at the gateway's boundary costs the client and gateway"),
-    "family": (
-        familyrun,
-        "seeded traffic variants against their measured capacity, policy on and off",
-    ),
     "run": (runner, "a scenario file's traffic against the gateway (policy on or off) or a URL"),
 }
 

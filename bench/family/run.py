@@ -1,4 +1,4 @@
-"""`sluicegate bench family`: seeded traffic variants, each measured against its own capacity.
+"""`python -m bench.family`: seeded traffic variants, each measured against its own capacity.
 
 For each variant, in the same run: its capacity (the simulator alone, see `capacity`), a
 second capacity under its slowdown if it has one, then its traffic through the gateway
@@ -25,19 +25,10 @@ import yaml
 from redis import Redis
 from redis.exceptions import RedisError
 
-from sluicegate.bench import (
-    capacity,
-    family,
-    familycompare,
-    familymetrics,
-    familyreport,
-    familyrescore,
-    page,
-    runreport,
-    summary,
-)
+from bench.family import capacity, compare, document, metrics, rescore, variants
+from bench.family.variants import Variant
+from sluicegate.bench import page, runreport, summary
 from sluicegate.bench.args import loop_factory, positive
-from sluicegate.bench.family import Variant
 from sluicegate.bench.loadgen import make_session
 from sluicegate.bench.procs import Child, ServiceError, service
 from sluicegate.bench.records import Record
@@ -142,15 +133,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """0 once every variant ran; 1 when a process failed."""
     if args.rescore is not None:
-        return familyrescore.rescore(args.rescore)
+        return rescore.rescore(args.rescore)
     if args.compare:
-        return familycompare.compare(args.compare)
+        return compare.compare(args.compare)
     sizes = QUICK if args.quick else FULL
     duration_s = args.duration or sizes["duration"]
     probe_s = args.probe or sizes["probe"]
     steps = int(args.steps or sizes["steps"])
     probe_requests = int(sizes["probe_requests"])
-    variants = [family.generate(args.seed, args.first + i) for i in range(args.variants)]
+    variants = [variants.generate(args.seed, args.first + i) for i in range(args.variants)]
     if args.print:
         for variant in variants:
             print(f"{variant.name}: {variant.describe()}")
@@ -201,11 +192,11 @@ def run(args: argparse.Namespace) -> int:
             for variant in variants:
                 print(f"bench family: {variant.name}: {variant.describe()}", file=sys.stderr)
                 results.append(runner.run(_variant(variant, sized, args.out / variant.name)))
-                familyreport.write(args.out, familyreport.document(setup, results))
+                document.write(args.out, document.document(setup, results))
     except (ServiceError, TargetError) as exc:
         print(f"bench family: {exc}", file=sys.stderr)
         return 1
-    print(familyreport.text(familyreport.document(setup, results)))
+    print(document.text(document.document(setup, results)))
     print(f"bench family: results in {args.out}", file=sys.stderr)
     return 0
 
@@ -260,7 +251,7 @@ async def _variant(variant: Variant, sizes: Sizes, out: Path) -> dict[str, Any]:
     result: dict[str, Any] = {
         "variant": variant.name,
         "description": variant.describe(),
-        "parameters": familyreport.parameters(variant),
+        "parameters": document.parameters(variant),
         "capacity": {"normal": capacity_json(normal), "slowed": capacity_json(slowed)},
     }
     if best is None:
@@ -269,7 +260,7 @@ async def _variant(variant: Variant, sizes: Sizes, out: Path) -> dict[str, Any]:
     slowdown_at_s = variant.slowdown_at * duration_s if variant.slowdown is not None else None
     effective = _effective(normal, slowed, slowdown_at_s, duration_s, _mean_cost_s(variant))
     result["capacity"]["effective"] = effective
-    scenario = family.scenario(
+    scenario = variants.scenario(
         variant, normal.rate_rps, best.service_s, duration_s, variant.timeout_s() + 5
     )
     gateway = scenario.gateway
@@ -277,7 +268,7 @@ async def _variant(variant: Variant, sizes: Sizes, out: Path) -> dict[str, Any]:
         gateway = with_setting(gateway, path, value)
     scenario = scenario.model_copy(update={"capacity_rps": effective["rps"], "gateway": gateway})
     _write_scenario(out / "scenario.yaml", scenario)
-    basis = familyreport.basis(result, scenario.lanes, duration_s)
+    basis = document.basis(result, scenario.lanes, duration_s)
     for policy in sizes.policies:
         run_scenario = scenario.model_copy(update={"policy": policy})
         serve_args: tuple[str, ...] = ()
@@ -287,7 +278,7 @@ async def _variant(variant: Variant, sizes: Sizes, out: Path) -> dict[str, Any]:
         records, exposition = await _through_gateway(
             run_scenario, out / f"policy-{policy}", serve_args
         )
-        result[f"policy_{policy}"] = familymetrics.figures(
+        result[f"policy_{policy}"] = metrics.figures(
             records, basis, exposition if policy == "on" else None
         )
     return result
@@ -312,7 +303,7 @@ async def _capacity(
         )
 
         async def measure(rate: float) -> capacity.Probe:
-            scenario = family.probe(variant, rate, sizes.probe_length_s(rate), drain_s)
+            scenario = variants.probe(variant, rate, sizes.probe_length_s(rate), drain_s)
             found = await _drive(scenario, target)
             return probe_of(rate, found.records, scenario, capacity.work(variant.engine()))
 
@@ -320,7 +311,7 @@ async def _capacity(
 
 
 def probe_of(
-    rate: float, records: Sequence[Record], scenario: Scenario, cost: familymetrics.Cost
+    rate: float, records: Sequence[Record], scenario: Scenario, cost: metrics.Cost
 ) -> capacity.Probe:
     lanes = scenario.lanes
     in_slo = sum(summary.meets(r, lanes[r.lane]) for r in records)
@@ -359,7 +350,7 @@ async def _through_gateway(
     }
     doc = runreport.document(scenario, found, setup)
     runreport.write(out, doc, found.records, scenario.lanes, page.html(doc, runreport.tables(doc)))
-    (out / familyreport.GATEWAY_METRICS).write_text(exposition)
+    (out / document.GATEWAY_METRICS).write_text(exposition)
     return found.records, exposition
 
 
@@ -465,7 +456,7 @@ def _write_scenario(path: Path, scenario: Scenario) -> None:
 
 def _scenario_file(scenario: Scenario) -> str:
     head = (
-        f"# {scenario.description}\n# Generated by `sluicegate bench family`; capacity_rps was "
+        f"# {scenario.description}\n# Generated by `python -m bench.family`; capacity_rps was "
         "measured in the same run. Replay alone:\n"
         "#   sluicegate bench run scenario.yaml --policy on|off\n"
     )

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from sluicegate.bench import shares
+from bench.family import shares
 from sluicegate.bench.records import Record
 from sluicegate.bench.scenario import Slo
 from sluicegate.bench.stats import jain, percentile
@@ -274,7 +274,7 @@ class Basis:
     weights: Mapping[str, float]
     cost: Cost
     capacity: Mapping[str, float]
-    """`rps` and `work` per second, over the run (`familyrun._effective`)."""
+    """`rps` and `work` per second, over the run (`run._effective`)."""
     batch: int
     """Sequences the backend runs at once: what tenants share at a request's send."""
     duration_s: float

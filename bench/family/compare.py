@@ -1,4 +1,4 @@
-"""`sluicegate bench family --compare ARM=DIR[,DIR...]`: the same variants run by several
+"""`python -m bench.family --compare ARM=DIR[,DIR...]`: the same variants run by several
 arms (gateway code or settings), each figure as its mean [min-max] over an arm's runs.
 
 One run per arm cannot tell arms apart: four runs of unchanged code on the same
@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from sluicegate.bench import familyreport
+from bench.family import document
 
 Run = Mapping[str, Any]
 
@@ -45,7 +45,7 @@ FIGURES: tuple[tuple[str, int, Callable[[Run], float | None]], ...] = (
     ("by the gateway: refused %", 1, lambda r: _percent(_protected(r, "refused_fraction"))),
     ("Jain above (run)", 3, lambda r: r["above_share"]["jain_served_of_share"]),
     ("Jain above (windowed)", 3, lambda r: r["above_share"]["jain_windowed"]),
-    ("queued, refused after %", 1, lambda r: _percent(familyreport.queued_unserved(r))),
+    ("queued, refused after %", 1, lambda r: _percent(document.queued_unserved(r))),
 )
 """Each figure's heading, its digits, and how it is read from a run's figures."""
 
@@ -60,7 +60,7 @@ def _windowed(run: Run) -> Mapping[str, Any]:
 
 def _protected(run: Run, figure: str) -> float | None:
     """None from a run whose gateway did not count the requests it judged within."""
-    found = familyreport.protected(run)
+    found = document.protected(run)
     return None if found is None else found[figure]
 
 
@@ -80,8 +80,8 @@ def runs_by_variant(documents: Sequence[Mapping[str, Any]]) -> dict[str, list[Ru
     """Each variant's policy-on figures over an arm's documents (variants that failed or
     ran without the policy are left out)."""
     found: dict[str, list[Run]] = {}
-    for document in documents:
-        for result in document["variants"]:
+    for each in documents:
+        for result in each["variants"]:
             if "policy_on" in result:
                 found.setdefault(result["variant"], []).append(result["policy_on"])
     return found
@@ -120,7 +120,7 @@ def compare(specs: Sequence[str]) -> int:
     try:
         arms = {
             name: runs_by_variant(
-                [orjson.loads((folder / familyreport.DOCUMENT).read_bytes()) for folder in folders]
+                [orjson.loads((folder / document.DOCUMENT).read_bytes()) for folder in folders]
             )
             for name, folders in parse(specs).items()
         }

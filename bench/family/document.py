@@ -9,7 +9,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sluicegate.bench import capacity, family, familymetrics, report
+from bench.family import capacity, metrics, variants
+from sluicegate.bench import report
 from sluicegate.bench.scenario import Slo
 
 DOCUMENT = "family.json"
@@ -19,7 +20,7 @@ GATEWAY_METRICS = "gateway-metrics.txt"
 figures (the predictor's error, refusal timing) from."""
 
 
-def parameters(variant: family.Variant) -> dict[str, Any]:
+def parameters(variant: variants.Variant) -> dict[str, Any]:
     return {
         "overload": variant.overload,
         "batch": variant.batch,
@@ -42,22 +43,20 @@ def parameters(variant: family.Variant) -> dict[str, Any]:
     }
 
 
-def basis(
-    result: Mapping[str, Any], lanes: Mapping[str, Slo], duration_s: float
-) -> familymetrics.Basis:
+def basis(result: Mapping[str, Any], lanes: Mapping[str, Slo], duration_s: float) -> metrics.Basis:
     """What a variant's runs are judged against, from what `family.json` says of it: the
     run and a rescore of it read the same."""
     found = result["parameters"]
     slowdown_at_s = None if found["slowdown"] is None else found["slowdown_at"] * duration_s
-    engine = family.engine(found["batch"])
-    return familymetrics.Basis(
+    engine = variants.engine(found["batch"])
+    return metrics.Basis(
         lanes=lanes,
         weights={t["name"]: float(t["weight"]) for t in found["tenants"]},
         cost=capacity.work(engine),
         capacity=result["capacity"]["effective"],
         batch=found["batch"],
         duration_s=duration_s,
-        promise_s=family.PROMISE_S,
+        promise_s=variants.PROMISE_S,
         slowdown_at_s=slowdown_at_s,
         step_s=engine.step_base_s * engine.time_scale,
     )
@@ -159,7 +158,7 @@ DEFINITIONS = {
     "of the run over the capacity's work per second (goodput %); the same count in "
     "requests/s over capacity in requests/s is goodput_rps_of_capacity",
     "admitted TTFT": "the successful attempt's own send to first token, p95",
-    "refusal p99": familymetrics.REFUSAL_SOURCE,
+    "refusal p99": metrics.REFUSAL_SOURCE,
     "demand": "work asked per second by a tenant's requests, served or not",
     "fair share": "max-min fair share by weight of the capacity's work per second (the "
     "capacity's rate x the expected work of the variant's requests) among tenants that "
@@ -213,10 +212,10 @@ DEFINITIONS = {
     "bounds that pause, its prefill again and the engine's slowest steps not counted), "
     "and how many answers stood still past the top lane's promise (every flow of the "
     "family is in it)",
-    "within share by the gateway": familymetrics.PROTECTED_SOURCE,
-    "predictor error": familymetrics.PREDICTOR_SOURCE,
-    "queued, refused after": familymetrics.QUEUE_SOURCE,
-    "refusal p99 (gateway)": familymetrics.GATEWAY_REFUSAL_SOURCE,
+    "within share by the gateway": metrics.PROTECTED_SOURCE,
+    "predictor error": metrics.PREDICTOR_SOURCE,
+    "queued, refused after": metrics.QUEUE_SOURCE,
+    "refusal p99 (gateway)": metrics.GATEWAY_REFUSAL_SOURCE,
 }
 
 
@@ -293,7 +292,7 @@ def text(doc: Mapping[str, Any]) -> str:
                 policy,
                 "",
                 _num(100 * w["goodput_of_capacity"], 1),
-                _num(w["admitted_ttft_p95_of_promise"] * family.PROMISE_S, 2),
+                _num(w["admitted_ttft_p95_of_promise"] * variants.PROMISE_S, 2),
                 _num(w["refusal_p99_ms"], 1),
                 _num(w["gateway_refusal_p99_ms"], 2),
                 _num(w["below_share_queue_wait_p95_ms"], 0),

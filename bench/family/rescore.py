@@ -1,4 +1,4 @@
-"""`sluicegate bench family --rescore DIR`: a finished run's figures again, from its files.
+"""`python -m bench.family --rescore DIR`: a finished run's figures again, from its files.
 
 Nothing runs. Each variant's records are read back from its runs' `requests.jsonl` and
 judged against what `family.json` says of the variant, so figures added after a run can
@@ -17,7 +17,8 @@ from typing import Any
 
 import orjson
 
-from sluicegate.bench import familymetrics, familyreport, runreport
+from bench.family import document, metrics
+from sluicegate.bench import runreport
 from sluicegate.bench.scenario import ScenarioError, load
 
 BEFORE = "family.before-rescore.json"
@@ -28,7 +29,7 @@ NEWER_GATEWAY_KEYS = frozenset({"gateway_queue", "gateway_protected"})
 def rescore(out: Path) -> int:
     """0 once `out`'s document is rewritten; 1 when a file it needs is missing or older
     than the figures need."""
-    path = out / familyreport.DOCUMENT
+    path = out / document.DOCUMENT
     try:
         old = orjson.loads(path.read_bytes())
         setup = old["config"]
@@ -40,14 +41,14 @@ def rescore(out: Path) -> int:
         print(f"bench family: cannot rescore {out}: no {exc} (older files; rerun)", file=sys.stderr)
         return 1
     shutil.copyfile(path, out / BEFORE)
-    doc = familyreport.document(setup, results)
+    doc = document.document(setup, results)
     doc |= {
         "rescored_utc": doc["created_utc"],
         "created_utc": old["created_utc"],
         "machine": old["machine"],
     }
-    familyreport.write(out, doc)
-    print(familyreport.text(doc))
+    document.write(out, doc)
+    print(document.text(doc))
     print(f"bench family: rescored {out} (the old document is {BEFORE})", file=sys.stderr)
     return 0
 
@@ -56,19 +57,19 @@ def _variant(result: Mapping[str, Any], folder: Path, duration_s: float) -> dict
     if "error" in result:
         return dict(result)
     lanes = load(folder / "scenario.yaml").lanes
-    basis = familyreport.basis(result, lanes, duration_s)
+    basis = document.basis(result, lanes, duration_s)
     rescored = dict(result)
     for policy in ("on", "off"):
         if f"policy_{policy}" not in result:
             continue
         run = folder / f"policy-{policy}"
         records = runreport.read_records(run / runreport.FILES["requests"])
-        page = run / familyreport.GATEWAY_METRICS
+        page = run / document.GATEWAY_METRICS
         exposition = page.read_text() if policy == "on" and page.exists() else None
-        figures = familymetrics.figures(records, basis, exposition)
+        figures = metrics.figures(records, basis, exposition)
         if policy == "on" and exposition is None:
             kept = result["policy_on"]
-            for key in familymetrics.GATEWAY_KEYS:
+            for key in metrics.GATEWAY_KEYS:
                 figures[key] = kept.get(key) if key in NEWER_GATEWAY_KEYS else kept[key]
         rescored[f"policy_{policy}"] = figures
     return rescored
