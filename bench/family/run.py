@@ -141,9 +141,9 @@ def run(args: argparse.Namespace) -> int:
     probe_s = args.probe or sizes["probe"]
     steps = int(args.steps or sizes["steps"])
     probe_requests = int(sizes["probe_requests"])
-    variants = [variants.generate(args.seed, args.first + i) for i in range(args.variants)]
+    drawn = [variants.generate(args.seed, args.first + i) for i in range(args.variants)]
     if args.print:
-        for variant in variants:
+        for variant in drawn:
             print(f"{variant.name}: {variant.describe()}")
         return 0
     setup = {
@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
     results: list[dict[str, Any]] = []
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            for variant in variants:
+            for variant in drawn:
                 print(f"bench family: {variant.name}: {variant.describe()}", file=sys.stderr)
                 results.append(runner.run(_variant(variant, sized, args.out / variant.name)))
                 document.write(args.out, document.document(setup, results))

@@ -192,14 +192,14 @@ def test_quantiles_of_a_histogram_are_interpolated_within_their_bucket() -> None
 
 
 def test_the_gateways_own_figures_are_read_from_its_metrics_page() -> None:
-    metrics = GatewayMetrics()
+    gateway = GatewayMetrics()
     for _ in range(99):
-        metrics.refused("chat", "overloaded", 503, 0.0008)
-    metrics.refused("chat", "queue_full", 503, 0.2)
-    metrics.refused("chat", "expired", 503, 9.0)
+        gateway.refused("chat", "overloaded", 503, 0.0008)
+    gateway.refused("chat", "queue_full", 503, 0.2)
+    gateway.refused("chat", "expired", 503, 9.0)
     for real, predicted in ((0.3, 0.2), (0.5, None), (1.0, 1.2)):
-        metrics.queue_waited("m", "interactive", real, predicted, False)
-    found = metrics.gateway_figures(metrics.exposition().decode())
+        gateway.queue_waited("m", "interactive", real, predicted, False)
+    found = metrics.gateway_figures(gateway.exposition().decode())
     assert found["refusals"] == 100, "the expiry waited: not a refusal at once"
     assert 0.5 <= found["refusal_p99_ms"] <= 1.0
     predictor = found["predictor"]
@@ -220,11 +220,11 @@ def test_the_requests_the_gateway_judged_within_their_share_are_read_from_its_co
     """40 judged within, 2 refused (one expired, one overloaded); of the 38 dispatched,
     36 at once and 2 after 0.3 s: the p95 falls in the bucket up to 0.5 s. A page
     without the counts (an older gateway's) gives no figure."""
-    metrics = GatewayMetrics()
+    gateway = GatewayMetrics()
     for wait_s in [0.0] * 36 + [0.3] * 2:
-        metrics.queue_waited("m", "interactive", wait_s, None, True)
-    metrics.queue_waited("m", "interactive", 9.0, None, False)
-    page = metrics.exposition().decode()
+        gateway.queue_waited("m", "interactive", wait_s, None, True)
+    gateway.queue_waited("m", "interactive", 9.0, None, False)
+    page = gateway.exposition().decode()
     found = metrics.gateway_figures(page + PROTECTED_PAGE)["protected"]
     assert found["requests"] == 40
     assert found["refused_fraction"] == pytest.approx(0.05)
