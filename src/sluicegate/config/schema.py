@@ -192,7 +192,7 @@ class SchedulingConfig(Strict):
         ge=0,
         le=0.5,
         description="most of the batch kept free for top-lane requests within their "
-        "tenant's share; 0: none (fully work-conserving)",
+        "tenant's share, where the top lane sets ttft_slo_s; 0: none (fully work-conserving)",
     )
     overload: OverloadConfig = OverloadConfig()
     disable: list[Mechanism] = Field(

@@ -95,7 +95,9 @@ class EngineUnit:
 
 class Learner(Quiet):
     """Learns the engine's unit from every stream that ends (`EngineUnit`), and, where a
-    lane's fair order weighs slots by their cost, what each request's slot cost."""
+    lane's fair order weighs slots by their cost, what each request's slot cost. It
+    listens only beside a prefill budget: without one no prompt is counted, no price is
+    learnt, and a work estimate needs one."""
 
     def __init__(
         self,
@@ -105,8 +107,10 @@ class Learner(Quiet):
         prefill_rate: Callable[[Target], float | None],
         prompts_meanwhile: Callable[[Attempt, Target], int | None],
         costs: Callable[[Lane], SlotCosts | None],
+        listening: bool = True,
     ) -> None:
         self.unit = EngineUnit()
+        self.listening = listening
         self._targets = targets
         self._clock = clock
         self._in_flight = in_flight

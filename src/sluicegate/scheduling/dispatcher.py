@@ -89,7 +89,7 @@ class Dispatcher:
         predicts = Mechanism.PREDICTOR not in disabled
         self.rule = QueueRule(self.lanes, batch, clock, budgets.rates, predicts)
         judges = Mechanism.WITHIN_SHARE not in disabled
-        reserve = reserve if judges else 0.0
+        reserve = reserve if judges and top.ttft_slo_s is not None else 0.0
         self.spares = SpareSlots(self.targets, reserve, clock, lambda: self.rule.predictor.gap_s)
         self.learner = Learner(
             len(self.targets),
@@ -98,6 +98,7 @@ class Dispatcher:
             budgets.rate,
             budgets.prompts_meanwhile,
             lambda lane: slot_costs.get(lane.name),
+            budgets.listening,
         )
         resumable = any(target.deployment.resumable for target in self.targets)
         hands_over = resumable and judges and Mechanism.HANDOVER not in disabled

@@ -45,6 +45,9 @@ from tests.support.clock import FakeClock
 from tests.support.fakes import YieldingStore
 
 INTERACTIVE = Lane("interactive", priority=100, queue_size=100, max_queue_age_s=5)
+GUARDED = dataclasses.replace(INTERACTIVE, ttft_slo_s=60.0)
+"""The interactive lane with a promise no test here comes near: a reserve is kept only
+for a lane that promises a first token."""
 HEAVY = Lane("heavy", priority=50, queue_size=100, max_queue_age_s=5, starvation_s=0.05)
 BACKGROUND = Lane("background", priority=0, queue_size=100, max_queue_age_s=5, max_share=0.5)
 SHORT = Lane("short", priority=100, queue_size=10, max_queue_age_s=0.05)
@@ -651,14 +654,15 @@ def reserving(dispatcher: Dispatcher, slots: int) -> None:
 
 
 async def big_backlog_beside_small(
-    dispatcher: Dispatcher, clock: FakeClock
+    dispatcher: Dispatcher, clock: FakeClock, lane: Lane = GUARDED
 ) -> tuple[list[Attempt], list[asyncio.Task[Attempt]]]:
     """On a pool of 8: `small` holds 1 and `big` 6, one of big's 7 having ended, with 3
     more of big's queued beyond its share."""
-    held = [await granted(dispatcher, attempt(clock, tenant="small"))]
-    held += [await granted(dispatcher, attempt(clock, tenant="big")) for _ in range(7)]
+    held = [await granted(dispatcher, attempt(clock, tenant="small", lane=lane))]
+    held += [await granted(dispatcher, attempt(clock, tenant="big", lane=lane)) for _ in range(7)]
     backlog = [
-        asyncio.create_task(granted(dispatcher, attempt(clock, tenant="big"))) for _ in range(3)
+        asyncio.create_task(granted(dispatcher, attempt(clock, tenant="big", lane=lane)))
+        for _ in range(3)
     ]
     await settle()
     await dispatcher.release(held.pop())
@@ -673,14 +677,16 @@ async def test_work_beyond_its_share_leaves_the_reserve_to_a_tenant_within_its_o
     reserve's 2 are free; `small`'s next request then goes at once. Without the reserve
     big's backlog would take the slot and small would queue behind it."""
     pool = Pool(PoolSpec("p", 8), leases(clock))
-    dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
+    dispatcher = dispatcher_for([GUARDED], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
         if reserve:
             reserving(dispatcher, 2)
         _, backlog = await big_backlog_beside_small(dispatcher, clock)
         assert sum(task.done() for task in backlog) == (0 if reserve else 1)
-        small = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="small")))
+        small = asyncio.create_task(
+            granted(dispatcher, attempt(clock, tenant="small", lane=GUARDED))
+        )
         await settle()
         assert small.done() is reserve
         for task in (*backlog, small):
@@ -689,9 +695,25 @@ async def test_work_beyond_its_share_leaves_the_reserve_to_a_tenant_within_its_o
         runner.cancel()
 
 
+async def test_no_reserve_is_kept_in_a_lane_that_promises_no_first_token(clock):
+    """The traffic above in a lane without `ttft_slo_s`: nothing is promised, so no slot
+    is kept free, and big's backlog takes the slot that frees."""
+    pool = Pool(PoolSpec("p", 8), leases(clock))
+    dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        reserving(dispatcher, 0)
+        _, backlog = await big_backlog_beside_small(dispatcher, clock, INTERACTIVE)
+        assert sum(task.done() for task in backlog) == 1
+        for task in backlog:
+            task.cancel()
+    finally:
+        runner.cancel()
+
+
 async def test_a_lower_lane_never_takes_the_reserve(clock):
     pool = Pool(PoolSpec("p", 8), leases(clock))
-    dispatcher = dispatcher_for([INTERACTIVE, HEAVY], pool, clock)
+    dispatcher = dispatcher_for([GUARDED, HEAVY], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
         reserving(dispatcher, 2)
@@ -700,7 +722,7 @@ async def test_a_lower_lane_never_takes_the_reserve(clock):
         heavy = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="x", lane=HEAVY)))
         await settle()
         assert not heavy.done()
-        await granted(dispatcher, attempt(clock, tenant="x"))
+        await granted(dispatcher, attempt(clock, tenant="x", lane=GUARDED))
         assert pool.counters.active == 7
         heavy.cancel()
     finally:
@@ -752,17 +774,21 @@ async def test_a_request_within_its_share_passes_a_backlog_beyond_theirs(clock):
     goes before big's when a slot frees."""
     pool = Pool(PoolSpec("p", 8), leases(clock))
     target = Target(DEPLOYMENT, (pool,), Gate(), Breaker(BreakerPolicy(), clock))
-    dispatcher = Dispatcher("m", [INTERACTIVE], [target], lambda lane: RoundRobin(), clock)
+    dispatcher = Dispatcher("m", [GUARDED], [target], lambda lane: RoundRobin(), clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
         reserving(dispatcher, 2)
         held, backlog = await big_backlog_beside_small(dispatcher, clock)
         assert not any(task.done() for task in backlog)
-        passing = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="small")))
+        passing = asyncio.create_task(
+            granted(dispatcher, attempt(clock, tenant="small", lane=GUARDED))
+        )
         await settle()
         assert passing.done()
         held.append(passing.result())
-        queued = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="small")))
+        queued = asyncio.create_task(
+            granted(dispatcher, attempt(clock, tenant="small", lane=GUARDED))
+        )
         await settle()
         assert not queued.done()
         await dispatcher.release(held.pop(1))
@@ -850,6 +876,30 @@ async def test_a_stream_whose_first_token_was_not_counted_teaches_the_unit_nothi
         unheard.completion_tokens = 11
         await dispatcher.release(unheard)
         assert dispatcher.view().decode_s_per_token is None
+    finally:
+        runner.cancel()
+
+
+@pytest.mark.parametrize(("lane", "learnt"), [(PROMISED, 0.1), (INTERACTIVE, None)])
+async def test_the_engines_unit_is_learnt_only_beside_a_prefill_budget(clock, lane, learnt):
+    """The stream `learn_engine_unit` sends, in a lane with a promise and in one without:
+    without a promise there is no prefill budget, no price is learnt, and a work estimate
+    needs one, so nothing is learnt at all."""
+    dispatcher = dispatcher_for([lane], Pool(PoolSpec("p", 4), leases(clock)), clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        stream = Attempt(call(clock, lane=lane)._replace(stream=True))
+        await granted(dispatcher, stream)
+        clock.advance(0.1)
+        stream.first_byte_s = clock.now()
+        dispatcher.first_token(stream, 0.1)
+        clock.advance(1.0)
+        stream.completion_tokens = 11
+        await dispatcher.release(stream)
+        if learnt is None:
+            assert dispatcher.view().decode_s_per_token is None
+        else:
+            assert dispatcher.view().decode_s_per_token == pytest.approx(learnt)
     finally:
         runner.cancel()
 
@@ -1003,16 +1053,20 @@ async def test_a_retry_its_caller_announces_never_takes_the_reserve(clock):
     """`small` is within its share, but this request is its caller's second attempt:
     its demand was judged when it first came, so it waits behind the reserve."""
     pool = Pool(PoolSpec("p", 8), leases(clock))
-    dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
+    dispatcher = dispatcher_for([GUARDED], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
         reserving(dispatcher, 2)
-        held = [await granted(dispatcher, attempt(clock, tenant="big")) for _ in range(6)]
-        retry = Attempt(call(clock, tenant="small")._replace(client_retries=1))
+        held = [
+            await granted(dispatcher, attempt(clock, tenant="big", lane=GUARDED)) for _ in range(6)
+        ]
+        retry = Attempt(call(clock, tenant="small", lane=GUARDED)._replace(client_retries=1))
         waiting = asyncio.create_task(granted(dispatcher, retry))
         await settle()
         assert not waiting.done()
-        fresh = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="small")))
+        fresh = asyncio.create_task(
+            granted(dispatcher, attempt(clock, tenant="small", lane=GUARDED))
+        )
         await settle()
         assert fresh.done()
         for task in (waiting, fresh):
@@ -1088,7 +1142,7 @@ async def test_the_reserve_is_split_between_deployments_by_their_capacity(clock)
     share gets 6 of the 8 slots (taking 2 from each pool would leave it 4)."""
     targets = deployments_a_and_b(MemoryLimitStore(clock), clock, 4)
     bulk = Lane("bulk")
-    lanes = [INTERACTIVE, bulk]
+    lanes = [GUARDED, bulk]
     dispatcher = Dispatcher("m", lanes, targets, lambda lane: VirtualTokenCounter(), clock)
     reserving(dispatcher, 2)
     held = []
@@ -1956,21 +2010,25 @@ async def test_the_rest_of_an_answer_in_a_paused_lane_still_goes(clock):
 async def test_the_rest_of_an_answer_may_take_the_slots_kept_for_requests_within_a_share(clock):
     """With one of four slots kept free (the reserve) and three held, a request that may
     not take it (a retry its caller announces) waits, the rest of an answer goes: at
-    once, and, queued behind a full pool, when a slot frees into the reserve."""
+    once, and, queued behind a full pool, when a slot frees into the reserve. No prefill
+    budget: the rests hold their prompts here without a first token."""
     pool = Pool(PoolSpec("p", 4), leases(clock))
-    dispatcher = dispatcher_for([INTERACTIVE], pool, clock, deployment=RESUMABLE)
+    unbudgeted = frozenset({Mechanism.PREFILL_BUDGET})
+    dispatcher = dispatcher_for([GUARDED], pool, clock, deployment=RESUMABLE, disabled=unbudgeted)
     runner = asyncio.create_task(dispatcher.run())
     try:
-        held = [await granted(dispatcher, attempt(clock, tenant="x")) for _ in range(3)]
+        held = [
+            await granted(dispatcher, attempt(clock, tenant="x", lane=GUARDED)) for _ in range(3)
+        ]
         reserving(dispatcher, 1)
-        retried = Attempt(call(clock, tenant="x")._replace(client_retries=1))
+        retried = Attempt(call(clock, tenant="x", lane=GUARDED)._replace(client_retries=1))
         fresh = asyncio.create_task(granted(dispatcher, retried))
         await settle()
         assert not fresh.done()
         fresh.cancel()
-        rest = Attempt(call(clock, tenant="x")._replace(stream=True, resumed=True))
+        rest = Attempt(call(clock, tenant="x", lane=GUARDED)._replace(stream=True, resumed=True))
         held.append(await granted(dispatcher, rest))
-        later = Attempt(call(clock, tenant="x")._replace(stream=True, resumed=True))
+        later = Attempt(call(clock, tenant="x", lane=GUARDED)._replace(stream=True, resumed=True))
         queued = asyncio.create_task(granted(dispatcher, later))
         await settle()
         assert not queued.done()
