@@ -3,7 +3,7 @@ arms (gateway code or settings), each figure as its mean [min-max] over an arm's
 
 One run per arm cannot tell arms apart: four runs of unchanged code on the same
 capacity spread from 18.5 to 28.8 % in one class's refusals (docs/benchmarks.md, the
-ninth step). So an arm gets several runs (`--reuse` of one capacity run, repeated) and
+traffic family's "Noise"). So an arm gets several runs (`--reuse` of one capacity run, repeated) and
 is read by its spread, side by side with the others. Nothing runs here.
 """
 
