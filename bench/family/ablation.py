@@ -45,6 +45,8 @@ FIGURES = (
 )
 KEEP_IN = 3
 """Variants (of six) in which some figure must be worse for a mechanism to stay."""
+PROMISE_S = 2.0
+"""The README's top-lane promise (`ttft_slo_s`) the family runs with."""
 
 
 def worse(figure: Figure, on: Sequence[float | None], off: float | None) -> bool:
@@ -93,6 +95,17 @@ def _cell(figure: Figure, run: Run | None) -> str:
     return "-" if value is None else f"{value:.{figure.digits}f}"
 
 
+MISSED = f"worst admitted TTFT p95 past the {PROMISE_S:g} s promise (variants past it)"
+
+
+def missed(runs: Mapping[str, Run]) -> str:
+    """How far an arm misses the promise: its worst variant's admitted TTFT p95 beyond
+    `PROMISE_S` (0 when none is beyond), and in how many variants it is."""
+    p95s = [p95 for run in runs.values() if (p95 := run["admitted_ttft_p95_s"]) is not None]
+    past = [p95 - PROMISE_S for p95 in p95s if p95 > PROMISE_S]
+    return f"{max(past, default=0.0):+.2f} s ({len(past)} of {len(p95s)})"
+
+
 def table(on: Sequence[Mapping[str, Run]], arms: Mapping[str, Mapping[str, Run]]) -> str:
     """Markdown: per variant and arm the four figures, each off arm's worse figures
     marked with `*`, then each arm's verdict."""
@@ -109,11 +122,18 @@ def table(on: Sequence[Mapping[str, Run]], arms: Mapping[str, Mapping[str, Run]]
                 _cell(figure, run) + ("*" if figure.name in marked else "") for figure in FIGURES
             ]
             lines.append("| " + " | ".join([variant, label, *cells]) + " |")
-    lines += ["", "| mechanism | variants worse without it | verdict |", "|---|---|---|"]
+    lines += [
+        "",
+        f"| mechanism | variants worse without it | verdict | {MISSED} |",
+        "|---|---|---|---|",
+    ]
+    for i, each in enumerate(on):
+        lines.append(f"| all on #{i + 1} | | | {missed(each)} |")
     for arm, verdict in verdicts.items():
         count = sum(bool(figures) for figures in verdict.worse_in.values())
+        kept = "kept" if verdict.kept else "goes"
         lines.append(
-            f"| {arm} | {count} of {len(verdict.worse_in)} | {'kept' if verdict.kept else 'goes'} |"
+            f"| {arm} | {count} of {len(verdict.worse_in)} | {kept} | {missed(arms[arm])} |"
         )
     return "\n".join(lines)
 

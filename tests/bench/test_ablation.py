@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.family.ablation import FIGURES, judge, table, worse
+from bench.family.ablation import FIGURES, judge, missed, table, worse
 
 GOODPUT, TTFT, REFUSAL, JAIN = FIGURES
 
@@ -45,6 +45,12 @@ def test_a_mechanism_stays_when_worse_without_it_in_three_variants():
     assert judge("three", on, three).kept
     assert not judge("two", on, two).kept
     shown = table(on, {"three": three, "two": two})
-    assert "| three | 3 of 6 | kept |" in shown
-    assert "| two | 2 of 6 | goes |" in shown
+    assert "| three | 3 of 6 | kept | +0.00 s (0 of 6) |" in shown
+    assert "| two | 2 of 6 | goes | +0.00 s (0 of 6) |" in shown
     assert "| v0 | three off | 70.0* |" in shown
+
+
+def test_an_arm_misses_the_promise_by_its_worst_variant_beyond_it():
+    runs = {"v0": run(80, ttft=2.5), "v1": run(80, ttft=2.1), "v2": run(80, ttft=1.0)}
+    runs["v3"] = {**run(80), "admitted_ttft_p95_s": None}
+    assert missed(runs) == "+0.50 s (2 of 3)"
