@@ -280,7 +280,6 @@ class Mechanism(enum.StrEnum):
     PREFILL_BUDGET = "prefill_budget"
     PREDICTOR = "predictor"
     """Admission by predicted time to first token, and CoDel shedding."""
-    SLOT_COST = "slot_cost"
     WITHIN_SHARE = "within_share"
     """The within-share verdict; without it nobody is within, so nothing is reserved
     for them and no stream hands its slot over."""

@@ -131,14 +131,6 @@ class CapacityCollector(Collector):
             "Each tenant's weighted service counter in the fair scheduler (tokens).",
             labels=[*labels, "tenant"],
         )
-        slot_cost = GaugeMetricFamily(
-            "sluicegate_tenant_slot_cost",
-            "What a second of a tenant's engine slot costs the engine, relative to the "
-            "average tenant's, as learnt from its requests that ended: its requests in "
-            "flight count by it in the fair shares (a tenant at 0.5 holds twice the slots "
-            "for its weight).",
-            labels=[*labels, "tenant"],
-        )
         yield_rate = GaugeMetricFamily(
             "sluicegate_yield_rate_limit",
             "Dispatches per second allowed to the lanes below the top lane while they yield "
@@ -219,11 +211,9 @@ class CapacityCollector(Collector):
                 tail.add_metric(key, lane.wait_tail)
                 for tenant, counter in lane.service.items():
                     service.add_metric([*key, tenant], counter)
-                for tenant, cost in lane.slot_costs.items():
-                    slot_cost.add_metric([*key, tenant], cost)
         yield from (depth, oldest, dispatched, queue_dispatched, expired, shed, unavailable)
         yield from (abandoned, preempted, correction, tail)
-        yield from (service, slot_cost, yield_rate, yield_cuts, reserved, protected)
+        yield from (service, yield_rate, yield_cuts, reserved, protected)
         yield from (protected_refused, placements, index_blocks, hit_ratio)
 
     def _gate_families(self) -> Iterator[Metric]:

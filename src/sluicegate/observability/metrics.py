@@ -580,7 +580,6 @@ TAKES_MAX = frozenset(
         "sluicegate_queue_wait_tail",
         "sluicegate_reserved_slots",
         "sluicegate_tenant_service",
-        "sluicegate_tenant_slot_cost",
         "sluicegate_overload_state",
         "sluicegate_overload_pressure",
         "sluicegate_dispatch_gate",

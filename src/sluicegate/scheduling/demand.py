@@ -23,10 +23,8 @@ import math
 from collections.abc import Callable
 
 from sluicegate.core.clock import Clock
-from sluicegate.core.types import Lane
 from sluicegate.scheduling.attempt import Attempt, Target
 from sluicegate.scheduling.plugin import Quiet
-from sluicegate.scheduling.slotcost import SlotCosts
 
 SMOOTHING = 0.1
 """Weight of the newest stream in the sums the prices are read from."""
@@ -94,10 +92,9 @@ class EngineUnit:
 
 
 class Learner(Quiet):
-    """Learns the engine's unit from every stream that ends (`EngineUnit`), and, where a
-    lane's fair order weighs slots by their cost, what each request's slot cost. It
-    listens only beside a prefill budget: without one no prompt is counted, no price is
-    learnt, and a work estimate needs one."""
+    """Learns the engine's unit from every stream that ends (`EngineUnit`). It listens
+    only beside a prefill budget: without one no prompt is counted, no price is learnt,
+    and a work estimate needs one."""
 
     def __init__(
         self,
@@ -106,7 +103,6 @@ class Learner(Quiet):
         in_flight: Callable[[], int],
         prefill_rate: Callable[[Target], float | None],
         prompts_meanwhile: Callable[[Attempt, Target], int | None],
-        costs: Callable[[Lane], SlotCosts | None],
         listening: bool = True,
     ) -> None:
         self.unit = EngineUnit()
@@ -116,31 +112,20 @@ class Learner(Quiet):
         self._in_flight = in_flight
         self._prefill_rate = prefill_rate
         self._prompts_meanwhile = prompts_meanwhile
-        self.costs = costs
-        """What a slot of each tenant costs in a lane, where its fair order weighs them."""
 
     def ended(self, attempt: Attempt) -> None:
-        """The rest of a handed-over answer held its slot for a prompt that was mostly
-        its own answer so far: what its slot held says nothing of its tenant's work."""
-        target, call, now = attempt.target, attempt.call, self._clock.now()
+        target, first_s, tokens = attempt.target, attempt.first_byte_s, attempt.completion_tokens
         assert target is not None
-        assert attempt.dispatched_s is not None
-        rate = self._prefill_rate(target)
-        first_s, tokens = attempt.first_byte_s, attempt.completion_tokens
-        if call.stream and first_s is not None and tokens:
-            prompts = self._prompts_meanwhile(attempt, target)
-            if prompts is not None:
-                self.unit.streamed(
-                    tokens,
-                    now - first_s,
-                    prompts,
-                    math.ceil(self._in_flight() / self._targets),
-                    1.0 / rate if rate else None,
-                )
-        costs = self.costs(attempt.lane)
-        produced = attempt.produced()
-        if costs is None or produced is None or call.resumed:
+        if not attempt.call.stream or first_s is None or not tokens:
             return
-        work_s = self.unit.work_s(call.prompt_tokens, produced, rate)
-        if work_s is not None:
-            costs.held(call.tenant.name, work_s, now - attempt.dispatched_s)
+        prompts = self._prompts_meanwhile(attempt, target)
+        if prompts is None:
+            return
+        rate = self._prefill_rate(target)
+        self.unit.streamed(
+            tokens,
+            self._clock.now() - first_s,
+            prompts,
+            math.ceil(self._in_flight() / self._targets),
+            1.0 / rate if rate else None,
+        )

@@ -29,7 +29,7 @@ from sluicegate.core.types import Lane, Mechanism
 from sluicegate.scheduling.attempt import Attempt, Target
 from sluicegate.scheduling.checks import default_checks
 from sluicegate.scheduling.demand import Learner
-from sluicegate.scheduling.fairness import Fairness, WeighsSlots
+from sluicegate.scheduling.fairness import Fairness
 from sluicegate.scheduling.handover import Giver, HandOver, Rests
 from sluicegate.scheduling.pacing import Pacing
 from sluicegate.scheduling.placement import Placement
@@ -72,11 +72,6 @@ class Dispatcher:
         self.clock = clock
         fair = {lane.name: fairness(lane) for lane in self.lanes}
         self.queues = {lane.name: LaneQueue(lane, fair[lane.name]) for lane in self.lanes}
-        slot_costs = {
-            name: f.costs
-            for name, f in fair.items()
-            if isinstance(f, WeighsSlots) and Mechanism.SLOT_COST not in disabled
-        }
         self._paused = paused
         self.routing = Routing(self.targets, placement or RoundRobin())
         self._kicked = asyncio.Event()
@@ -97,7 +92,6 @@ class Dispatcher:
             self.stats.in_flight,
             budgets.rate,
             budgets.prompts_meanwhile,
-            lambda lane: slot_costs.get(lane.name),
             budgets.listening,
         )
         resumable = any(target.deployment.resumable for target in self.targets)

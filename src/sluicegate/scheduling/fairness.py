@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from typing import Protocol, runtime_checkable
-
-from sluicegate.scheduling.slotcost import SlotCosts
+from typing import Protocol
 
 ROUNDING = 1e-9
 """Slack for float products meant to be whole (2/3 x 3 is not quite 2)."""
@@ -72,14 +70,6 @@ class Shares(Protocol):
 class Fairness(FairnessPolicy, Shares, Protocol):
     """A lane's fairness: its fair order, and the share verdict over the counts that
     order keeps."""
-
-
-@runtime_checkable
-class WeighsSlots(Protocol):
-    """A policy that counts a flow's requests in flight by what its slot costs the
-    engine, told as its requests end (`costs`): sharing the engine's time, not slots."""
-
-    costs: SlotCosts
 
 
 def max_min_level(
@@ -164,13 +154,11 @@ class RoundRobin:
 
 
 class VirtualTokenCounter:
-    """Serve the backlogged flow using the least of the engine in flight for its weight,
-    and of those the one that has received the least weighted service.
+    """Serve the backlogged flow with the fewest requests in flight for its weight, and
+    of those the one that has received the least weighted service.
 
-    The first key makes the allocation of the engine's time max-min fair: a flow's
-    requests in flight count by what a slot of it costs the engine (`SlotCosts`), so a
-    flow using less than its weight's share (a small closed loop, a tenant that just
-    arrived, one whose short prompts leave its slots to shared decode steps) goes
+    The first key makes the allocation of the batch's slots max-min fair: a flow using
+    less than its weight's share (a small closed loop, a tenant that just arrived) goes
     before every flow using more, whatever their counters, and is never queued behind
     one above its share. The second is the
     Virtual Token Counter (Sheng et al., OSDI 2024): service is prompt tokens x
@@ -193,8 +181,6 @@ class VirtualTokenCounter:
         self.counters: dict[str, float] = {}
         self._backlog: dict[str, None] = {}
         self._in_flight: dict[str, int] = {}
-        self.costs = SlotCosts()
-        """What a slot of each flow costs the engine, learnt as its requests end."""
 
     def backlogged(self, flow: str) -> None:
         if flow in self._backlog:
@@ -218,17 +204,16 @@ class VirtualTokenCounter:
         return min(flows, key=self._order, default=None)
 
     def _order(self, flow: str) -> tuple[float, float]:
-        return self._in_flight.get(flow, 0) / self._slot_weight(flow), self.counters[flow]
+        return self._in_flight.get(flow, 0) / self._weight(flow), self.counters[flow]
 
-    def _slot_weight(self, flow: str) -> float:
-        """`flow`'s weight in slots: its weight over what its slot costs the engine."""
-        return self._weights.get(flow, 1.0) / self.costs.relative(flow)
+    def _weight(self, flow: str) -> float:
+        return self._weights.get(flow, 1.0)
 
     def in_flight(self, flow: str, change: int) -> None:
         adjust(self._in_flight, flow, change)
 
     def within_share(self, flow: str, queued: Callable[[str], int], capacity: float) -> bool:
-        in_flight, weights = self._in_flight, self._slot_weight
+        in_flight, weights = self._in_flight, self._weight
         return comes_within_share(flow, in_flight, weights, self._backlog, queued, capacity)
 
     def charge(self, flow: str, prompt_tokens: float, output_tokens: float) -> None:
@@ -237,11 +222,11 @@ class VirtualTokenCounter:
 
     def turns_before(self, flow: str, mine: int, other: str, queued: int) -> int:
         """The newcomer goes once `flow` holds `mine` more in flight; until then `other`
-        is picked while its in-flight count per slot weight stays at or below `flow`'s
+        is picked while its in-flight count per weight stays at or below `flow`'s
         (ties counted against the newcomer: a prediction may err long, not short). The
         requests waiting are taken to cost alike, so the counters' order is that of the
         in-flight counts."""
-        weight, in_flight = self._slot_weight, self._in_flight
+        weight, in_flight = self._weight, self._in_flight
         other_weight = weight(other)
         level = (in_flight.get(flow, 0) + mine) / weight(flow)
         room = level * other_weight - in_flight.get(other, 0)

@@ -105,7 +105,7 @@ class FleetVirtualTokenCounter(VirtualTokenCounter):
         if not elsewhere or self._clock.now() >= self._fresh_until:
             return super().within_share(flow, queued, capacity)
         fleet = _summed(elsewhere, self._in_flight)
-        weights = self._slot_weight
+        weights = self._weight
         return comes_within_share(flow, fleet, weights, self._backlog, queued, capacity)
 
     def charge(self, flow: str, prompt_tokens: float, output_tokens: float) -> None:

@@ -30,9 +30,6 @@ class LaneView:
     expired: int
     service: Mapping[str, float]
     """Each tenant's service counter in the lane's fair order."""
-    slot_costs: Mapping[str, float]
-    """What a slot of each tenant seen costs the engine, relative to the average tenant's:
-    its requests in flight count by it in the lane's fair shares."""
     shed: int
     unavailable: int
     abandoned: int
@@ -124,7 +121,6 @@ def lane_view(d: Dispatcher, name: str) -> LaneView:
     queue, stats = d.queues[name], d.stats.lanes[name]
     oldest = queue.oldest_enqueued_s()
     forecast = d.rule.forecast(name)
-    costs = d.learner.costs(queue.lane)
     exits = stats.exits
     return LaneView(
         name=name,
@@ -135,7 +131,6 @@ def lane_view(d: Dispatcher, name: str) -> LaneView:
         queue_dispatched=stats.queue_dispatched,
         expired=exits[Exit.EXPIRED],
         service=queue.fairness.service(),
-        slot_costs={} if costs is None else costs.view(),
         shed=exits[Exit.SHED],
         unavailable=exits[Exit.UNAVAILABLE],
         abandoned=exits[Exit.ABANDONED],

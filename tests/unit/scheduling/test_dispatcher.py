@@ -904,54 +904,6 @@ async def test_the_engines_unit_is_learnt_only_beside_a_prefill_budget(clock, la
         runner.cancel()
 
 
-@pytest.mark.parametrize(
-    ("disabled", "within"),
-    [
-        (frozenset(), ["cheap"]),
-        (frozenset({Mechanism.SLOT_COST}), []),
-        (frozenset({Mechanism.WITHIN_SHARE}), []),
-    ],
-)
-async def test_a_tenant_whose_slots_cost_the_engine_less_is_within_its_share_in_more(
-    clock, disabled, within
-):
-    """A request of 10 prompt tokens and 9 out asks 1 s of the engine: `cheap`'s held its
-    slot 10 s, `dear`'s 1 s. On a full pool of 4, each holding 2, cheap's next request
-    comes within its share (by the engine's time, more than 3 of the 4 slots are its),
-    dear's does not. By count (slot costs switched off) both are at their share of 2;
-    with the verdict switched off nobody is within."""
-    pool = Pool(PoolSpec("p", 4), leases(clock))
-    dispatcher = dispatcher_for([PROMISED], pool, clock, disabled=disabled)
-    runner = asyncio.create_task(dispatcher.run())
-    try:
-        await learn_engine_unit(dispatcher, clock, "learner")
-        for tenant, held_s in (("cheap", 10.0), ("dear", 1.0)):
-            ended = await granted(dispatcher, attempt(clock, tenant=tenant, lane=PROMISED))
-            clock.advance(held_s)
-            ended.completion_tokens = 9
-            await dispatcher.release(ended)
-        held = [
-            await granted(dispatcher, attempt(clock, tenant=tenant, lane=PROMISED))
-            for tenant in ("cheap", "cheap", "dear", "dear")
-        ]
-        before = dispatcher.view().protected_arrivals
-        queued = [
-            asyncio.create_task(granted(dispatcher, attempt(clock, tenant=tenant, lane=PROMISED)))
-            for tenant in ("cheap", "dear")
-        ]
-        await settle()
-        assert dispatcher.view().protected_arrivals == before + len(within)
-        within_share = dispatcher.queues["promised"].within_share_waiters()
-        assert [waiter.flow for waiter in within_share] == within
-        for task in queued:
-            task.cancel()
-        await settle()
-        for grant in held:
-            await dispatcher.release(grant)
-    finally:
-        runner.cancel()
-
-
 async def test_a_light_tenant_within_its_share_goes_before_a_burst_within_its_own(clock):
     """The engine's unit is learnt from one stream of light's. On a full pool of 4,
     `burst` (nothing in flight) queues two requests within its share and one beyond;

@@ -160,19 +160,3 @@ def test_pick_from_serves_the_given_flows_in_the_fair_order():
         vtc.backlogged(flow)
         vtc.in_flight(flow, held)
     assert vtc.pick_from(["a", "c"]) == "c"
-
-
-def test_the_fair_order_counts_a_slot_by_what_it_costs_the_engine():
-    """Both hold 2 and `cheap`'s counter is the higher, so by count `dear` goes first. A
-    slot of dear's costs the engine four times one of cheap's: dear already takes more
-    of the engine, and cheap's newcomer goes first; the prediction walks that order."""
-    vtc = VirtualTokenCounter()
-    for flow in ("cheap", "dear"):
-        vtc.backlogged(flow)
-        vtc.in_flight(flow, 2)
-    vtc.charge("cheap", 100, 0)
-    assert vtc.pick() == "dear"
-    vtc.costs.held("cheap", 1.0, 10.0)
-    vtc.costs.held("dear", 4.0, 10.0)
-    assert vtc.pick() == "cheap"
-    assert vtc.turns_before("dear", 0, "cheap", 5) == 5

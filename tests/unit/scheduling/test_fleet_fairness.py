@@ -130,20 +130,6 @@ async def test_within_share_counts_what_the_other_replicas_hold():
     assert policy.within_share("a", lambda flow: queued(flow) or 0, 8)
 
 
-async def test_the_fleets_verdict_weighs_each_slot_by_what_it_costs_the_engine():
-    """`a` holds 2 here and `b` 2 on another replica, of a batch of 4: by count a's next
-    request is beyond its share. A slot of a's costs the engine a quarter of one of b's
-    each second (as this replica learnt), so a's share of the engine is 3.2 slots."""
-    policy, sync, store, _ = make()
-    policy.in_flight("a", 2)
-    store.flying = {"b": 2}
-    await sync.sync_once()
-    assert not policy.within_share("a", lambda flow: 0, 4)
-    policy.costs.held("a", 1.0, 10.0)
-    policy.costs.held("b", 4.0, 10.0)
-    assert policy.within_share("a", lambda flow: 0, 4)
-
-
 async def test_a_replica_hands_over_its_queued_requests_with_those_in_flight():
     """A burst of `a` that the kernel spread over two replicas is one demand: each
     replica tells the other what `a` holds there, queued as well as in flight, so the

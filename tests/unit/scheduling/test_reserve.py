@@ -143,15 +143,3 @@ def test_blocking_never_overflows_on_a_large_batch_or_load():
     assert blocking(5.0, 500) == pytest.approx(0.8)
     reserve, now = reserve_at(200.0, batch=2048)
     assert reserve.slots(now, 0.1) == 512
-
-
-def test_a_tenant_whose_slots_cost_the_engine_less_holds_more_of_them():
-    """Equal weights on 4 slots, each tenant holding 2: by count `cheap`'s third is beyond
-    its share. Its slots cost the engine a quarter of `dear`'s each second, so by the
-    engine's time its share is 3.2 slots, and dear's 0.8: dear, holding 2, is beyond."""
-    policy = vtc({"cheap": 2, "dear": 2})
-    assert not policy.within_share("cheap", none_queued, 4)
-    policy.costs.held("cheap", 1.0, 10.0)
-    policy.costs.held("dear", 4.0, 10.0)
-    assert policy.within_share("cheap", none_queued, 4)
-    assert not policy.within_share("dear", none_queued, 4)
