@@ -40,7 +40,7 @@ class LaneView:
     """Real over predicted queue waits of requests beyond their tenant's share, as learnt:
     1 when the predictor is right."""
     wait_correction_within_share: float
-    """The same for requests within their tenant's share (they may take the reserve)."""
+    """The same for requests within their tenant's share."""
     wait_tail: float
     """How far beyond its corrected prediction one wait in ten of requests beyond their
     share ran lately, or went unserved (at least 1; forgotten after a silence): a lane
@@ -75,9 +75,6 @@ class DispatcherView:
     """Their allowed dispatch rate while they yield; None while not limited."""
     yield_cuts: int
     checks: Mapping[str, Any]
-    reserved_slots: int
-    """Pool slots that work beyond its share (and lower lanes) leaves free for top-lane
-    requests within their tenant's share."""
     protected_arrivals: int
     """Top-lane requests that arrived within their tenant's share."""
     protected_refused: Mapping[str, int]
@@ -96,7 +93,6 @@ class DispatcherView:
 def dispatcher_view(d: Dispatcher) -> DispatcherView:
     """What `d` is doing, from its plug-ins' own views."""
     pacing = d.pacing.view()
-    reserved, arrivals = d.spares.view()
     unit = d.learner.unit
     return DispatcherView(
         d.model,
@@ -107,8 +103,7 @@ def dispatcher_view(d: Dispatcher) -> DispatcherView:
         pacing.get("rate_per_s"),
         pacing.get("cuts", 0),
         {c.name: c.view() for c in d.checks if c is not d.pacing},
-        reserved,
-        arrivals,
+        d.share.within,
         dict(d.stats.protected_refused),
         unit.decode_s_per_token,
         unit.prefill_s_per_token,
