@@ -40,8 +40,7 @@ INTERVAL_S = 0.5
 FIND_TIMEOUT_S = 60.0
 GONE_AFTER = 3
 """Failed reads in a row after which the gateway is taken to have stopped."""
-GAUGES = ("sluicegate_yield_rate_limit", "sluicegate_overload_pressure")
-COUNTERS = ("sluicegate_yield_cuts",)
+GAUGES = ("sluicegate_overload_pressure",)
 SIM_GAUGES = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting"}
 TOP, BATCH = "interactive", "background"
 PAUSED = ("batch_paused", "interactive_only")
@@ -105,7 +104,7 @@ def sample(gateway: str, sim: str) -> dict[str, Any] | None:
     return {
         "t": time.monotonic(),
         "status": None if status is None else json.loads(status),
-        "gateway": _values(metrics, GAUGES + COUNTERS),
+        "gateway": _values(metrics, GAUGES),
         "sim": {} if engine is None else _named(_values(engine, SIM_GAUGES)),
     }
 
@@ -233,10 +232,6 @@ def rules(samples: list[dict[str, Any]], share_cap: int) -> dict[str, float]:
     def grew(read: Any) -> float:
         return float(read(last) - read(first))
 
-    def yield_rate(s: Mapping[str, Any]) -> float:
-        return float(s["gateway"].get("sluicegate_yield_rate_limit", 0.0))
-
-    limited = [yield_rate(s) for s in waiting if yield_rate(s) > 0]
     return {
         "samples": len(waiting),
         "seconds": seconds,
@@ -245,9 +240,6 @@ def rules(samples: list[dict[str, Any]], share_cap: int) -> dict[str, float]:
         "batch_in_flight_mean": mean(lambda s: _lane(s["status"], BATCH)["in_flight"]),
         "top_in_flight_mean": mean(lambda s: _lane(s["status"], TOP)["in_flight"]),
         "at_share": share(lambda s: _lane(s["status"], BATCH)["in_flight"] >= share_cap),
-        "yield_limited": share(lambda s: yield_rate(s) > 0),
-        "yield_rate_mean": sum(limited) / len(limited) if limited else 0.0,
-        "yield_cuts": grew(lambda s: s["gateway"].get("sluicegate_yield_cuts", 0)),
         "paused": share(lambda s: _state(s["status"]) in PAUSED),
         "degraded_or_worse": share(lambda s: _state(s["status"]) != "normal"),
         "gate_closed": share(lambda s: "open" not in s["status"].get("gates", {}).values()),

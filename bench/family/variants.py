@@ -48,8 +48,6 @@ KV_TOKENS_PER_SEQ = PROMPT_TOKENS[1] + OUTPUT_TOKENS[1]
 cache, is the backend's limit, as the variant says."""
 PROMISE_S = 2.0
 MAX_QUEUE_AGE_S = 10.0
-TTFT_TARGET_S = 0.1
-"""The README's top lane: lower lanes yield to keep its time to first token here."""
 LANE = "interactive"
 BATCH_LANE = "batch"
 MODEL = "sim-model"
@@ -316,7 +314,6 @@ def gateway_config(variant: Variant) -> dict[str, Any]:
                     "queue_size": 256,
                     "max_queue_age_s": MAX_QUEUE_AGE_S,
                     "max_backend_waiting": 2,
-                    "ttft_target_s": TTFT_TARGET_S,
                 },
                 {
                     "name": BATCH_LANE,

@@ -105,17 +105,6 @@ def test_interpolation_default_and_typed_values():
         (lambda c: c["models"].append(c["models"][0]), "duplicate name 'chat' in models"),
         (lambda c: c.update(server={"port": "many"}), "server.port"),
         (
-            lambda c: c.update(
-                scheduling={
-                    "lanes": [
-                        {"name": "interactive", "priority": 10},
-                        {"name": "batch", "ttft_target_s": 0.1},
-                    ]
-                }
-            ),
-            "lane 'batch': ttft_target_s is read on the top lane only",
-        ),
-        (
             lambda c: c.update(scheduling={"disable": ["shedding"]}),
             "scheduling.disable[0]: Input should be 'prefill_budget', 'predictor'",
         ),

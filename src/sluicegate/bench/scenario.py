@@ -30,7 +30,6 @@ DEFAULT_METRICS = (
     "sluicegate_overload_state",
     "sluicegate_overload_pressure",
     "sluicegate_dispatch_gate",
-    "sluicegate_yield_rate_limit",
     "vllm:num_requests_waiting",
     "vllm:num_requests_running",
 )

@@ -149,7 +149,6 @@ class LaneConfig(Strict):
     max_share: float = Field(default=1.0, gt=0, le=1)
     starvation_s: Seconds | None = None
     max_dispatch_rate: float | None = Field(default=None, gt=0)
-    ttft_target_s: Seconds | None = None
 
 
 class LadderConfig(Strict):
@@ -206,13 +205,6 @@ class SchedulingConfig(Strict):
                 raise ValueError(f"lane {lane.name!r} demotes to unknown lane {lane.demote_to!r}")
             if target.priority >= lane.priority:
                 raise ValueError(f"lane {lane.name!r} must demote to a lower-priority lane")
-        top = max(self.lanes, key=lambda lane: lane.priority)
-        for lane in self.lanes:
-            if lane.ttft_target_s is not None and lane is not top:
-                raise ValueError(
-                    f"lane {lane.name!r}: ttft_target_s is read on the top lane only "
-                    f"({top.name!r}, the highest priority), which the lanes below yield to"
-                )
         return self
 
 

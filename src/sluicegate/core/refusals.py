@@ -34,7 +34,6 @@ class Refusal(enum.StrEnum):
     RAMPING = "deployment_ramping_up"
     LANE_SHARE = "lane_share_exhausted"
     LANE_PACED = "lane_paced"
-    LANE_YIELDING = "lane_yielding"
     LANE_BACKLOGGED = "lane_backlogged"
     STORE_UNAVAILABLE = "limit_store_unavailable"
 
@@ -78,7 +77,6 @@ _STATUS = {
     Refusal.RAMPING: 503,
     Refusal.LANE_SHARE: 503,
     Refusal.LANE_PACED: 503,
-    Refusal.LANE_YIELDING: 503,
     Refusal.LANE_BACKLOGGED: 503,
     Refusal.STORE_UNAVAILABLE: 503,
 }

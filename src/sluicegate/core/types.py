@@ -201,9 +201,7 @@ class Lane:
     may wait in the backend's own queue when this lane dispatches (0: only into an
     empty queue). `max_share` caps the lane's part of each pool, which reserves the
     rest for the lanes above it. `max_dispatch_rate` (per second) spreads the lane's
-    dispatches evenly, so its prefills do not reach a backend in waves.
-    `ttft_target_s`, on the top lane, makes every lower lane yield: their dispatch rate
-    follows the top lane's recent time to first token (see `Yielding`). A request met
+    dispatches evenly, so its prefills do not reach a backend in waves. A request met
     the lane's SLOs (`ttft_slo_s`, `tpot_slo_s`, `e2e_slo_s`) when it succeeded within
     every one set (`core.slo`).
     """
@@ -224,7 +222,6 @@ class Lane:
     max_share: float = 1.0
     starvation_s: float | None = None
     max_dispatch_rate: float | None = None
-    ttft_target_s: float | None = None
 
 
 class OverloadState(enum.IntEnum):
@@ -283,8 +280,6 @@ class Mechanism(enum.StrEnum):
     WITHIN_SHARE = "within_share"
     """The within-share verdict; without it nobody is within, so nobody passes the
     requests beyond their share and no stream hands its slot over."""
-    PACING = "pacing"
-    """Lower lanes yielding to the top lane's `ttft_target_s`."""
     TURNOVER = "turnover"
     """A hand-over's expected pause from the rate slots come free."""
     HANDOVER = "handover"

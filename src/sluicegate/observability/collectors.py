@@ -131,17 +131,6 @@ class CapacityCollector(Collector):
             "Each tenant's weighted service counter in the fair scheduler (tokens).",
             labels=[*labels, "tenant"],
         )
-        yield_rate = GaugeMetricFamily(
-            "sluicegate_yield_rate_limit",
-            "Dispatches per second allowed to the lanes below the top lane while they yield "
-            "to its time-to-first-token target; 0 while they are not limited.",
-            labels=["model"],
-        )
-        yield_cuts = CounterMetricFamily(
-            "sluicegate_yield_cuts",
-            "Times the lower lanes' rate was cut because the top lane's TTFT broke its target.",
-            labels=["model"],
-        )
         protected = CounterMetricFamily(
             "sluicegate_protected_requests",
             "Top-lane requests that arrived within their tenant's share.",
@@ -185,9 +174,6 @@ class CapacityCollector(Collector):
             protected.add_metric([view.model], view.protected_arrivals)
             for reason, count in view.protected_refused.items():
                 protected_refused.add_metric([view.model, reason], count)
-            if view.yields:
-                yield_rate.add_metric([view.model], view.yield_rate_per_s or 0.0)
-                yield_cuts.add_metric([view.model], view.yield_cuts)
             for lane in view.lanes:
                 key = [view.model, lane.name]
                 depth.add_metric(key, lane.queued)
@@ -206,7 +192,7 @@ class CapacityCollector(Collector):
                     service.add_metric([*key, tenant], counter)
         yield from (depth, oldest, dispatched, queue_dispatched, expired, shed, unavailable)
         yield from (abandoned, preempted, correction, tail)
-        yield from (service, yield_rate, yield_cuts, protected)
+        yield from (service, protected)
         yield from (protected_refused, placements, index_blocks, hit_ratio)
 
     def _gate_families(self) -> Iterator[Metric]:

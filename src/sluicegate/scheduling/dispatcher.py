@@ -106,7 +106,7 @@ class Dispatcher:
             top, fair[top.name], queued, batch, clock, work_s, budgets.rates, judges
         )
         self.turns = Turns(self.lanes, self.queues, self.queued, clock, self.share.asked_lately)
-        self.pacing = Pacing(self.lanes, clock, self.kick, Mechanism.PACING not in disabled)
+        self.pacing = Pacing(self.lanes, clock)
         tenants = Tenants(fair)
         self.checks: tuple[Check, ...] = (
             self.pacing,

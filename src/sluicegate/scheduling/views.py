@@ -69,11 +69,6 @@ class DispatcherView:
     targets: tuple[TargetView, ...]
     service_gap_s: float | None
     """The smoothed gap between dispatches while work waited (the service gap)."""
-    yields: bool
-    """Whether the lower lanes yield to the top lane's time-to-first-token target."""
-    yield_rate_per_s: float | None
-    """Their allowed dispatch rate while they yield; None while not limited."""
-    yield_cuts: int
     checks: Mapping[str, Any]
     protected_arrivals: int
     """Top-lane requests that arrived within their tenant's share."""
@@ -92,17 +87,13 @@ class DispatcherView:
 
 def dispatcher_view(d: Dispatcher) -> DispatcherView:
     """What `d` is doing, from its plug-ins' own views."""
-    pacing = d.pacing.view()
     unit = d.learner.unit
     return DispatcherView(
         d.model,
         tuple(lane_view(d, lane.name) for lane in d.lanes),
         tuple(_target_view(d, target) for target in d.targets),
         d.rule.predictor.gap_s,
-        pacing["yields"],
-        pacing.get("rate_per_s"),
-        pacing.get("cuts", 0),
-        {c.name: c.view() for c in d.checks if c is not d.pacing},
+        {c.name: c.view() for c in d.checks},
         d.share.within,
         dict(d.stats.protected_refused),
         unit.decode_s_per_token,

@@ -386,36 +386,6 @@ async def test_a_paced_lane_spreads_its_dispatches(clock, rate, count):
     assert times[-1] <= (count - 1) * (1 / rate + step) + step, times
 
 
-@pytest.mark.parametrize(
-    ("target_s", "disabled"),
-    [(None, frozenset()), (0.05, frozenset()), (0.05, frozenset({Mechanism.PACING}))],
-)
-async def test_lower_lanes_yield_when_the_top_lanes_first_tokens_are_late(
-    clock, target_s, disabled
-):
-    """With pacing switched off, a target is not kept: the lower lane goes on."""
-    top = Lane("interactive", priority=100, queue_size=10, ttft_target_s=target_s)
-    low = Lane("background", queue_size=10, max_queue_age_s=60)
-    pool = Pool(PoolSpec("p", 10), leases(clock))
-    dispatcher = dispatcher_for([top, low], pool, clock, disabled=disabled)
-    runner = asyncio.create_task(dispatcher.run())
-    try:
-        dispatcher.first_token(attempt(clock, lane=top), 10 * 0.05)
-        clock.advance(1.5)
-        await granted(dispatcher, attempt(clock, lane=low))
-        second = asyncio.create_task(
-            granted(dispatcher, attempt(clock, lane=low, deadline_in_s=60))
-        )
-        await settle()
-        goes = target_s is None or bool(disabled)
-        assert second.done() == goes
-        if goes:
-            assert second.exception() is None
-    finally:
-        second.cancel()
-        runner.cancel()
-
-
 @pytest.mark.parametrize(("age_s", "queued"), [(1.0, False), (30.0, True)])
 async def test_a_known_wait_longer_than_the_queue_allows_is_answered_at_once(clock, age_s, queued):
     """An open circuit names its reopening time: a request that could not wait that long
@@ -463,24 +433,6 @@ async def test_a_queued_request_is_answered_when_a_circuit_opens_for_longer_than
         assert err.code == "circuit_open"
         view = dispatcher.view().lanes[0]
         assert (view.unavailable, view.abandoned, view.expired) == (1, 0, 0)
-    finally:
-        runner.cancel()
-
-
-async def test_lower_lanes_hold_while_a_top_lane_stream_awaits_its_first_token(clock):
-    top = Lane("interactive", priority=100, queue_size=10, ttft_target_s=0.05)
-    low = Lane("background", queue_size=10, max_queue_age_s=60)
-    pool = Pool(PoolSpec("p", 10), leases(clock))
-    dispatcher = dispatcher_for([top, low], pool, clock)
-    runner = asyncio.create_task(dispatcher.run())
-    try:
-        streamed = Attempt(call(clock, lane=top)._replace(stream=True))
-        await dispatcher.acquire(streamed)
-        background = asyncio.create_task(granted(dispatcher, attempt(clock, lane=low)))
-        await settle()
-        assert not background.done()
-        dispatcher.first_token(streamed, 0.01)
-        await asyncio.wait_for(background, 1)
     finally:
         runner.cancel()
 

@@ -59,7 +59,7 @@ from sluicegate.scheduling.tenants import Tenants
 from sluicegate.stores.memory import MemoryLimitStore
 from tests.support.clock import FakeClock
 
-TOP = Lane("top", 100, ttft_slo_s=2.0, queue_size=6, max_queue_age_s=2.0, ttft_target_s=1.0)
+TOP = Lane("top", 100, ttft_slo_s=2.0, queue_size=6, max_queue_age_s=2.0)
 LOW = Lane("low", 0, queue_size=6, max_queue_age_s=2.0, max_share=0.5, max_dispatch_rate=40.0)
 LANES = (TOP, LOW)
 TENANTS = ("a", "b", "c")
@@ -107,7 +107,7 @@ HELD: dict[type, Callable[[Any, Dispatcher], list[int]]] = {
     BreakerCheck: lambda p, d: [held_by_targets(d, lambda t: t.breaker.in_flight)],
     GateCheck: lambda p, d: [held_by_targets(d, lambda t: t.gate.in_flight)],  # type: ignore[attr-defined]
     ShareCheck: lambda p, d: [sum(p.in_use.values())],
-    Pacing: lambda p, d: [len(p._prefilling)],
+    Pacing: lambda p, d: [],
     PrefillBudgets: lambda p, d: [len(p._seen), *(b.pending for b in p._budgets.values())],
     HandOver: lambda p, d: [
         len(p._streaming),
