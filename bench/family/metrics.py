@@ -58,7 +58,7 @@ PROTECTED_WAIT = "sluicegate_protected_wait_seconds"
 PROTECTED_COUNTS = ("sluicegate_protected_requests", "sluicegate_protected_refused")
 PROTECTED_SOURCE = (
     "gateway: the top-lane requests it judged within their tenant's share on arrival "
-    "(the ones it hands slots over for), how many it refused, at once "
+    "(the ones it keeps reserved slots and hand-overs for), how many it refused, at once "
     "or after a wait (by refusal code where the gateway labels them), from its counters "
     "sluicegate_protected_{requests,refused}_total, and "
     f"the p95 of its own queue wait of those it dispatched ({PROTECTED_WAIT}, 0 for those "

@@ -164,6 +164,7 @@ def build(
             metrics.queue_waited,
             pause_rule(settings, monitor),
             placement_for(model, targets),
+            reserve=settings.scheduling.reserve,
             disabled=settings.scheduling.disabled,
         )
     metrics.watch(pools.values(), dispatchers.values(), gates)

@@ -152,13 +152,13 @@ def test_a_capacity_read_back_from_its_json_is_the_capacity_written():
 
 
 def test_a_gateway_setting_changed_by_a_dotted_key_leaves_the_rest():
-    config = {"scheduling": {"fairness": "vtc", "input_weight": 1}, "pools": [1]}
-    path, value = run.setting("scheduling.input_weight=3")
+    config = {"scheduling": {"fairness": "vtc", "reserve": 0.25}, "pools": [1]}
+    path, value = run.setting("scheduling.reserve=0")
     changed = run.with_setting(config, path, value)
-    assert changed == {"scheduling": {"fairness": "vtc", "input_weight": 3}, "pools": [1]}
-    assert config["scheduling"]["input_weight"] == 1
+    assert changed == {"scheduling": {"fairness": "vtc", "reserve": 0}, "pools": [1]}
+    assert config["scheduling"]["reserve"] == 0.25
     with pytest.raises(ValueError, match="KEY=VALUE"):
-        run.setting("scheduling.input_weight")
+        run.setting("scheduling.reserve")
 
 
 def test_the_simulator_caches_prefixes_of_prompts_that_differ() -> None:

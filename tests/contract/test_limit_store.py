@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from sluicegate.capacity.pools import Pool, PoolGroup
+from sluicegate.core.leases import Leases
 from sluicegate.core.limits import (
     NO_SLOTS,
     Ask,
@@ -24,6 +26,7 @@ from sluicegate.core.limits import (
     Refused,
     Slot,
 )
+from sluicegate.core.types import PoolSpec
 from sluicegate.stores.memory import MemoryLimitStore
 from sluicegate.stores.redis import RedisLimitStore
 from sluicegate.stores.resp import RespConnection
@@ -207,6 +210,21 @@ async def test_a_cooldown_refuses_with_its_end_and_is_extended_never_shortened(s
     assert await store.in_use("s") == 0
     clock.advance(10)
     assert isinstance(await take(store, ask), Lease)
+
+
+async def test_a_pool_decision_with_spare_slots_leaves_them_free(store, clock):
+    """The dispatcher's reserve lowers the pool's limit in the one decision, so any store
+    (Redis across a fleet too) keeps the spare slots free of work beyond its share."""
+    group = PoolGroup([Pool(PoolSpec(f"reserve{next(_ids)}", 4), Leases(store, clock))])
+    held = [await group.acquire(10) for _ in range(2)]
+    refused = await group.acquire(10, spare=2)
+    assert getattr(refused, "code", None) == "pool_concurrency_limited"
+    held.append(await group.acquire(10, spare=1))
+    held.append(await group.acquire(10))
+    assert all(not hasattr(permit, "code") for permit in held)
+    assert getattr(await group.acquire(10), "code", None) == "pool_concurrency_limited"
+    for permit in held:
+        await permit.release(10)
 
 
 async def test_a_slot_of_no_places_refuses_even_when_empty(store):

@@ -348,9 +348,8 @@ async def test_a_replica_not_queued_for_a_slot_is_refused_without_a_place_in_lin
 
 
 async def test_a_replica_refused_the_slot_set_aside_for_it_hands_it_on_at_once(redis):
-    """Its request asks for the slot under a lower limit (a replica configured with a
-    smaller pool, during a rolling change): the slot goes to the next in line, announced
-    again, instead of idling until it lapses."""
+    """Its request must leave more free (work beyond its share leaves the reserve): the
+    slot goes to the next in line, announced again, instead of idling until it lapses."""
     _, prefix = redis
     clock = FakeClock()
     store = shared(prefix, clock)

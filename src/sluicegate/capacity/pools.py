@@ -148,12 +148,14 @@ class PoolGroup:
         """Which charges are token charges: their cost is each attempt's reservation."""
         self._cooldowns = tuple(pool.cooldown_key for pool in self.pools)
         self._slots = tuple(pool.slot for pool in self.pools)
+        self._spared: dict[int, tuple[Slot, ...]] = {0: self._slots}
         self._charges = tuple(charge for _, charge in self._owners)
 
     async def acquire(
         self,
         tokens: int,
         backend: Slot | None = None,
+        spare: int = 0,
         queued: bool = False,
         prefill: Prefill | None = None,
     ) -> PoolPermit | GatewayError:
@@ -161,7 +163,8 @@ class PoolGroup:
         with (returned, never raised: the dispatcher weighs it against others, and a
         raised one would carry frames it keeps alive). `backend`: the fleet's bound on
         what may be in flight to the deployment's backend, decided with the pools.
-        `queued`: the attempt waits in a queue
+        `spare`: slots of each pool this attempt must leave free (the dispatcher's
+        reserve for requests within their share). `queued`: the attempt waits in a queue
         for these pools, so a refusal puts its replica in the pools' line (`Ask`); one
         about to try another deployment does not, or it would be set aside slots it no
         longer wants. `prefill`: the prompt counted in the deployment's prefill budget
@@ -170,7 +173,12 @@ class PoolGroup:
         Waiting is the scheduler's job (its lane queues), never the pools'.
         """
         charges = priced(self._charges, self.tokens, tokens)
-        slots = self._slots if backend is None else (*self._slots, backend)
+        slots = self._spared.get(spare)
+        if slots is None:
+            slots = tuple(Slot(slot.key, slot.limit - spare) for slot in self._slots)
+            self._spared[spare] = slots
+        if backend is not None:
+            slots = (*slots, backend)
         try:
             decision = await self.leases.take(Ask(self._cooldowns, slots, charges, queued, prefill))
         except StoreUnavailable:

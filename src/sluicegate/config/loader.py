@@ -271,6 +271,7 @@ def _scheduling(spec: SchedulingConfig, store: str) -> Scheduling:
         cost_alpha=spec.cost_alpha,
         cost_beta=spec.cost_beta,
         cost_gamma=spec.cost_gamma,
+        reserve=spec.reserve,
         overload=_overload(spec.overload),
         disabled=frozenset(spec.disable),
     )

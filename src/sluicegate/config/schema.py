@@ -186,6 +186,13 @@ class SchedulingConfig(Strict):
     cost_alpha: float = Field(default=1.0, ge=0)
     cost_beta: float = Field(default=1.0, ge=0)
     cost_gamma: float = Field(default=0.0, ge=0)
+    reserve: float = Field(
+        default=0.25,
+        ge=0,
+        le=0.5,
+        description="most of the batch kept free for top-lane requests within their "
+        "tenant's share, where the top lane sets ttft_slo_s; 0: none (fully work-conserving)",
+    )
     overload: OverloadConfig = OverloadConfig()
     disable: list[Mechanism] = Field(
         default_factory=list, description="scheduling mechanisms switched off"

@@ -278,8 +278,8 @@ class Mechanism(enum.StrEnum):
     PREDICTOR = "predictor"
     """Admission by predicted time to first token, and CoDel shedding."""
     WITHIN_SHARE = "within_share"
-    """The within-share verdict; without it nobody is within, so nobody passes the
-    requests beyond their share and no stream hands its slot over."""
+    """The within-share verdict; without it nobody is within, so nothing is reserved
+    for them and no stream hands its slot over."""
     TURNOVER = "turnover"
     """A hand-over's expected pause from the rate slots come free."""
     HANDOVER = "handover"
@@ -300,6 +300,9 @@ class Scheduling:
     cost_alpha: float = 1.0
     cost_beta: float = 1.0
     cost_gamma: float = 0.0
+    reserve: float = 0.25
+    """At most this share of the batch is kept free for top-lane requests within their
+    tenant's share (`scheduling/reserve.py`); 0: none."""
     overload: OverloadPolicy = field(default_factory=OverloadPolicy)
     disabled: frozenset[Mechanism] = frozenset()
 

@@ -131,6 +131,12 @@ class CapacityCollector(Collector):
             "Each tenant's weighted service counter in the fair scheduler (tokens).",
             labels=[*labels, "tenant"],
         )
+        reserved = GaugeMetricFamily(
+            "sluicegate_reserved_slots",
+            "Pool slots kept free for top-lane requests within their tenant's share: work "
+            "beyond its share and lower lanes leave them.",
+            labels=["model"],
+        )
         protected = CounterMetricFamily(
             "sluicegate_protected_requests",
             "Top-lane requests that arrived within their tenant's share.",
@@ -171,6 +177,7 @@ class CapacityCollector(Collector):
                 index_blocks.add_metric([view.model, deployment], size)
             if placement.get("estimated_hit_ratio") is not None:
                 hit_ratio.add_metric([view.model], placement["estimated_hit_ratio"])
+            reserved.add_metric([view.model], view.reserved_slots)
             protected.add_metric([view.model], view.protected_arrivals)
             for reason, count in view.protected_refused.items():
                 protected_refused.add_metric([view.model, reason], count)
@@ -192,7 +199,7 @@ class CapacityCollector(Collector):
                     service.add_metric([*key, tenant], counter)
         yield from (depth, oldest, dispatched, queue_dispatched, expired, shed, unavailable)
         yield from (abandoned, preempted, correction, tail)
-        yield from (service, protected)
+        yield from (service, reserved, protected)
         yield from (protected_refused, placements, index_blocks, hit_ratio)
 
     def _gate_families(self) -> Iterator[Metric]:

@@ -578,6 +578,7 @@ TAKES_MAX = frozenset(
         "sluicegate_queue_oldest_age_seconds",
         "sluicegate_queue_wait_correction",
         "sluicegate_queue_wait_tail",
+        "sluicegate_reserved_slots",
         "sluicegate_tenant_service",
         "sluicegate_overload_state",
         "sluicegate_overload_pressure",

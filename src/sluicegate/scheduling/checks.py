@@ -21,10 +21,6 @@ from sluicegate.core.types import Lane
 from sluicegate.scheduling.attempt import Attempt, Outcome, Target
 from sluicegate.scheduling.plugin import Check, NotNow, Quiet
 
-BUSY_FOR_S = 30.0
-"""A lane above counts as busy this long after its latest arrival: a lane with a share
-lends the rest of the pool only once those above have been quiet this long."""
-
 
 class BreakerCheck:
     """An open circuit refuses until it lets probes through; after a recovery or a
@@ -193,8 +189,6 @@ class ShareCheck(Quiet):
         return {"refused": self.refused, "in_use": in_use}
 
 
-def default_checks(
-    lanes: Sequence[Lane], clock: Clock, busy_for_s: float = BUSY_FOR_S
-) -> tuple[Check, ...]:
+def default_checks(lanes: Sequence[Lane], clock: Clock, busy_for_s: float) -> tuple[Check, ...]:
     """In the order asked: the cheapest and most telling first."""
     return (BreakerCheck(), GateCheck(), ShareCheck(lanes, clock, busy_for_s))

@@ -39,6 +39,7 @@ from sluicegate.scheduling.prefilling import PrefillBudgets
 from sluicegate.scheduling.promise import QueueExit
 from sluicegate.scheduling.queueing import QueueRule
 from sluicegate.scheduling.queues import LaneQueue, Waiter
+from sluicegate.scheduling.reserve import GONE_AFTER_S, MOST_OF_BATCH, SpareSlots
 from sluicegate.scheduling.routing import Routing, most_telling
 from sluicegate.scheduling.share import WithinShare
 from sluicegate.scheduling.stats import Exit, OnWait, Stats
@@ -61,6 +62,7 @@ class Dispatcher:
         on_wait: OnWait | None = None,
         paused: Callable[[Lane], bool] = lambda lane: False,
         placement: Placement | None = None,
+        reserve: float = MOST_OF_BATCH,
         disabled: frozenset[Mechanism] = frozenset(),
     ) -> None:
         self.model = model
@@ -82,6 +84,8 @@ class Dispatcher:
         predicts = Mechanism.PREDICTOR not in disabled
         self.rule = QueueRule(self.lanes, batch, clock, budgets.rates, predicts)
         judges = Mechanism.WITHIN_SHARE not in disabled
+        reserve = reserve if judges and top.ttft_slo_s is not None else 0.0
+        self.spares = SpareSlots(self.targets, reserve, clock, lambda: self.rule.predictor.gap_s)
         self.learner = Learner(
             len(self.targets),
             clock,
@@ -110,12 +114,12 @@ class Dispatcher:
         tenants = Tenants(fair)
         self.checks: tuple[Check, ...] = (
             self.pacing,
-            *default_checks(self.lanes, clock),
+            *default_checks(self.lanes, clock, GONE_AFTER_S),
             tenants,
         )
         self._plans = Plans(self.checks, self.lanes, self.targets)
         learners = (self.handover, self.pacing, self.learner, budgets, self.stats, self.routing)
-        plugins = (*self.checks, self.rule, *learners)
+        plugins = (*self.checks, self.spares, self.rule, *learners)
         self.observers: tuple[Observer, ...] = tuple(
             dict.fromkeys(p for p in plugins if isinstance(p, Observer))
         )
@@ -160,7 +164,7 @@ class Dispatcher:
         queue = self.queues[lane.name]
         ahead = queue.within_share if within_share else self.turns.queued_ahead(lane)
         if not ahead and not self._paused(lane):
-            refusal = await self._try(attempt, queued=False)
+            refusal = await self._try(attempt, self.spares.spare(within_share), queued=False)
             if refusal is None:
                 self._dispatched(attempt, 0.0, None, None, within_share)
                 return
@@ -269,7 +273,8 @@ class Dispatcher:
             for waiter in self._turns():
                 lane, attempt = waiter.lane, waiter.attempt
                 queue, holder = self.queues[lane.name], self._holder(waiter)
-                refusal = await self._try(attempt, queued=True)
+                spare = self.spares.spare(waiter.within_share or waiter.call.resumed)
+                refusal = await self._try(attempt, spare, queued=True)
                 handover = self.handover
                 if refusal is not None:
                     slots_full = refusal.code == Refusal.POOL_CONCURRENCY
@@ -311,13 +316,14 @@ class Dispatcher:
             if waiter is not None and not (handover is not None and handover.gave(waiter)):
                 yield waiter
 
-    async def _try(self, attempt: Attempt, queued: bool) -> GatewayError | None:
+    async def _try(self, attempt: Attempt, spare: int, queued: bool) -> GatewayError | None:
         """Take the first candidate deployment that admits the lane and every permit
-        there; None once `attempt` holds them, else the refusal to answer. A `queued`
-        attempt stands in the line of the last deployment's pools, in the configured
-        order, when they refuse it (`PoolGroup.acquire`): one line per replica and model,
-        the same whatever order the candidates come in, since a line entry whose replica
-        took a slot elsewhere would have a slot set aside for nobody."""
+        there, leaving `spare` slots free over all of them; None once `attempt` holds
+        them, else the refusal to answer. A `queued` attempt stands in the line of the
+        last deployment's pools, in the configured order, when they refuse it
+        (`PoolGroup.acquire`): one line per replica and model, the same whatever order
+        the candidates come in, since a line entry whose replica took a slot elsewhere
+        would have a slot set aside for nobody."""
         lane, rest = attempt.lane, attempt.call.resumed
         lane_wide = self._plans.lane_wide[lane.name]
         if lane_wide:
@@ -339,9 +345,10 @@ class Dispatcher:
             self._take(attempt, target, plan.every)
             try:
                 tokens, backend = attempt.call.reserved_tokens, target.gate.fleet_slot(lane)
+                spare_here = self.spares.at(spare, target) if spare else 0
                 waits = queued and target is self.targets[-1]
                 prefill = self.budgets.ask(attempt, target)
-                permit = await target.group.acquire(tokens, backend, waits, prefill)
+                permit = await target.group.acquire(tokens, backend, spare_here, waits, prefill)
             except BaseException:
                 self._untake(attempt, plan.every)
                 raise

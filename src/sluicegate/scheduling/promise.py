@@ -20,9 +20,9 @@ left to expire) takes of them only what nine in ten would be served in time for,
 refuses the rest at once instead of after a wait; after a silence it forgets. A request
 within its share is promised its place and admitted by the centre: a tail of its own
 would move refusals onto the tenants the share protects. Requests within their
-tenant's share and beyond it are corrected apart: the first pass the others in the
-queue, the others wait for what those leave, and one ratio for both would fit
-neither. The time from dispatch to the first token (the backend's own
+tenant's share and beyond it are corrected apart: the first may take the slots kept
+free for them (`reserve`), the others wait for what those leave, and one ratio for
+both would fit neither. The time from dispatch to the first token (the backend's own
 queue and prefill) is measured per lane too, its mean and its 95th percentile, and a
 request is queued only when the wait and that percentile together fit its lane's
 `ttft_slo_s`; a streamed prompt whose own prefill, at the fastest rate its deployments'

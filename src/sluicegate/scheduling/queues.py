@@ -3,8 +3,8 @@
 Within a tenant, requests that came within its fair share go first, then its other
 first attempts, then the retries its clients announce (the `openai` SDKs send
 `x-stainless-retry-count`), each in arrival order. A request within the share was
-promised the next slot: behind its tenant's older requests from beyond the share it
-would wait as long as they do. Under overload a
+promised the next slot: behind its tenant's older requests from beyond the share,
+which must leave the reserve free, it would wait as long as they do. Under overload a
 retry has already spent part of its caller's patience, so of two requests the fresh
 one is likelier to be answered in time.
 Bounded by size here and by age through each waiter's own timeout; a waiter that leaves
@@ -55,8 +55,8 @@ class Waiter:
         self.predicted_s = predicted_s
         """The wait it was admitted on, to learn from once it is dispatched."""
         self.within_share = within_share
-        """It came within its tenant's share: it is not shed (it is first in line for the
-        next slot)."""
+        """It came within its tenant's share: it may take the dispatcher's reserve, and
+        it is not shed (it is first in line for the next slot)."""
         self.future: asyncio.Future[GatewayError | None] = (
             asyncio.get_running_loop().create_future()
         )
@@ -221,8 +221,8 @@ class LaneQueue:
         their tenant's queue), the head of the one that asked least lately (`asked`: a
         steady light tenant before the first requests of a heavy one's burst), and of
         those that asked as little, the one the fair order serves first; None if there
-        are none. The fair order's head beyond its share would keep them waiting behind
-        itself."""
+        are none. The fair order's head beyond its share must leave them the reserve,
+        and would keep them waiting behind itself."""
         if not self.within_share:
             return None
         levels = {name: asked(name) for name, flow in self._flows.items() if flow.within_share}

@@ -1,12 +1,13 @@
 """Is this arrival within its tenant's share?
 
 A top-lane request that comes while its tenant holds and queues less than its max-min
-fair share of the deployments' batch is *within share*: it stands before the requests
-beyond a share, and it is not shed. Judged once, as it comes, as the share is promised:
-a request sent beyond it does not come within by waiting, nor by coming back (a retry
-its caller announces, the gateway's own next attempt or its hedge was judged when it
-first came; counted again it would pass the requests within their share while its
-tenant's backoff hides its demand). Among the requests within their share, the tenant that asked the
+fair share of the deployments' batch is *within share*: it may take the slots the
+reserve keeps free, it stands before the requests beyond a share, and it is not shed.
+Judged once, as it comes, as the share is promised: a request sent beyond it does not
+come within by waiting, nor by coming back (a retry its caller announces, the
+gateway's own next attempt or its hedge was judged when it first came; counted again it
+would take the reserve from the requests within their share while its tenant's backoff
+hides its demand). Among the requests within their share, the tenant that asked the
 least of the engine lately goes first (`RecentWork`).
 """
 
@@ -59,8 +60,6 @@ class WithinShare:
         self._recent = RecentWork(HORIZON_S if promise is None else promise)
         """Work each tenant asked lately in the top lane: the order among the requests
         within their share."""
-        self.within = 0
-        """Requests judged within their share so far, for operators."""
 
     def judge(self, attempt: Attempt) -> bool:
         lane, call = attempt.lane, attempt.call
@@ -69,9 +68,7 @@ class WithinShare:
         if call.client_retries or call.resumed or attempt.number > 1 or attempt.hedge:
             return False
         self._note_asked(call)
-        within = self._shares.within_share(call.tenant.name, self._queued, self._batch)
-        self.within += within
-        return within
+        return self._shares.within_share(call.tenant.name, self._queued, self._batch)
 
     def _note_asked(self, call: Call) -> None:
         """Count a top-lane arrival's work, in the engine's unit once it is learnt, as its

@@ -40,7 +40,7 @@ class LaneView:
     """Real over predicted queue waits of requests beyond their tenant's share, as learnt:
     1 when the predictor is right."""
     wait_correction_within_share: float
-    """The same for requests within their tenant's share."""
+    """The same for requests within their tenant's share (they may take the reserve)."""
     wait_tail: float
     """How far beyond its corrected prediction one wait in ten of requests beyond their
     share ran lately, or went unserved (at least 1; forgotten after a silence): a lane
@@ -70,6 +70,9 @@ class DispatcherView:
     service_gap_s: float | None
     """The smoothed gap between dispatches while work waited (the service gap)."""
     checks: Mapping[str, Any]
+    reserved_slots: int
+    """Pool slots that work beyond its share (and lower lanes) leaves free for top-lane
+    requests within their tenant's share."""
     protected_arrivals: int
     """Top-lane requests that arrived within their tenant's share."""
     protected_refused: Mapping[str, int]
@@ -87,6 +90,7 @@ class DispatcherView:
 
 def dispatcher_view(d: Dispatcher) -> DispatcherView:
     """What `d` is doing, from its plug-ins' own views."""
+    reserved, arrivals = d.spares.view()
     unit = d.learner.unit
     return DispatcherView(
         d.model,
@@ -94,7 +98,8 @@ def dispatcher_view(d: Dispatcher) -> DispatcherView:
         tuple(_target_view(d, target) for target in d.targets),
         d.rule.predictor.gap_s,
         {c.name: c.view() for c in d.checks},
-        d.share.within,
+        reserved,
+        arrivals,
         dict(d.stats.protected_refused),
         unit.decode_s_per_token,
         unit.prefill_s_per_token,

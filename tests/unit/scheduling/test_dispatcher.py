@@ -45,6 +45,9 @@ from tests.support.clock import FakeClock
 from tests.support.fakes import YieldingStore
 
 INTERACTIVE = Lane("interactive", priority=100, queue_size=100, max_queue_age_s=5)
+GUARDED = dataclasses.replace(INTERACTIVE, ttft_slo_s=60.0)
+"""The interactive lane with a promise no test here comes near: a reserve is kept only
+for a lane that promises a first token."""
 HEAVY = Lane("heavy", priority=50, queue_size=100, max_queue_age_s=5, starvation_s=0.05)
 BACKGROUND = Lane("background", priority=0, queue_size=100, max_queue_age_s=5, max_share=0.5)
 SHORT = Lane("short", priority=100, queue_size=10, max_queue_age_s=0.05)
@@ -593,20 +596,89 @@ async def test_the_fair_share_is_corrected_with_the_completion_the_provider_repo
     assert dispatcher.queues["interactive"].fairness.service() == expected.service()
 
 
+def reserving(dispatcher: Dispatcher, slots: int) -> None:
+    """Protected arrivals at 2/s and a completion every 0.5 s: load 1, so the reserve
+    is as large as it may be (a quarter of the batch)."""
+    for _ in range(40):
+        dispatcher.spares.reserve.arrived(dispatcher.clock.now())
+    dispatcher.rule.predictor.gap_s = 0.5
+    assert dispatcher.spares.reserve.slots(dispatcher.clock.now(), 0.5) == slots
+
+
 async def big_backlog_beside_small(
-    dispatcher: Dispatcher, clock: FakeClock
+    dispatcher: Dispatcher, clock: FakeClock, lane: Lane = GUARDED
 ) -> tuple[list[Attempt], list[asyncio.Task[Attempt]]]:
     """On a pool of 8: `small` holds 1 and `big` 6, one of big's 7 having ended, with 3
     more of big's queued beyond its share."""
-    held = [await granted(dispatcher, attempt(clock, tenant="small"))]
-    held += [await granted(dispatcher, attempt(clock, tenant="big")) for _ in range(7)]
+    held = [await granted(dispatcher, attempt(clock, tenant="small", lane=lane))]
+    held += [await granted(dispatcher, attempt(clock, tenant="big", lane=lane)) for _ in range(7)]
     backlog = [
-        asyncio.create_task(granted(dispatcher, attempt(clock, tenant="big"))) for _ in range(3)
+        asyncio.create_task(granted(dispatcher, attempt(clock, tenant="big", lane=lane)))
+        for _ in range(3)
     ]
     await settle()
     await dispatcher.release(held.pop())
     await settle()
     return held, backlog
+
+
+@pytest.mark.parametrize("reserve", [True, False])
+async def test_work_beyond_its_share_leaves_the_reserve_to_a_tenant_within_its_own(clock, reserve):
+    """`small` holds 1 of 8 and `big` the rest, with 3 more queued. When one of big's
+    ends, big (beyond its half, with a backlog) may not take the slot while only the
+    reserve's 2 are free; `small`'s next request then goes at once. Without the reserve
+    big's backlog would take the slot and small would queue behind it."""
+    pool = Pool(PoolSpec("p", 8), leases(clock))
+    dispatcher = dispatcher_for([GUARDED], pool, clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        if reserve:
+            reserving(dispatcher, 2)
+        _, backlog = await big_backlog_beside_small(dispatcher, clock)
+        assert sum(task.done() for task in backlog) == (0 if reserve else 1)
+        small = asyncio.create_task(
+            granted(dispatcher, attempt(clock, tenant="small", lane=GUARDED))
+        )
+        await settle()
+        assert small.done() is reserve
+        for task in (*backlog, small):
+            task.cancel()
+    finally:
+        runner.cancel()
+
+
+async def test_no_reserve_is_kept_in_a_lane_that_promises_no_first_token(clock):
+    """The traffic above in a lane without `ttft_slo_s`: nothing is promised, so no slot
+    is kept free, and big's backlog takes the slot that frees."""
+    pool = Pool(PoolSpec("p", 8), leases(clock))
+    dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        reserving(dispatcher, 0)
+        _, backlog = await big_backlog_beside_small(dispatcher, clock, INTERACTIVE)
+        assert sum(task.done() for task in backlog) == 1
+        for task in backlog:
+            task.cancel()
+    finally:
+        runner.cancel()
+
+
+async def test_a_lower_lane_never_takes_the_reserve(clock):
+    pool = Pool(PoolSpec("p", 8), leases(clock))
+    dispatcher = dispatcher_for([GUARDED, HEAVY], pool, clock)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        reserving(dispatcher, 2)
+        for _ in range(6):
+            await granted(dispatcher, attempt(clock, tenant="batch", lane=HEAVY))
+        heavy = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="x", lane=HEAVY)))
+        await settle()
+        assert not heavy.done()
+        await granted(dispatcher, attempt(clock, tenant="x", lane=GUARDED))
+        assert pool.counters.active == 7
+        heavy.cancel()
+    finally:
+        runner.cancel()
 
 
 async def test_a_lane_share_lends_the_pool_while_the_lanes_above_are_quiet(clock):
@@ -647,26 +719,35 @@ async def test_a_lane_share_lends_the_pool_while_the_lanes_above_are_quiet(clock
 
 
 async def test_a_request_within_its_share_passes_a_backlog_beyond_theirs(clock):
-    """`small` holds 1 of 8 and `big` 7, with 2 more queued beyond its share after one
-    of big's took the slot that freed. Round robin would visit big's backlog first, but
-    small's next request (within its share) goes before it when a slot frees."""
+    """`small` holds 1 of 8 and `big` 7, with 3 more queued beyond its share. Round robin
+    would visit big's backlog first, but with one slot free and a reserve of two it may
+    not take it: small's next request (within its share) is dispatched at once, not
+    queued behind that backlog, and once the pool is full again a queued one of small's
+    goes before big's when a slot frees."""
     pool = Pool(PoolSpec("p", 8), leases(clock))
     target = Target(DEPLOYMENT, (pool,), Gate(), Breaker(BreakerPolicy(), clock))
-    dispatcher = Dispatcher("m", [INTERACTIVE], [target], lambda lane: RoundRobin(), clock)
+    dispatcher = Dispatcher("m", [GUARDED], [target], lambda lane: RoundRobin(), clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
+        reserving(dispatcher, 2)
         held, backlog = await big_backlog_beside_small(dispatcher, clock)
-        held += [task.result() for task in backlog if task.done()]
-        backlog = [task for task in backlog if not task.done()]
-        assert len(backlog) == 2
-        queued = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="small")))
+        assert not any(task.done() for task in backlog)
+        passing = asyncio.create_task(
+            granted(dispatcher, attempt(clock, tenant="small", lane=GUARDED))
+        )
+        await settle()
+        assert passing.done()
+        held.append(passing.result())
+        queued = asyncio.create_task(
+            granted(dispatcher, attempt(clock, tenant="small", lane=GUARDED))
+        )
         await settle()
         assert not queued.done()
         await dispatcher.release(held.pop(1))
         await settle()
         assert queued.done()
         assert not any(task.done() for task in backlog)
-        for task in (*backlog, queued):
+        for task in (*backlog, passing, queued):
             task.cancel()
     finally:
         runner.cancel()
@@ -872,22 +953,26 @@ async def test_the_requests_judged_within_their_share_are_followed_to_their_end(
         runner.cancel()
 
 
-async def test_a_retry_its_caller_announces_is_never_within_its_share(clock):
-    """`small` holds nothing, but this request is its caller's second attempt: its demand
-    was judged when it first came, so on a full pool it queues beyond its share, while
-    small's fresh request queues within it."""
+async def test_a_retry_its_caller_announces_never_takes_the_reserve(clock):
+    """`small` is within its share, but this request is its caller's second attempt:
+    its demand was judged when it first came, so it waits behind the reserve."""
     pool = Pool(PoolSpec("p", 8), leases(clock))
-    dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
+    dispatcher = dispatcher_for([GUARDED], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
-        held = [await granted(dispatcher, attempt(clock, tenant="big")) for _ in range(8)]
-        retry = Attempt(call(clock, tenant="small")._replace(client_retries=1))
+        reserving(dispatcher, 2)
+        held = [
+            await granted(dispatcher, attempt(clock, tenant="big", lane=GUARDED)) for _ in range(6)
+        ]
+        retry = Attempt(call(clock, tenant="small", lane=GUARDED)._replace(client_retries=1))
         waiting = asyncio.create_task(granted(dispatcher, retry))
         await settle()
-        assert dispatcher.queues["interactive"].within_share == 0
-        fresh = asyncio.create_task(granted(dispatcher, attempt(clock, tenant="small")))
+        assert not waiting.done()
+        fresh = asyncio.create_task(
+            granted(dispatcher, attempt(clock, tenant="small", lane=GUARDED))
+        )
         await settle()
-        assert dispatcher.queues["interactive"].within_share == 1
+        assert fresh.done()
         for task in (waiting, fresh):
             task.cancel()
         for grant in held:
@@ -930,14 +1015,14 @@ async def test_a_burst_judged_while_the_store_answers_sees_its_own_earlier_reque
     runner = asyncio.create_task(dispatcher.run())
     try:
         held = [await granted(dispatcher, attempt(clock, tenant="other")) for _ in range(4)]
-        before = dispatcher.share.within
+        before = dispatcher.spares.reserve.arrivals
         burst = [
             asyncio.create_task(granted(dispatcher, attempt(clock, tenant="burst")))
             for _ in range(8)
         ]
         await settle()
         await settle()
-        assert dispatcher.share.within - before == 4
+        assert dispatcher.spares.reserve.arrivals - before == 4
         for task in burst:
             task.cancel()
         for grant in held:
@@ -954,6 +1039,26 @@ def deployments_a_and_b(store: MemoryLimitStore, clock: FakeClock, size: int) ->
         deployment = dataclasses.replace(DEPLOYMENT, name=name, pools=(name,))
         targets.append(Target(deployment, (pool,), Gate(), Breaker(BreakerPolicy(), clock)))
     return targets
+
+
+async def test_the_reserve_is_split_between_deployments_by_their_capacity(clock):
+    """Two deployments of 4 and a reserve of 2: each keeps one free, so work beyond its
+    share gets 6 of the 8 slots (taking 2 from each pool would leave it 4)."""
+    targets = deployments_a_and_b(MemoryLimitStore(clock), clock, 4)
+    bulk = Lane("bulk")
+    lanes = [GUARDED, bulk]
+    dispatcher = Dispatcher("m", lanes, targets, lambda lane: VirtualTokenCounter(), clock)
+    reserving(dispatcher, 2)
+    held = []
+    for _ in range(8):
+        a = attempt(clock, tenant="batch", lane=bulk)
+        try:
+            held.append(await granted(dispatcher, a))
+        except GatewayError:
+            break
+    assert len(held) == 6
+    for grant in held:
+        await dispatcher.release(grant)
 
 
 class QueuedAsks(MemoryLimitStore):
@@ -1801,6 +1906,40 @@ async def test_the_rest_of_an_answer_in_a_paused_lane_still_goes(clock):
         assert not fresh.done()
         fresh.cancel()
         for grant in (first, second):
+            await dispatcher.release(grant)
+    finally:
+        runner.cancel()
+
+
+async def test_the_rest_of_an_answer_may_take_the_slots_kept_for_requests_within_a_share(clock):
+    """With one of four slots kept free (the reserve) and three held, a request that may
+    not take it (a retry its caller announces) waits, the rest of an answer goes: at
+    once, and, queued behind a full pool, when a slot frees into the reserve. No prefill
+    budget: the rests hold their prompts here without a first token."""
+    pool = Pool(PoolSpec("p", 4), leases(clock))
+    unbudgeted = frozenset({Mechanism.PREFILL_BUDGET})
+    dispatcher = dispatcher_for([GUARDED], pool, clock, deployment=RESUMABLE, disabled=unbudgeted)
+    runner = asyncio.create_task(dispatcher.run())
+    try:
+        held = [
+            await granted(dispatcher, attempt(clock, tenant="x", lane=GUARDED)) for _ in range(3)
+        ]
+        reserving(dispatcher, 1)
+        retried = Attempt(call(clock, tenant="x", lane=GUARDED)._replace(client_retries=1))
+        fresh = asyncio.create_task(granted(dispatcher, retried))
+        await settle()
+        assert not fresh.done()
+        fresh.cancel()
+        rest = Attempt(call(clock, tenant="x", lane=GUARDED)._replace(stream=True, resumed=True))
+        held.append(await granted(dispatcher, rest))
+        later = Attempt(call(clock, tenant="x", lane=GUARDED)._replace(stream=True, resumed=True))
+        queued = asyncio.create_task(granted(dispatcher, later))
+        await settle()
+        assert not queued.done()
+        await dispatcher.release(held.pop(0))
+        await settle()
+        assert queued.done()
+        for grant in (*held, later):
             await dispatcher.release(grant)
     finally:
         runner.cancel()

@@ -53,6 +53,7 @@ from sluicegate.scheduling.placement import Reason
 from sluicegate.scheduling.placement.prefix_affinity import PrefixAffinity
 from sluicegate.scheduling.prefilling import PrefillBudgets
 from sluicegate.scheduling.queueing import QueueRule
+from sluicegate.scheduling.reserve import SpareSlots
 from sluicegate.scheduling.routing import Routing
 from sluicegate.scheduling.stats import Stats
 from sluicegate.scheduling.tenants import Tenants
@@ -120,6 +121,7 @@ HELD: dict[type, Callable[[Any, Dispatcher], list[int]]] = {
     Routing: lambda p, d: [],
     Tenants: lambda p, d: [len(p._charged), *(len(f._in_flight) for f in p._fairness.values())],
     QueueRule: lambda p, d: [],
+    SpareSlots: lambda p, d: [],
     Learner: lambda p, d: [],
 }
 """What each plug-in holds for requests in flight: all zero once none is."""
@@ -129,6 +131,7 @@ KEPT: dict[type, Callable[[Any], int]] = {
     QueueRule: lambda p: (
         sum(len(shedders) for shedders in p._shedders.values()) - len(LANES) * len(TENANTS)
     ),
+    SpareSlots: lambda p: len(p._splits) - (BATCH + 1),
     Learner: lambda p: 0,
     Routing: lambda p: (
         len(p.chosen)

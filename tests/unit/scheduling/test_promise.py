@@ -31,6 +31,7 @@ from tests.unit.scheduling.test_dispatcher import (
     dispatcher_for,
     granted,
     leases,
+    reserving,
     settle,
 )
 
@@ -671,12 +672,13 @@ async def test_a_request_within_its_share_is_promised_its_place_among_those_with
 
 async def test_a_request_within_its_share_goes_before_its_tenants_backlog_beyond_it(clock):
     """A slot frees while light has its request beyond its share queued, and one within
-    it behind: the one within goes. Standing first, the older one would keep the other
-    waiting with it."""
+    it behind: the one within goes. The older one may not take the slot the reserve
+    keeps, and standing first it would keep the other waiting with it."""
     pool = Pool(PoolSpec("p", 4), leases(clock))
     dispatcher = dispatcher_for([PROMISED], pool, clock)
     runner = asyncio.create_task(dispatcher.run())
     try:
+        reserving(dispatcher, 1)
         held, others, beyond = await light_behind_its_own_backlog(dispatcher, pool, clock)
         within = asyncio.create_task(
             granted(dispatcher, attempt(clock, tenant="light", lane=PROMISED))
