@@ -188,8 +188,9 @@ def build(
     )
 
     def own_status() -> dict[str, Any]:
-        document = snapshot(monitor, dispatchers.values(), gates)
+        document = snapshot(monitor, dispatchers.values(), gates, pools.values())
         document["slo"] = pipeline.slo.view()
+        document["history"] = pipeline.slo.history()
         if seat is not None:
             document["answered"] = metrics.answered_total()
         return document
