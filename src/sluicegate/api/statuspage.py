@@ -118,6 +118,8 @@ class StatusPage:
         except GatewayError as err:
             await send_error(send, err, close=True)
             return
+        except ClientDisconnected:
+            return
         token = None if key is None else self._logins.issue(key)
         if token is None:
             page = self._form.replace(FAILED, b'<p class="failed">That is not an admin key.</p>')
@@ -133,6 +135,8 @@ class StatusPage:
             await read_body_within(scope, receive, MAX_FORM_BYTES, FORM_TIMEOUT_S)
         except GatewayError as err:
             await send_error(send, err, close=True)
+            return
+        except ClientDisconnected:
             return
         cookie = _cookie(b"", 0)
         await send_bytes(send, 303, b"", [(b"location", b"/status"), cookie, *_SAFE])

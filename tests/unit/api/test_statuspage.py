@@ -151,6 +151,26 @@ async def test_the_login_body_is_bounded_and_must_be_a_form():
     assert status == 415
 
 
+@pytest.mark.parametrize("path", ["/admin/login", "/admin/logout"])
+async def test_a_caller_who_leaves_while_sending_the_form_gets_no_answer(path):
+    page = Page()
+    sent: list[Message] = []
+    messages = [
+        {"type": "http.request", "body": b"key=sk", "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+
+    async def receive() -> Message:
+        return messages.pop(0)
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": path, "headers": [FORM]}
+    await page.router(scope, receive, send)
+    assert sent == []
+
+
 async def test_logout_clears_the_cookie():
     page = Page()
     status, headers, _ = await page.call("POST", "/admin/logout")
