@@ -174,6 +174,16 @@ class Metrics:
         return state
 
 
+KINDS = {"offered": (), "accepted": ("met", "missed", "failed"), "met": ("met",)}
+"""The outcome kinds each figure counts (offered: every kind)."""
+
+
+def counted(metrics: Metrics, family: str, figure: str, **labels: str) -> float:
+    if not KINDS[figure]:
+        return metrics.value(family, **labels) or 0
+    return sum(metrics.value(family, kind=k, **labels) or 0 for k in KINDS[figure])
+
+
 def from_metrics(path: list[str], metrics: Metrics) -> str | None:
     """What `/metrics` says of the figure at `path`, shown as the page shows it; None for a
     figure `/metrics` does not carry (the lanes' recent window is `/admin/status`'s own)."""
@@ -208,25 +218,18 @@ def from_metrics(path: list[str], metrics: Metrics) -> str | None:
             name = {"tpot_s": "tpot_seconds"}.get(field, field)
             value = metrics.value(f"sluicegate_backend_{name}", deployment=deployment)
             return shown(None if value is None else round(value, 3))
-        case ["slo", "tenants", tenant, lane, kind] if kind in ("accepted", "met"):
-            kinds = ("met", "missed", "failed") if kind == "accepted" else ("met",)
+        case ["slo", "tenants", tenant, lane, kind] if kind in KINDS:
             family = "sluicegate_tenant_request_outcomes_total"
-            return shown(
-                sum(metrics.value(family, tenant=tenant, lane=lane, kind=k) or 0 for k in kinds)
-            )
+            return shown(counted(metrics, family, kind, tenant=tenant, lane=lane))
+        case ["slo", "models", model, lane, kind] if kind in KINDS:
+            family = "sluicegate_request_outcomes_total"
+            return shown(counted(metrics, family, kind, model=model, lane=lane))
     return None
 
 
 def history_from_metrics(metrics: Metrics) -> dict[str, str]:
     family = "sluicegate_request_outcomes_total"
-    offered = metrics.value(family) or 0
-    accepted = sum(metrics.value(family, kind=k) or 0 for k in ("met", "missed", "failed"))
-    met = metrics.value(family, kind="met") or 0
-    return {
-        key("history", "offered"): shown(offered),
-        key("history", "accepted"): shown(accepted),
-        key("history", "met"): shown(met),
-    }
+    return {key("history", kind): shown(counted(metrics, family, kind)) for kind in KINDS}
 
 
 async def page_figures(page: Any, kind: str) -> dict[str, str]:
