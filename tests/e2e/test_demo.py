@@ -34,6 +34,7 @@ def status(gateway: Proc) -> dict[str, Any]:
 
 def test_the_interactive_lane_keeps_its_slo_while_the_neighbours_batch_waits(tmp_path):
     gateway = start("serve", [], tmp_path, cwd=tmp_path, ready_path="/ready", timeout_s=30)
+    assert f"Status page: {gateway.url}/status (admin key {DEMO_ADMIN_KEY})" in gateway.output()
     scenario = yaml.safe_load(DEMO_LOAD.read_text())
     scenario |= {"duration_s": DURATION_S, "drain_s": DRAIN_S}
     path = tmp_path / "load.yaml"
