@@ -1,6 +1,7 @@
 """The demo as `make run` starts it (`sluicegate serve` with no config, its simulator a
-child), under 30 s of the noisy neighbour `make demo-load` sends: the interactive lane
-keeps its SLO while batch work waits in its own queue."""
+child), under the noisy neighbour `make demo-load` sends, squeezed into 30 s as `bench run
+--quick` squeezes a scenario (rates kept, the burst halved): the interactive lane keeps
+its SLO while batch work waits in its own queue."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 import yaml
 
 from sluicegate.app import DEMO_ADMIN_KEY
+from sluicegate.bench import scenario as scenarios
 from tests.support.processes import Proc, start
 
 DEMO_LOAD = Path(__file__).parents[2] / "src" / "sluicegate" / "demo-load.yaml"
@@ -35,10 +37,9 @@ def status(gateway: Proc) -> dict[str, Any]:
 def test_the_interactive_lane_keeps_its_slo_while_the_neighbours_batch_waits(tmp_path):
     gateway = start("serve", [], tmp_path, cwd=tmp_path, ready_path="/ready", timeout_s=30)
     assert f"Status page: {gateway.url}/status (admin key {DEMO_ADMIN_KEY})" in gateway.output()
-    scenario = yaml.safe_load(DEMO_LOAD.read_text())
-    scenario |= {"duration_s": DURATION_S, "drain_s": DRAIN_S}
+    scenario = scenarios.compressed(scenarios.load(DEMO_LOAD), DURATION_S, DRAIN_S)
     path = tmp_path / "load.yaml"
-    path.write_text(yaml.safe_dump(scenario))
+    path.write_text(yaml.safe_dump(scenario.model_dump(mode="json")))
     command = [sys.executable, "-m", "sluicegate", "bench", "run", str(path)]
     command += ["--target", f"{gateway.url}/v1", "--out", str(tmp_path / "out")]
     log = (tmp_path / "load.log").open("wb")
