@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint bench-overhead clean
+.PHONY: install run demo-load demo-load-direct test lint bench-overhead clean
 
 install: $(STAMP)
 
@@ -14,8 +14,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# The demo: its simulator on 8001, so that demo-load-direct can reach it past the gateway.
 run: $(STAMP)
-	$(BIN)/sluicegate serve
+	SLUICEGATE_DEMO_SIM_PORT=8001 $(BIN)/sluicegate serve
+
+# A noisy neighbour against the running demo (watch it at http://127.0.0.1:8000/status), or
+# the same load straight to the demo's simulator, without the gateway.
+DEMO_LOAD := SLUICEGATE_DEMO_KEY_ALICE=sk-demo-alice SLUICEGATE_DEMO_KEY_BOB=sk-demo-bob \
+	$(BIN)/sluicegate bench run src/sluicegate/demo-load.yaml
+
+demo-load: $(STAMP)
+	$(DEMO_LOAD) --target http://127.0.0.1:8000/v1 --out bench/results/demo-load
+
+demo-load-direct: $(STAMP)
+	$(DEMO_LOAD) --target http://127.0.0.1:8001/v1 --out bench/results/demo-load-direct
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

@@ -33,7 +33,9 @@ from sluicegate.api.gateway import Gateway
 from sluicegate.api.intake import Intake
 from sluicegate.api.jobs import JobRoutes
 from sluicegate.api.ledger import BatchLedger
+from sluicegate.api.login import Logins
 from sluicegate.api.server import SPARE_FILES, fit_open_files, listen, serve
+from sluicegate.api.statuspage import StatusPage
 from sluicegate.capacity.breaker import Breaker
 from sluicegate.capacity.fleet_breaker import BreakerSync, FleetBreaker
 from sluicegate.capacity.gates import AimdGate, BackendGate, MetricsGate, OpenGate
@@ -78,6 +80,10 @@ from sluicegate.supervisor import ALIVE, Supervisor, run_directory
 from sluicegate.worker import Workers
 
 DEMO_KEYS = {"demo-alice": "sk-demo-alice", "demo-bob": "sk-demo-bob"}
+DEMO_ADMIN_KEY = "sk-demo-admin"
+DEMO_SIM_PORT = "SLUICEGATE_DEMO_SIM_PORT"
+"""The variable naming the demo simulator's port (default: a free one), so that a load
+can be sent to it directly, bypassing the gateway."""
 DRAIN_S = 1.0
 """How long a stopping replica waits for the releases still on their way to Redis."""
 
@@ -188,8 +194,9 @@ def build(
     )
 
     def own_status() -> dict[str, Any]:
-        document = snapshot(monitor, dispatchers.values(), gates)
+        document = snapshot(monitor, dispatchers.values(), gates, pools.values())
         document["slo"] = pipeline.slo.view()
+        document["history"] = pipeline.slo.history()
         if seat is not None:
             document["answered"] = metrics.answered_total()
         return document
@@ -218,6 +225,14 @@ def build(
     wall = UnixClock()
     workers = Workers(settings, pipeline, metrics, clock, wall)
     intake = Intake(settings, wall, workers.wake, pace_clock=clock)
+    page = StatusPage(
+        status,
+        settings.admin_keys,
+        Logins(settings.admin_keys, wall),
+        clock,
+        settings.edge.status_viewers,
+        lambda: gateway.ready,
+    )
     ledger = BatchLedger(intake)
     background: list[asyncio.Task[None]] = []
     listeners: list[Redis] = []
@@ -308,6 +323,7 @@ def build(
             await job_store.close()
 
     router = gateway.routes(Router(on_startup=[startup], on_shutdown=[shutdown]))
+    page.routes(router)
     JobRoutes(intake).routes(router)
     BatchRoutes(intake, ledger).routes(router)
     app: Handler = BodyBudget(router, settings.edge.max_body_bytes_in_flight)
@@ -484,7 +500,8 @@ def run(args: argparse.Namespace) -> int:
             return _supervise(args, settings, listener)
         runtime = build(settings, store_down=store_down, seat=seat)
         if seat is None:
-            print(_banner(settings, demo=args.config is None), flush=True)
+            demo = env.get("SLUICEGATE_DEMO_SIM_URL") if args.config is None else None
+            print(_banner(settings, demo=demo), flush=True)
         serve(runtime.app, listener, log_level=args.log_level, limits=settings.edge)
     return 0
 
@@ -530,7 +547,7 @@ def _supervise(args: argparse.Namespace, settings: Settings, holder: socket.sock
         ]
 
     settings = dataclasses.replace(settings, port=port)
-    print(f"{_banner(settings, demo=False)}, {args.workers} workers", flush=True)
+    print(f"{_banner(settings, demo=None)}, {args.workers} workers", flush=True)
     try:
         seats = Seat(0, args.workers, directory)
         return Supervisor(argv, args.workers, directory, 10.0, seats.socket).run()
@@ -576,10 +593,11 @@ def _no_backend() -> Iterator[dict[str, str]]:
 @contextmanager
 def _demo_backend() -> Iterator[dict[str, str]]:
     """Start `sluicegate sim` as a child process for the demo and stop it afterwards."""
-    port = _free_port()
-    child = spawn(
-        [sys.executable, "-m", "sluicegate", "sim", "--host", "127.0.0.1", "--port", str(port)]
-    )
+    port = int(os.environ.get(DEMO_SIM_PORT) or _free_port())
+    # It serves the demo's model name too, so that a load can skip the gateway.
+    served = ["--model", "sim-model", "--model", "demo-chat"]
+    where = ["--host", "127.0.0.1", "--port", str(port)]
+    child = spawn([sys.executable, "-m", "sluicegate", "sim", *where, *served])
     try:
         _wait_healthy(f"http://127.0.0.1:{port}/health", child)
         yield {**os.environ, "SLUICEGATE_DEMO_SIM_URL": f"http://127.0.0.1:{port}/v1"}
@@ -606,13 +624,17 @@ def _wait_healthy(url: str, child: subprocess.Popen[bytes], timeout_s: float = 1
     raise SystemExit("sluicegate: the demo simulator did not start in time")
 
 
-def _banner(settings: Settings, *, demo: bool) -> str:
+def _banner(settings: Settings, *, demo: str | None) -> str:
+    """What the server says at start; `demo`: the demo simulator's URL, in the demo."""
     url = f"http://{settings.host}:{settings.port}"
     lines = [f"Sluicegate listening on {url} (models: {', '.join(settings.models)})"]
-    if demo:
+    if demo is not None:
         lines += [
-            "Demo mode: a simulated vLLM backend runs behind the gateway.",
+            f"Demo mode: a simulated vLLM backend runs behind the gateway at {demo}.",
             f"Demo keys: {', '.join(f'{k} ({t})' for t, k in DEMO_KEYS.items())}",
+            f"Status page: {url}/status (admin key {DEMO_ADMIN_KEY})",
+            "A noisy neighbour to watch there: make demo-load (make demo-load-direct: the",
+            "  same load straight to the simulator, without the gateway)",
             "Try:",
             f"  curl {url}/v1/chat/completions -H 'Authorization: Bearer sk-demo-alice' \\",
             "    -H 'Content-Type: application/json' \\",

@@ -15,6 +15,7 @@ import pytest
 from sluicegate.app import _shared_store_at_start
 from sluicegate.stores.redis import inspect
 from sluicegate.stores.resp import RespConnection
+from tests.support.processes import free_port
 from tests.support.redis import RedisServer, redis_policy, redis_server
 
 
@@ -54,7 +55,10 @@ async def test_eviction_is_fit_with_noeviction_or_without_maxmemory(server):
 
 
 async def test_a_cluster_node_is_unfit(tmp_path):
-    with redis_server(tmp_path, options=["--cluster-enabled", "yes"]) as node:
+    # The cluster bus takes the port + 10000 unless told otherwise: past 65535 for a free
+    # port above 55535, where the node would not start.
+    options = ["--cluster-enabled", "yes", "--cluster-port", str(free_port())]
+    with redis_server(tmp_path, options=options) as node:
         found = await inspect(node.url)
     assert found.unfit is not None
     assert "Cluster" in found.unfit

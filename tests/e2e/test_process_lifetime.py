@@ -27,7 +27,7 @@ def assert_all_gone(processes: list[psutil.Process]) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
 def test_the_demo_simulator_ends_with_the_gateway(tmp_path, sig):
-    gateway = start("serve", [], tmp_path)
+    gateway = start("serve", [], tmp_path, cwd=tmp_path)
     try:
         children = children_of(gateway.popen.pid)
         assert any("sim" in child.cmdline() for child in children), children

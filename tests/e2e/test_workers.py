@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+import orjson
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -148,6 +149,23 @@ async def test_metrics_on_any_worker_report_the_whole_server(server, http):
         assert limit.value == 8  # the same setting in each worker: not summed
         [reporting] = families["sluicegate_workers_reporting"].samples
         assert reporting.value == 2
+
+
+async def test_the_status_pages_feed_on_any_worker_shows_the_whole_server(server, http):
+    await flood(server, total=100, width=8)
+    headers = {"Authorization": f"Bearer {ADMIN}", "Connection": "close"}
+    seen: set[int] = set()
+    while len(seen) < 2:
+        async with http.get(f"{server.url}/admin/live", headers=headers) as resp:
+            assert resp.status == 200
+            line = await asyncio.wait_for(resp.content.readline(), 10)
+        document = orjson.loads(line.removeprefix(b"data: "))["status"]
+        seen.add(document["worker"])
+        assert document["workers"]["answered"] == [0, 1]
+        seconds = document["server"]["history"]["seconds"].values()
+        assert sum(second["offered"] for second in seconds) == 100
+        [pool] = document["server"]["pools"].values()
+        assert pool["limit"] == 8
 
 
 async def replaced(server: Proc, victim: int, within_s: float) -> None:

@@ -39,6 +39,17 @@ class BackendSample:
     """Prompt tokens looked up in the prefix cache and found, as running totals."""
 
 
+@dataclass(frozen=True, slots=True)
+class BackendView:
+    """What the backend's last scrape said, for operators: its requests running and
+    waiting, its KV cache in use, and its time per output token since the scrape before."""
+
+    running: float
+    waiting: float
+    kv_usage: float | None
+    tpot_s: float | None
+
+
 class BackendGate(Protocol):
     def admits(self, lane: Lane) -> bool: ...
 
@@ -159,6 +170,13 @@ class MetricsGate(_Listeners):
     @property
     def tpot_s(self) -> float | None:
         return self._tpot_s
+
+    def view(self) -> BackendView | None:
+        """The last scrape's figures; None before the first."""
+        sample = self._sample
+        if sample is None:
+            return None
+        return BackendView(sample.running, sample.waiting, sample.kv_usage, self._tpot_s)
 
     @property
     def estimated_waiting(self) -> float:

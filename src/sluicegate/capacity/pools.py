@@ -53,6 +53,8 @@ class PoolView:
     tokens_reserved: int
     tokens_used: int
     tokens_unsettled: int
+    cooldown_s: float
+    """How long the cooldown this process last set still runs (0 when none does)."""
 
 
 class Pool:
@@ -67,6 +69,7 @@ class Pool:
         self._tokens_key = keys.pool_tokens(name)
         self._listeners: list[Callable[[], None]] = []
         self._look_again = Wakeup(leases.clock, self.freed)
+        self._cool_until_s = float("-inf")
 
     @property
     def name(self) -> str:
@@ -81,6 +84,7 @@ class Pool:
             c.tokens_reserved,
             c.tokens_used,
             c.tokens_unsettled,
+            max(0.0, self._cool_until_s - self.leases.clock.now()),
         )
 
     def charges(self, tokens: int) -> tuple[Charge, ...]:
@@ -93,6 +97,8 @@ class Pool:
         return tuple(found)
 
     async def cool(self, duration_s: float) -> None:
+        until = self.leases.clock.now() + duration_s
+        self._cool_until_s = max(self._cool_until_s, until)
         try:
             await self.leases.store.cool(self.cooldown_key, duration_s)
         except StoreUnavailable:

@@ -54,6 +54,9 @@ class ServerConfig(Strict):
     max_body_bytes_in_flight: int = Field(
         default=512 * 1024 * 1024, ge=1024 * 1024, description="every request body held at once"
     )
+    status_viewers: int = Field(
+        default=8, ge=1, description="status pages following /admin/live at once, per process"
+    )
 
 
 class QuotaConfig(Strict):

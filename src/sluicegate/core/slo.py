@@ -12,9 +12,10 @@ and met it counts in.
 from __future__ import annotations
 
 import enum
+import math
 from collections import Counter, deque
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from sluicegate.core.types import Lane
 
@@ -190,3 +191,45 @@ def figures(tally: Tally, window_s: float) -> dict[str, float | int | None]:
 def attainment(met: float, accepted: float) -> float | None:
     """Met over accepted requests that finished; None before any."""
     return round(met / accepted, 4) if accepted else None
+
+
+HISTORY_S = 300
+"""Seconds of offered, accepted and met counts the gateway keeps for the status page."""
+
+
+class LoadHistory:
+    """Offered, accepted and met requests per whole second of the clock, for the last
+    `seconds` of them: a ring of at most `seconds` entries, so memory stays bounded
+    however long the gateway runs. Seconds are the clock's own, which every worker of
+    one host reads alike (CLOCK_MONOTONIC), so the workers' rings merge second by
+    second."""
+
+    def __init__(self, seconds: int = HISTORY_S) -> None:
+        self.seconds = seconds
+        self._ring: deque[tuple[int, list[int]]] = deque(maxlen=seconds)
+
+    def add(self, kind: Kind, now: float) -> None:
+        second = math.floor(now)
+        ring = self._ring
+        if not ring or ring[-1][0] != second:
+            ring.append((second, [0, 0, 0]))
+        counts = ring[-1][1]
+        counts[0] += 1
+        if kind in ACCEPTED:
+            counts[1] += 1
+            if kind is Kind.MET:
+                counts[2] += 1
+
+    def view(self, now: float) -> dict[str, Any]:
+        """The seconds within the window ending at `now` that saw a request, by second
+        (a string, as JSON keys are), and the current second as `now_s`."""
+        current = math.floor(now)
+        oldest = current - self.seconds + 1
+        return {
+            "now_s": current,
+            "seconds": {
+                str(second): {"offered": offered, "accepted": accepted, "met": met}
+                for second, (offered, accepted, met) in self._ring
+                if second >= oldest
+            },
+        }

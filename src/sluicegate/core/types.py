@@ -447,6 +447,9 @@ class EdgeLimits:
     the client always closes first and never sends into a connection closing under it."""
     max_body_bytes_in_flight: int = 512 * 1024 * 1024
     """Request bodies held at once by the process, from arrival to their request's end."""
+    status_viewers: int = 8
+    """Status pages following the live feed at once: each costs a status document a
+    second (and, with workers, a question to every sibling)."""
 
 
 @dataclass(frozen=True, slots=True)

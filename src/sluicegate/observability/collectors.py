@@ -17,6 +17,14 @@ from sluicegate.scheduling.dispatcher import Dispatcher
 from sluicegate.scheduling.overload import OverloadMonitor
 from sluicegate.stores.failover import FailoverStore
 
+BACKEND_GAUGES = (
+    ("running", "running", "requests running"),
+    ("waiting", "waiting", "requests waiting"),
+    ("kv_usage", "kv_usage", "share of its KV cache in use"),
+    ("tpot_s", "tpot_seconds", "time per output token between its last two scrapes"),
+)
+"""The fields of a `BackendView` exported, with their metric names and meanings."""
+
 
 class CapacityCollector(Collector):
     """Reads pools, lane queues and backend gates at scrape time, so the hot path
@@ -51,6 +59,12 @@ class CapacityCollector(Collector):
         used = CounterMetricFamily(
             "sluicegate_pool_tokens_used", "Tokens the provider reported used.", labels=pool
         )
+        cooldown = GaugeMetricFamily(
+            "sluicegate_pool_cooldown_seconds",
+            "How long the cooldown this process last set on the pool (after a provider's "
+            "throttling answer) still runs; 0 when none does.",
+            labels=pool,
+        )
         unsettled = CounterMetricFamily(
             "sluicegate_pool_tokens_unsettled",
             "Reserved tokens kept because no usage was reported (failed or cut attempts).",
@@ -62,7 +76,8 @@ class CapacityCollector(Collector):
             reserved.add_metric([view.name], view.tokens_reserved)
             used.add_metric([view.name], view.tokens_used)
             unsettled.add_metric([view.name], view.tokens_unsettled)
-        yield from (active, limit, reserved, used, unsettled)
+            cooldown.add_metric([view.name], view.cooldown_s)
+        yield from (active, limit, reserved, used, unsettled, cooldown)
 
     def _queue_families(self) -> Iterator[Metric]:
         labels = ["model", "lane"]
@@ -215,12 +230,27 @@ class CapacityCollector(Collector):
             "vllm:prefix_cache_queries): beside sluicegate_prefix_estimated_hit_ratio.",
             labels=["deployment"],
         )
+        backend = {
+            field: GaugeMetricFamily(
+                f"sluicegate_backend_{name}",
+                f"The backend's {what}, as its last scrape said.",
+                labels=["deployment"],
+            )
+            for field, name, what in BACKEND_GAUGES
+        }
         for deployment, gate in self._gates.items():
             current = gate.state()
             for each in GateState:
                 state.add_metric([deployment, each.value], 1.0 if each is current else 0.0)
-            if isinstance(gate, MetricsGate) and gate.prefix_hit_ratio is not None:
+            if not isinstance(gate, MetricsGate):
+                continue
+            if gate.prefix_hit_ratio is not None:
                 prefix.add_metric([deployment], gate.prefix_hit_ratio)
+            view = gate.view()
+            for field, family in backend.items():
+                value = None if view is None else getattr(view, field)
+                if value is not None:
+                    family.add_metric([deployment], value)
         circuit = GaugeMetricFamily(
             "sluicegate_circuit",
             "1 for the deployment's circuit state (closed, open, half_open).",
@@ -237,7 +267,7 @@ class CapacityCollector(Collector):
                 for each in BreakerState:
                     circuit.add_metric([name, each.value], 1.0 if each is breaker.state else 0.0)
                 opened.add_metric([name], breaker.opened)
-        yield from (state, prefix, circuit, opened)
+        yield from (state, prefix, *backend.values(), circuit, opened)
 
 
 class OverloadCollector(Collector):

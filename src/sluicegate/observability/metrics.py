@@ -575,6 +575,12 @@ class GatewayMetrics:
 TAKES_MAX = frozenset(
     {
         "sluicegate_pool_concurrency_limit",
+        "sluicegate_pool_cooldown_seconds",
+        "sluicegate_backend_running",
+        "sluicegate_backend_waiting",
+        "sluicegate_backend_kv_usage",
+        "sluicegate_backend_tpot_seconds",
+        "sluicegate_backend_prefix_hit_ratio",
         "sluicegate_queue_oldest_age_seconds",
         "sluicegate_queue_wait_correction",
         "sluicegate_queue_wait_tail",
@@ -594,7 +600,8 @@ TAKES_MAX = frozenset(
     }
 )
 """Families merged across workers by their largest value: the same setting or fleet-wide
-count seen by every worker (limits, the job store's backlog, replicas), the oldest age,
+count seen by every worker (limits, the job store's backlog, replicas, each backend's last
+scrape), the longest cooldown, the oldest age,
 the worst pressure, wait correction and tail, and the one-hot states (1 for every state some
 worker is in). The rest are summed: every counter and histogram, and the gauges of what
 each worker holds (attempts, queued requests, requests in flight, memory)."""

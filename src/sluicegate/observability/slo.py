@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from sluicegate.core.clock import Clock
-from sluicegate.core.slo import RecentOutcomes, Timeline, Verdict, figures
+from sluicegate.core.slo import LoadHistory, RecentOutcomes, Timeline, Verdict, figures
 from sluicegate.observability.metrics import GatewayMetrics
 
 UNKNOWN = "-"
@@ -26,6 +26,7 @@ class SloAccounts:
         self._metrics = metrics
         self._clock = clock
         self._recent = RecentOutcomes(window_s)
+        self._history = LoadHistory()
 
     def finished(
         self, route: str, model: str, lane: str, tenant: str | None, verdict: Verdict
@@ -34,6 +35,7 @@ class SloAccounts:
         outcome, kind = verdict
         self._metrics.judged(route, model, lane, tenant, outcome, kind)
         now, recent = self._clock.now(), self._recent
+        self._history.add(kind, now)
         recent.add(("lane", model, lane), kind, now)
         if tenant is not None:
             recent.add(("tenant", tenant, lane), kind, now)
@@ -82,3 +84,8 @@ class SloAccounts:
             into = lanes if scope == "lane" else tenants
             into.setdefault(name, {})[lane] = figures(tally, window_s)
         return {"window_s": window_s, "models": lanes, "tenants": tenants}
+
+    def history(self) -> dict[str, Any]:
+        """Offered, accepted and met requests per second over the last minutes, counted
+        where `sluicegate_request_outcomes_total` counts them."""
+        return self._history.view(self._clock.now())

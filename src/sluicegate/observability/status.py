@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import asdict
 from typing import Any
 
-from sluicegate.capacity.gates import BackendGate
+from sluicegate.capacity.gates import BackendGate, MetricsGate
+from sluicegate.capacity.pools import Pool
 from sluicegate.core.slo import attainment
 from sluicegate.scheduling.dispatcher import Dispatcher
 from sluicegate.scheduling.overload import OverloadMonitor
@@ -15,7 +17,10 @@ def snapshot(
     monitor: OverloadMonitor,
     dispatchers: Iterable[Dispatcher],
     gates: Mapping[str, BackendGate],
+    pools: Iterable[Pool],
 ) -> dict[str, Any]:
+    """Read from the same views as the collectors behind `/metrics`, so that the two
+    (and the status page, which shows this document) agree."""
     models: dict[str, Any] = {}
     for view in (d.view() for d in dispatchers):
         lanes = {
@@ -34,6 +39,7 @@ def snapshot(
                 "wait_correction_within_share": round(lane.wait_correction_within_share, 3),
                 "wait_tail": round(lane.wait_tail, 3),
                 "after_dispatch_s": round(lane.after_dispatch_s, 3),
+                "service": {tenant: round(v, 3) for tenant, v in lane.service.items()},
             }
             for lane in view.lanes
         }
@@ -44,6 +50,7 @@ def snapshot(
                 "gate": target.gate.value,
                 "prefill_pending_tokens": target.prefill_pending_tokens,
                 "prefill_tokens_per_s": target.prefill_tokens_per_s,
+                "backend": _backend(gates.get(target.deployment)),
             }
             for target in view.targets
         }
@@ -61,7 +68,23 @@ def snapshot(
         "overload": {"state": monitor.state.label, "pressure": round(monitor.pressure, 3)},
         "models": models,
         "gates": {name: gate.state().value for name, gate in gates.items()},
+        "pools": {
+            view.name: {
+                "active": view.active,
+                "limit": view.limit,
+                "cooldown_s": round(view.cooldown_s, 3),
+            }
+            for view in (pool.view() for pool in pools)
+        },
     }
+
+
+def _backend(gate: BackendGate | None) -> dict[str, Any] | None:
+    """The deployment's last scraped metrics; None without a metrics gate or a scrape."""
+    view = gate.view() if isinstance(gate, MetricsGate) else None
+    if view is None:
+        return None
+    return {name: None if v is None else round(v, 3) for name, v in asdict(view).items()}
 
 
 TAKES_MAX = frozenset(
@@ -79,12 +102,19 @@ TAKES_MAX = frozenset(
         "prefill_s_per_token",
         "window_s",
         "estimated_hit_ratio",
+        "limit",
+        "cooldown_s",
+        "service",
+        "backend",
+        "now_s",
     }
 )
 """Status fields merged across workers by their largest value (ages, the worst pressure,
-the slowest service and the worst correction and tail a worker learnt); numbers are otherwise
+the slowest service and the worst correction and tail a worker learnt, and what every worker
+sees alike: a pool's limit, the backend's last scrape, the fair counters, the clock's second);
+a dict under one of these keys is merged the same way throughout. Numbers are otherwise
 summed (queued, in flight, dispatched, queue_dispatched, expired, shed, unavailable,
-abandoned, answered)."""
+abandoned, answered, a pool's active attempts, each second's offered, accepted and met)."""
 
 
 def whole_server(own: int, count: int, documents: Mapping[int, dict[str, Any]]) -> dict[str, Any]:
@@ -114,7 +144,8 @@ def _merge(values: list[Any], key: str = "") -> Any:
     first = values[0]
     if isinstance(first, dict):
         keys = dict.fromkeys(k for value in values for k in value)
-        return {k: _merge([v[k] for v in values if k in v], k) for k in keys}
+        inherit = key in TAKES_MAX
+        return {k: _merge([v[k] for v in values if k in v], key if inherit else k) for k in keys}
     if isinstance(first, bool):
         return any(values)
     if isinstance(first, int | float):

@@ -198,3 +198,14 @@ def test_the_backends_prefix_hit_ratio_is_read_between_two_scrapes():
         g.update(BackendSample(0.0, 0.0, None, None, None, queries, hits))
         ratios.append(g.prefix_hit_ratio)
     assert ratios == [None, None, 0.75, 0.75, 0.0]
+
+
+def test_the_view_is_the_last_scrape_with_the_time_per_token_between_the_last_two():
+    g, _ = gate()
+    assert g.view() is None
+    g.update(sample(waiting=1, running=3, kv=0.25, tpot_sum=1.0, tpot_count=10))
+    g.update(sample(waiting=2, running=4, kv=0.5, tpot_sum=1.5, tpot_count=20))
+    g.sent()
+    view = g.view()
+    assert view is not None
+    assert (view.running, view.waiting, view.kv_usage, view.tpot_s) == (4, 2, 0.5, 0.05)

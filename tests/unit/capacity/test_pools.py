@@ -188,3 +188,15 @@ async def test_the_fleets_backend_bound_is_one_more_slot_of_the_decision():
     await first.release(None)
     assert await p.leases.store.in_use("{pools}backend:d") == 0
     assert isinstance(await group.acquire(0, backend), PoolPermit)
+
+
+async def test_the_view_shows_how_long_the_cooldown_this_process_set_still_runs():
+    clock = FakeClock()
+    p = pool(clock)
+    assert p.view().cooldown_s == 0.0
+    await p.cool(5.0)
+    await p.cool(2.0)  # a shorter one never shortens it
+    clock.advance(1.5)
+    assert p.view().cooldown_s == 3.5
+    clock.advance(4.0)
+    assert p.view().cooldown_s == 0.0

@@ -115,3 +115,61 @@ def test_a_figure_one_worker_has_not_measured_yet_is_left_out_of_the_merge():
         "prefill_tokens_per_s": 3000.0,
     }
     assert model["service_gap_s"] is None
+
+
+def test_the_status_page_figures_merge_as_the_metrics_do():
+    """Each second's counts and a pool's attempts are summed; a pool's limit, its longest
+    cooldown, the backend's scrape, the fair counters and the clock's second take the
+    largest value, as the same families do on `/metrics`."""
+
+    def doc(active: int, cooldown_s: float, running: float, service: float, now_s: int) -> dict:
+        lane = {"queued": 1, "service": {"t": service}}
+        backend = {"running": running, "waiting": 0.0, "kv_usage": 0.5, "tpot_s": None}
+        return {
+            "pools": {"p": {"active": active, "limit": 8, "cooldown_s": cooldown_s}},
+            "models": {"m": {"lanes": {"l": lane}, "deployments": {"d": {"backend": backend}}}},
+            "history": {
+                "now_s": now_s,
+                "seconds": {
+                    str(now_s - 1): {"offered": 2, "accepted": 1, "met": 1},
+                    str(now_s): {"offered": active, "accepted": active, "met": 0},
+                },
+            },
+        }
+
+    server = whole_server(0, 2, {0: doc(3, 0.0, 4.0, 10.0, 100), 1: doc(2, 1.5, 5.0, 12.0, 101)})[
+        "server"
+    ]
+    assert server["pools"]["p"] == {"active": 5, "limit": 8, "cooldown_s": 1.5}
+    model = server["models"]["m"]
+    assert model["lanes"]["l"] == {"queued": 2, "service": {"t": 12.0}}
+    assert model["deployments"]["d"]["backend"] == {
+        "running": 5.0,
+        "waiting": 0.0,
+        "kv_usage": 0.5,
+        "tpot_s": None,
+    }
+    assert server["history"] == {
+        "now_s": 101,
+        "seconds": {
+            "99": {"offered": 2, "accepted": 1, "met": 1},
+            "100": {"offered": 5, "accepted": 4, "met": 1},
+            "101": {"offered": 2, "accepted": 2, "met": 0},
+        },
+    }
+
+
+def test_the_pool_cooldown_and_backend_scrape_gauges_take_the_largest_value():
+    def gauge(name: str, value: float) -> list:
+        return [[name, "gauge", "", [[name, {"deployment": "d"}, value]]]]
+
+    merged = ServerFamilies(2)
+    for running, cooldown in ((4.0, 0.0), (5.0, 2.0)):
+        merged.add(
+            gauge("sluicegate_backend_running", running)
+            + gauge("sluicegate_pool_cooldown_seconds", cooldown)
+        )
+    page = families(generate_latest(merged))
+    deployment = (("deployment", "d"),)
+    assert page["sluicegate_backend_running", deployment] == 5.0
+    assert page["sluicegate_pool_cooldown_seconds", deployment] == 2.0
