@@ -200,8 +200,7 @@ class LoadGen:
             request.url, data=request.body, headers=request.headers
         ) as response:
             if not 200 <= response.status < 300:
-                await response.read()
-                raise BadAnswer(f"http {response.status}")
+                raise BadAnswer(f"http {response.status} {_error_code(await response.read())}")
             if request.stream:
                 return await _read_stream(response, started)
             await response.read()
@@ -229,6 +228,16 @@ async def _read_stream(response: aiohttp.ClientResponse, started: float) -> tupl
     if not counter.done:
         raise BadAnswer("stream without [DONE]")
     return first_s, counter.chunks
+
+
+def _error_code(body: bytes) -> str:
+    """An OpenAI-style error body's code, else `-`: failures are tallied by it, so a
+    refusal names its cause rather than its status alone."""
+    try:
+        error = orjson.loads(body)["error"]
+        return str(error.get("code") or error.get("type") or "-")
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+        return "-"
 
 
 def _reason(exc: Exception) -> str:
