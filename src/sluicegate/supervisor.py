@@ -15,13 +15,13 @@ with the parent however it ends.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import select
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +29,8 @@ from pathlib import Path
 from types import FrameType
 
 from sluicegate.children import spawn
+
+log = logging.getLogger("sluicegate.workers")
 
 CHECK_S = 1.0
 """The longest the parent sleeps between checks of its workers, signal or not."""
@@ -214,12 +216,17 @@ class Supervisor:
         self._due[index] = due
         delay_s = max(0.0, due - time.monotonic())
         when = "at once" if delay_s < 0.01 else f"in {delay_s:.1f}s"
-        print(
-            f"sluicegate: worker {index} {how}; restarting it {when}", file=sys.stderr, flush=True
+        log.warning(
+            "worker %d %s; restarting it %s",
+            index,
+            how,
+            when,
+            extra={"always": True},
         )
 
     def _start(self, index: int) -> None:
-        self._workers[index] = self._spawn(index)
+        self._workers[index] = worker = self._spawn(index)
+        log.info("worker %d started (pid %d)", index, worker.pid, extra={"always": True})
         self._backoff.started(index)
         self._liveness.started(index)
 

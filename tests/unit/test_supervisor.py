@@ -73,7 +73,7 @@ while True:
 """
 
 
-def test_a_dead_worker_is_restarted_and_a_hung_one_replaced_until_sigterm(tmp_path, capsys):
+def test_a_dead_worker_is_restarted_and_a_hung_one_replaced_until_sigterm(tmp_path, caplog):
     """Stand-in workers answer on their socket; worker 0 dies at once every time, so it
     is restarted with growing delays; worker 1 stops answering (its `.hang` file), so it
     is killed and replaced, and the server serves on until it is told to stop."""
@@ -120,7 +120,7 @@ def test_a_dead_worker_is_restarted_and_a_hung_one_replaced_until_sigterm(tmp_pa
     finally:
         stopper.cancel()
         hang.cancel()
-    err = capsys.readouterr().err
+    err = caplog.text
     zero = sorted(p for p in starts.iterdir() if p.name.startswith("0-"))
     one = sorted(p for p in starts.iterdir() if p.name.startswith("1-"))
     assert 4 <= len(zero) <= 12, err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Literal
 
 from sluicegate.core.errors import ErrorType, GatewayError, not_found
 from sluicegate.core.limits import Rate
@@ -435,6 +436,23 @@ class RedisPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class LogPolicy:
+    access: Literal["off", "sampled", "on"] = "off"
+    access_sample: float = 0.01
+    access_path: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsPolicy:
+    keys: frozenset[bytes] = frozenset()
+    """sha256 digests of the bearer tokens that may read `/metrics`; empty: anyone."""
+    listen: tuple[str, int] | None = None
+    """An address of its own for `/metrics`, which the API's address then does not serve."""
+    tenant_labels: bool = True
+    cache_s: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
 class EdgeLimits:
     """What one client connection may cost: the server enforces the first four before
     the app sees a request, the edge the rest."""
@@ -453,6 +471,8 @@ class EdgeLimits:
     the client always closes first and never sends into a connection closing under it."""
     max_body_bytes_in_flight: int = 512 * 1024 * 1024
     """Request bodies held at once by the process, from arrival to their request's end."""
+    stop_grace_s: float = 5.0
+    """On a stop signal, how long requests in flight may still take before they are cut."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -487,3 +507,5 @@ class Settings:
     redis: RedisPolicy | None = None
     """The shared limit store; None: this process's memory."""
     edge: EdgeLimits = EdgeLimits()
+    logs: LogPolicy = LogPolicy()
+    metrics: MetricsPolicy = MetricsPolicy()

@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 import aiohttp
 
 from sluicegate.core.errors import GatewayError
+from sluicegate.core.ids import current
 from sluicegate.core.types import Deployment
 from sluicegate.providers.base import interrupted, malformed, timed_out, unreachable
 
@@ -79,6 +80,20 @@ class UpstreamBody:
             raise interrupted(self._deployment, exc) from None
 
 
+def request_headers() -> dict[str, str] | None:
+    """What the upstream learns of the request it serves: its id, so both sides' logs
+    meet, and the caller's W3C trace context."""
+    context = current.get()
+    if context is None:
+        return None
+    headers = {"x-request-id": context.request_id}
+    if context.traceparent is not None:
+        headers["traceparent"] = context.traceparent
+        if context.tracestate is not None:
+            headers["tracestate"] = context.tracestate
+    return headers
+
+
 class Transport:
     """One pooled aiohttp session per deployment, so each has its own connection limit."""
 
@@ -139,6 +154,7 @@ class Transport:
                     data=body,
                     timeout=self._timeout_within(budget_s, streamed),
                     allow_redirects=False,
+                    headers=request_headers(),
                 )
             except TimeoutError:
                 raise timed_out(name) from None
