@@ -79,7 +79,7 @@ from sluicegate.stores.failover import FailoverStore
 from sluicegate.stores.memory import MemoryLimitStore
 from sluicegate.stores.redis import RedisLimitStore, inspect, listener
 from sluicegate.stores.resp import RespConnection
-from sluicegate.supervisor import ALIVE, Supervisor, run_directory
+from sluicegate.supervisor import ALIVE, RESTARTS, Supervisor, run_directory
 from sluicegate.worker import Workers
 
 DEMO_KEYS = {"demo-alice": "sk-demo-alice", "demo-bob": "sk-demo-bob"}
@@ -225,6 +225,7 @@ def build(
     siblings = None if seat is None else Siblings(seat, answer)
     if siblings is not None:
         metrics.share(siblings)
+        metrics.restarted(siblings.seat.restarts)
 
     async def status() -> dict[str, Any]:
         if siblings is None or seat is None:
@@ -564,7 +565,7 @@ def _seat(text: str | None) -> Seat | None:
     if text is None:
         return None
     index, count, directory = text.split("/", 2)
-    return Seat(int(index), int(count), Path(directory))
+    return Seat(int(index), int(count), Path(directory), int(os.environ.get(RESTARTS, "0")))
 
 
 def _supervise(args: argparse.Namespace, settings: Settings, holders: list[socket.socket]) -> int:

@@ -34,6 +34,8 @@ log = logging.getLogger("sluicegate.workers")
 
 CHECK_S = 1.0
 """The longest the parent sleeps between checks of its workers, signal or not."""
+RESTARTS = "SLUICEGATE_WORKER_RESTARTS"
+"""The environment variable telling a worker how often its seat was restarted."""
 ALIVE = b"alive"
 """What a worker answers on its sibling socket when asked whether it is alive."""
 
@@ -144,6 +146,7 @@ class Supervisor:
         self._workers: dict[int, subprocess.Popen[bytes]] = {}
         self._due: dict[int, float] = {}
         """Dead workers and when each may start again."""
+        self._restarts: dict[int, int] = {}
 
     def run(self) -> int:
         """Until SIGTERM/SIGINT (0).
@@ -225,6 +228,10 @@ class Supervisor:
         )
 
     def _start(self, index: int) -> None:
+        if index in self._restarts:
+            self._restarts[index] += 1
+        else:
+            self._restarts[index] = 0
         self._workers[index] = worker = self._spawn(index)
         log.info("worker %d started (pid %d)", index, worker.pid, extra={"always": True})
         self._backoff.started(index)
@@ -232,8 +239,10 @@ class Supervisor:
 
     def _spawn(self, index: int) -> subprocess.Popen[bytes]:
         """In a session of its own, so a terminal's Ctrl-C reaches only the parent,
-        which passes it on as one SIGTERM."""
-        return spawn(self._argv(index), start_new_session=True)
+        which passes it on as one SIGTERM; told how often its seat was restarted, which
+        it exports (the parent serves no metrics)."""
+        env = {**os.environ, RESTARTS: str(self._restarts[index])}
+        return spawn(self._argv(index), start_new_session=True, env=env)
 
     def _stop_all(self) -> None:
         """One SIGTERM each (a second would make uvicorn skip its graceful shutdown),

@@ -74,6 +74,11 @@ class CapacityCollector(Collector):
             "Age of the oldest waiting request.",
             labels=labels,
         )
+        age_limit = GaugeMetricFamily(
+            "sluicegate_queue_age_limit_seconds",
+            "The lane's max_queue_age_s: a request queued longer is dropped.",
+            labels=labels,
+        )
         dispatched = CounterMetricFamily(
             "sluicegate_dispatched", "Attempts dispatched.", labels=labels
         )
@@ -207,6 +212,7 @@ class CapacityCollector(Collector):
                 key = [view.model, lane.name]
                 depth.add_metric(key, lane.queued)
                 oldest.add_metric(key, lane.oldest_age_s)
+                age_limit.add_metric(key, lane.max_age_s)
                 dispatched.add_metric(key, lane.dispatched)
                 queue_dispatched.add_metric(key, lane.queue_dispatched)
                 expired.add_metric(key, lane.expired)
@@ -221,7 +227,16 @@ class CapacityCollector(Collector):
                     service.add_metric([*key, tenant], counter)
                 for tenant, cost in lane.slot_costs.items():
                     slot_cost.add_metric([*key, tenant], cost)
-        yield from (depth, oldest, dispatched, queue_dispatched, expired, shed, unavailable)
+        yield from (
+            depth,
+            oldest,
+            age_limit,
+            dispatched,
+            queue_dispatched,
+            expired,
+            shed,
+            unavailable,
+        )
         yield from (abandoned, preempted, correction, tail)
         yield from (service, slot_cost, yield_rate, yield_cuts, reserved, protected)
         yield from (protected_refused, placements, index_blocks, hit_ratio)

@@ -567,6 +567,16 @@ class GatewayMetrics:
         """Requests this process answered, for the worker lines of the status document."""
         return int(sum(counter.value for counter in self._outcomes.values()))
 
+    def restarted(self, times: int) -> None:
+        """This worker's seat was restarted `times` times: summed over the workers, the
+        server's restarts, for as long as its parent runs."""
+        restarts = Counter(
+            "sluicegate_worker_restarts",
+            "Workers the parent of serve --workers restarted after one died or hung.",
+            registry=self.registry,
+        )
+        restarts.inc(times)
+
     def share(self, siblings: Siblings) -> None:
         """Make `page` report the whole server: this worker's numbers and its siblings'."""
         self._siblings = siblings
@@ -630,6 +640,7 @@ TAKES_MAX = frozenset(
     {
         "sluicegate_pool_concurrency_limit",
         "sluicegate_queue_oldest_age_seconds",
+        "sluicegate_queue_age_limit_seconds",
         "sluicegate_queue_wait_correction",
         "sluicegate_queue_wait_tail",
         "sluicegate_reserved_slots",
