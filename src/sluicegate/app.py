@@ -54,6 +54,7 @@ from sluicegate.core.types import (
     OverloadState,
     RedisPolicy,
     Settings,
+    TracingPolicy,
 )
 from sluicegate.jobs.clock import UnixClock
 from sluicegate.jobs.postgres import open_postgres
@@ -64,6 +65,7 @@ from sluicegate.observability.access import AccessLog
 from sluicegate.observability.metrics import GatewayMetrics
 from sluicegate.observability.siblings import Seat, Siblings
 from sluicegate.observability.status import snapshot, whole_server
+from sluicegate.observability.tracing import Spans
 from sluicegate.pipeline import Pipeline
 from sluicegate.providers.anthropic import AnthropicProvider
 from sluicegate.providers.backend_metrics import MetricsPoller
@@ -195,8 +197,17 @@ def build(
     ]
     boundary = Boundary(leases, settings.routes, settings.aggregate)
     access = access_log(settings.logs, metrics)
+    spans, flush_spans = tracing(settings.tracing)
     pipeline = Pipeline(
-        settings, providers, dispatchers, boundary, monitor, metrics, clock, access=access
+        settings,
+        providers,
+        dispatchers,
+        boundary,
+        monitor,
+        metrics,
+        clock,
+        access=access,
+        spans=spans,
     )
     watch = OverloadWatch(
         monitor,
@@ -308,6 +319,8 @@ def build(
             await client.aclose()
         if access is not None:
             await asyncio.to_thread(access.close)
+        if flush_spans is not None:
+            await asyncio.to_thread(flush_spans)
 
     async def startup() -> None:
         await start_policies()
@@ -364,6 +377,22 @@ def access_log(policy: LogPolicy, metrics: GatewayMetrics) -> AccessLog | None:
         return None
     path = None if policy.access_path is None else Path(policy.access_path)
     return AccessLog(policy.access, policy.access_sample, path, dropped=metrics.access_line_dropped)
+
+
+def tracing(policy: TracingPolicy) -> tuple[Spans, Callable[[], None] | None]:
+    """The pipeline's spans and what flushes them at the end: OpenTelemetry's when
+    tracing is on (imported only then), else marks that record nothing."""
+    if not policy.enabled:
+        return Spans(), None
+    try:
+        from sluicegate.observability import otel
+    except ImportError as exc:
+        raise ConfigError(
+            f"tracing.enabled needs OpenTelemetry ({exc.name} is missing): "
+            "pip install 'sluicegate[otel]'"
+        ) from None
+    made = otel.provider(policy)
+    return otel.OtelSpans(made), made.shutdown
 
 
 def counting_workers(policy: RedisPolicy, workers: int) -> RedisPolicy:
@@ -528,7 +557,11 @@ def run(args: argparse.Namespace) -> int:
             store_down = found
         if seat is None and args.workers > 1:
             return _supervise(args, settings, listeners)
-        runtime = build(settings, store_down=store_down, seat=seat)
+        try:
+            runtime = build(settings, store_down=store_down, seat=seat)
+        except ConfigError as exc:
+            print(f"sluicegate: {exc}", file=sys.stderr)
+            return 2
         if seat is None:
             print(_banner(settings, demo=args.config is None), flush=True)
         serve(

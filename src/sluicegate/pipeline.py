@@ -49,6 +49,7 @@ from sluicegate.observability.access import AccessLog
 from sluicegate.observability.logs import Lines
 from sluicegate.observability.metrics import UNKNOWN_MODEL, GatewayMetrics
 from sluicegate.observability.slo import SloAccounts
+from sluicegate.observability.tracing import NO_SPAN, Spans
 from sluicegate.providers.base import Provider, UpstreamResponse, timed_out
 from sluicegate.providers.resume import Relay, continuation, resumable, without_opening
 from sluicegate.scheduling.attempt import Attempt, Target, patience_s
@@ -107,6 +108,7 @@ class Pipeline:
         clock: Clock,
         tokenizer: Tokenizer = chars_over_four,
         access: AccessLog | None = None,
+        spans: Spans | None = None,
     ) -> None:
         self._settings = settings
         self._models = settings.models
@@ -125,6 +127,7 @@ class Pipeline:
         self._random = random.Random()
         self._hedging = Hedging(clock, metrics.hedge)
         self.access = access
+        self._spans = spans or Spans()
         self._lines = Lines(log)
 
     @asynccontextmanager
@@ -134,40 +137,43 @@ class Pipeline:
         answer: Answer | None = None
         timeline = inbound.timeline or Timeline(inbound.arrived_s)
         trail: list[str] = []
-        try:
-            async with AsyncExitStack() as permits:
-                arriving = not inbound.body_in()
-                if arriving:
-                    await self._boundary.enter_tenant(inbound.tenant, permits)
-                payload = await inbound.payload()
-                if inbound.watch is not None:
-                    await permits.enter_async_context(inbound.watch())
-                call = self._resolve(inbound, payload)
-                tally = Tally()
-                await self._boundary.admit(
-                    call, permits, tally, inbound.interactive, tenant_slot=not arriving
-                )
-                timeline.admitted_s = self._clock.now()
-                started = await self._first_answer(call, inbound.avoid, trail)
-                timeline.dispatched_s = started.attempt.dispatched_s
-                answer = started.answer
-                timeline.upstream_s = answer.primed_s
-                answer.part = started.stack
-                try:
-                    async with answer:
-                        self._metrics.attempts(started.attempt.number)
-                        try:
-                            yield answer
-                        except BaseException as err:
-                            answer.attempt.end(err)
-                            raise
-                        answer.attempt.end(None)
-                finally:
-                    tally.used_tokens = answer.attempt.used_tokens
-        except BaseException as err:
-            self._record(inbound, call, answer, timeline, err, trail)
-            raise
-        self._record(inbound, call, answer, timeline, None, trail)
+        with self._spans.request(inbound.endpoint) as span:
+            try:
+                async with AsyncExitStack() as permits:
+                    arriving = not inbound.body_in()
+                    if arriving:
+                        await self._boundary.enter_tenant(inbound.tenant, permits)
+                    payload = await inbound.payload()
+                    if inbound.watch is not None:
+                        await permits.enter_async_context(inbound.watch())
+                    call = self._resolve(inbound, payload)
+                    self._spans.resolved(span, call)
+                    tally = Tally()
+                    await self._boundary.admit(
+                        call, permits, tally, inbound.interactive, tenant_slot=not arriving
+                    )
+                    timeline.admitted_s = self._clock.now()
+                    started = await self._first_answer(call, inbound.avoid, trail)
+                    timeline.dispatched_s = started.attempt.dispatched_s
+                    answer = started.answer
+                    timeline.upstream_s = answer.primed_s
+                    answer.part = started.stack
+                    try:
+                        async with answer:
+                            self._metrics.attempts(started.attempt.number)
+                            try:
+                                with self._spans.stream() if call.stream else NO_SPAN:
+                                    yield answer
+                            except BaseException as err:
+                                answer.attempt.end(err)
+                                raise
+                            answer.attempt.end(None)
+                    finally:
+                        tally.used_tokens = answer.attempt.used_tokens
+            except BaseException as err:
+                self._record(inbound, call, answer, timeline, err, trail, span)
+                raise
+            self._record(inbound, call, answer, timeline, None, trail, span)
 
     def refused_at_edge(self, endpoint: Endpoint, err: GatewayError, timeline: Timeline) -> None:
         """A request the edge refused before handing it over (its key, its headers): its
@@ -311,14 +317,16 @@ class Pipeline:
         attempt = Attempt(call, number, frozenset(tried), hedge=hedge)
         stack = AsyncExitStack()
         try:
-            await dispatcher.acquire(attempt)
+            with self._spans.queue(call, number):
+                await dispatcher.acquire(attempt)
             stack.push_async_callback(dispatcher.release, attempt)
             target = attempt.target
             assert target is not None
             tried.add(target.deployment.name)
             trail.append(target.deployment.name)
             try:
-                answer = await self._first_bytes(stack, attempt, target)
+                with self._spans.attempt(call, target.deployment, number):
+                    answer = await self._first_bytes(stack, attempt, target)
             except GatewayError as err:
                 attempt.end(err)
                 raise _Failed(err, await self._worth_another(attempt, err, tried)) from None
@@ -447,6 +455,7 @@ class Pipeline:
         timeline: Timeline,
         error: BaseException | None,
         trail: list[str],
+        span: Any,
     ) -> None:
         """The request's outcome, once: its status, a refusal's reason, the tokens its
         answer used, its verdict against its lane's SLOs (on success, with the time
@@ -478,6 +487,9 @@ class Pipeline:
         else:
             verdict = _failed(call, timeline, error, now)
         self.slo.finished(route, model, lane, inbound.tenant.name, verdict)
+        code = error.code if isinstance(error, GatewayError) else None
+        usage = _usage(answer)
+        self._spans.ended(span, status, code, usage["prompt_tokens"], usage["completion_tokens"])
         access = self.access
         if access is not None and access.wanted(error is None):
             fields = {
@@ -487,7 +499,7 @@ class Pipeline:
                 "lane": lane,
                 "tenant": inbound.tenant.name,
                 "status": status,
-                "code": error.code if isinstance(error, GatewayError) else None,
+                "code": code,
                 "outcome": verdict.outcome,
                 "kind": verdict.kind.value,
                 "stream": None if call is None else call.stream,
@@ -495,7 +507,7 @@ class Pipeline:
                 "stages_ms": {stage: _ms(took) for stage, took in timeline.stages(now)},
                 "attempts": len(trail),
                 "deployments": trail,
-                **_usage(answer),
+                **usage,
             }
             if not inbound.interactive:
                 fields["job"] = True

@@ -52,6 +52,7 @@ from sluicegate.core.types import (
     Settings,
     Tenant,
     Timeouts,
+    TracingPolicy,
     WhenDown,
 )
 
@@ -216,6 +217,7 @@ def _to_settings(
             config.metrics.tenant_labels,
             config.metrics.cache_s,
         ),
+        tracing=TracingPolicy(**config.tracing.model_dump()),
     )
 
 

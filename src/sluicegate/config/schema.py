@@ -525,6 +525,19 @@ class MetricsAccessConfig(Strict):
         return self
 
 
+class TracingConfig(Strict):
+    """OpenTelemetry spans of each request, exported over OTLP/HTTP (`sluicegate[otel]`)."""
+
+    enabled: bool = False
+    endpoint: str = Field(
+        default="http://127.0.0.1:4318/v1/traces", min_length=1, description="OTLP/HTTP traces"
+    )
+    service_name: str = Field(default="sluicegate", min_length=1)
+    sample_ratio: float = Field(
+        default=1.0, ge=0, le=1, description="of new traces; a caller's sampled flag is followed"
+    )
+
+
 class GatewayConfig(Strict):
     server: ServerConfig = ServerConfig()
     routes: RoutesConfig = RoutesConfig()
@@ -534,6 +547,7 @@ class GatewayConfig(Strict):
     admin: AdminConfig = AdminConfig()
     logs: LogsConfig = LogsConfig()
     metrics: MetricsAccessConfig = MetricsAccessConfig()
+    tracing: TracingConfig = TracingConfig()
     jobs: JobsConfig | None = Field(
         default=None, description="durable jobs and batches; without it the gateway keeps none"
     )

@@ -453,6 +453,14 @@ class MetricsPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class TracingPolicy:
+    enabled: bool = False
+    endpoint: str = "http://127.0.0.1:4318/v1/traces"
+    service_name: str = "sluicegate"
+    sample_ratio: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
 class EdgeLimits:
     """What one client connection may cost: the server enforces the first four before
     the app sees a request, the edge the rest."""
@@ -509,3 +517,4 @@ class Settings:
     edge: EdgeLimits = EdgeLimits()
     logs: LogPolicy = LogPolicy()
     metrics: MetricsPolicy = MetricsPolicy()
+    tracing: TracingPolicy = TracingPolicy()
