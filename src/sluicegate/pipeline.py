@@ -487,11 +487,14 @@ class Pipeline:
         else:
             verdict = _failed(call, timeline, error, now)
         self.slo.finished(route, model, lane, inbound.tenant.name, verdict)
+        access = self.access
+        line = access is not None and access.wanted(error is None)
+        if not (line or self._spans.on):
+            return
         code = error.code if isinstance(error, GatewayError) else None
         usage = _usage(answer)
         self._spans.ended(span, status, code, usage["prompt_tokens"], usage["completion_tokens"])
-        access = self.access
-        if access is not None and access.wanted(error is None):
+        if access is not None and line:
             fields = {
                 "request_id": request_id(),
                 "route": route,

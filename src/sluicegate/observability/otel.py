@@ -49,6 +49,8 @@ def provider(policy: TracingPolicy) -> TracerProvider:
 
 
 class OtelSpans(Spans):
+    on = True
+
     def __init__(self, tracer_provider: trace.TracerProvider) -> None:
         self._tracer = tracer_provider.get_tracer("sluicegate")
 
