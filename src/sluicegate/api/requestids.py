@@ -8,6 +8,8 @@ to be passed upstream.
 
 from __future__ import annotations
 
+import re
+
 from sluicegate.api.asgi import Handler, Message, Receive, Scope, Send
 from sluicegate.core.ids import RequestContext, accepted_request_id, current, valid_traceparent
 
@@ -16,6 +18,8 @@ _TRACEPARENT = b"traceparent"
 _TRACESTATE = b"tracestate"
 MAX_TRACESTATE = 512
 """The spec's own bound on what a vendor must pass on."""
+_PRINTABLE = re.compile(rb"[\x20-\x7e]{1,%d}" % MAX_TRACESTATE)
+"""A tracestate passed on as it came must be printable ASCII, within the bound."""
 
 
 def context_of(headers: list[tuple[bytes, bytes]]) -> RequestContext:
@@ -30,8 +34,8 @@ def context_of(headers: list[tuple[bytes, bytes]]) -> RequestContext:
             state = value if state is None else state
     traceparent = valid_traceparent(parent)
     tracestate = None
-    if traceparent is not None and state is not None and len(state) <= MAX_TRACESTATE:
-        tracestate = state.decode("latin-1") if state.isascii() else None
+    if traceparent is not None and state is not None and _PRINTABLE.fullmatch(state):
+        tracestate = state.decode()
     return RequestContext(accepted_request_id(given), traceparent, tracestate)
 
 

@@ -29,6 +29,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from sluicegate.api.asgi import CONNECTION, Handler
 from sluicegate.core.errors import ErrorType
+from sluicegate.core.ids import new_request_id
 from sluicegate.core.types import EdgeLimits
 
 BACKLOG = 2048
@@ -358,12 +359,16 @@ class GuardedHttp(HttpToolsProtocol):
         self._wake_by(min(self._headers_due, self._body_due, self._stall_due()))
 
     def _refuse(self, status: bytes, reason: str) -> None:
-        """Answer in OpenAI's error shape and close: no app has seen this request."""
+        """Answer in OpenAI's error shape and close: no app has seen this request, so
+        its id is made here."""
         code, kind = _CODES[status[:3]]
-        body = orjson.dumps(
-            {"error": {"message": reason, "type": kind, "param": None, "code": code}}
+        rid = new_request_id()
+        error = {"message": reason, "type": kind, "param": None, "code": code, "request_id": rid}
+        body = orjson.dumps({"error": error})
+        head = (
+            b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n"
+            b"x-request-id: " + rid.encode() + b"\r\n"
         )
-        head = b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n"
         length = b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n"
         if not self.transport.is_closing():
             self.transport.write(head + length + body)

@@ -67,3 +67,15 @@ async def test_without_a_valid_traceparent_no_tracestate_is_kept():
 
     await call(with_request_ids(app), "/", [(b"traceparent", b"bad"), (b"tracestate", b"v=1")])
     assert (seen[0].traceparent, seen[0].tracestate) == (None, None)
+
+
+async def test_a_tracestate_that_is_not_printable_ascii_is_dropped():
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append(current.get())
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    await call(with_request_ids(app), "/", [(b"traceparent", PARENT), (b"tracestate", b"a\x01b")])
+    assert (seen[0].traceparent, seen[0].tracestate) == (PARENT.decode(), None)
