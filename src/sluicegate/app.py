@@ -530,24 +530,10 @@ def run(args: argparse.Namespace) -> int:
         short = fit_open_files(_files_needed(settings))
         if short is not None and seat is None:
             print(f"sluicegate: {short}", file=sys.stderr)
-        if args.metrics_port is not None and settings.metrics.listen is not None:
-            apart_at = (settings.metrics.listen[0], args.metrics_port)
-            settings = dataclasses.replace(
-                settings, metrics=dataclasses.replace(settings.metrics, listen=apart_at)
-            )
         listening = seat is not None or args.workers == 1
-        addresses = [(settings.host, settings.port)]
-        if settings.metrics.listen is not None:
-            addresses.append(settings.metrics.listen)
-        listeners = []
-        for host, port in addresses:
-            try:
-                listeners.append(
-                    listen(host, port, reuse_port=args.workers > 1, listening=listening)
-                )
-            except OSError as exc:
-                print(f"sluicegate: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
-                return 1
+        listeners = _listeners(_metrics_port(settings, args.metrics_port), args.workers, listening)
+        if listeners is None:
+            return 1
         settings = _bound(settings, listeners)
         store_down = False
         if settings.redis is not None:
@@ -573,6 +559,33 @@ def run(args: argparse.Namespace) -> int:
             stopping=runtime.gateway,
         )
     return 0
+
+
+def _metrics_port(settings: Settings, port: int | None) -> Settings:
+    """A worker of `--workers N` binds the metrics port its parent chose."""
+    listen_apart = settings.metrics.listen
+    if port is None or listen_apart is None:
+        return settings
+    metrics = dataclasses.replace(settings.metrics, listen=(listen_apart[0], port))
+    return dataclasses.replace(settings, metrics=metrics)
+
+
+def _listeners(settings: Settings, workers: int, listening: bool) -> list[socket.socket] | None:
+    """The API's socket, then the metrics' when they have an address of their own; None
+    when one cannot be bound, said in one line."""
+    addresses = [(settings.host, settings.port)]
+    if settings.metrics.listen is not None:
+        addresses.append(settings.metrics.listen)
+    bound = []
+    for host, port in addresses:
+        try:
+            bound.append(listen(host, port, reuse_port=workers > 1, listening=listening))
+        except OSError as exc:
+            print(f"sluicegate: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
+            for sock in bound:
+                sock.close()
+            return None
+    return bound
 
 
 def _bound(settings: Settings, listeners: list[socket.socket]) -> Settings:

@@ -105,7 +105,6 @@ class Gateway:
         self.ready = False
         self._open: set[asyncio.Task[Any]] = set()
         """The tasks of the inference requests being answered, for a stop to cut."""
-        self._cutting = False
 
     def routes(self, router: Router) -> Router:
         for endpoint in Endpoint:
@@ -176,7 +175,6 @@ class Gateway:
     def cut(self) -> None:
         """The stop's grace period is over: every inference request still open ends now,
         with an answer that says so (`_cut`)."""
-        self._cutting = True
         for task in self._open:
             task.cancel(SHUTTING_DOWN)
 
