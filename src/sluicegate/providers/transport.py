@@ -8,6 +8,7 @@ call keeps its permits do not, so they live here once.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 
@@ -82,11 +83,16 @@ class UpstreamBody:
 
 def request_headers() -> dict[str, str] | None:
     """What the upstream learns of the request it serves: its id, so both sides' logs
-    meet, and the caller's W3C trace context."""
+    meet, and the caller's W3C trace context.
+
+    The id goes with a suffix of its own per attempt: vLLM names the engine's request
+    after it, and an engine refuses a request whose id is still running, which a
+    caller's id sent twice, or an attempt retried while the engine still holds the one
+    before, would be."""
     context = current.get()
     if context is None:
         return None
-    headers = {"x-request-id": context.request_id}
+    headers = {"x-request-id": f"{context.request_id}-{os.urandom(4).hex()}"}
     if context.traceparent is not None:
         headers["traceparent"] = context.traceparent
         if context.tracestate is not None:
