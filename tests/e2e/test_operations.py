@@ -121,7 +121,8 @@ async def test_a_job_runs_under_the_id_of_the_request_that_submitted_it(http, ga
     rid = f"job-{uuid.uuid4()}"
     jobs = JobClient(http, gateway, "alice")
     status, headers, doc = await jobs.submit(headers={"x-request-id": rid})
-    assert (status, headers["x-request-id"], doc["request_id"]) == (202, rid, rid)
+    returned = {name.lower(): value for name, value in headers.items()}["x-request-id"]
+    assert (status, returned, doc["request_id"]) == (202, rid, rid)
     assert (await jobs.final([doc["id"]]))[doc["id"]]["status"] == "succeeded"
     await heard(http, upstream, rid)
 
