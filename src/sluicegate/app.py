@@ -345,7 +345,10 @@ def build(
         for job_store in job_stores:
             await job_store.close()
 
-    router = gateway.routes(Router(on_startup=[startup], on_shutdown=[shutdown]))
+    router = gateway.routes(
+        Router(on_startup=[startup], on_shutdown=[shutdown]),
+        metrics=settings.metrics.listen is None,
+    )
     JobRoutes(intake).routes(router)
     BatchRoutes(intake, ledger).routes(router)
     app: Handler = BodyBudget(router, settings.edge.max_body_bytes_in_flight)

@@ -106,14 +106,15 @@ class Gateway:
         self._open: set[asyncio.Task[Any]] = set()
         """The tasks of the inference requests being answered, for a stop to cut."""
 
-    def routes(self, router: Router) -> Router:
+    def routes(self, router: Router, *, metrics: bool = True) -> Router:
+        """`metrics` False: `/metrics` has an address of its own (`metrics_routes`)."""
         for endpoint in Endpoint:
             router.add("POST", endpoint.path, self._inference_handler(endpoint))
         router.add("GET", "/v1/models", self._models)
         router.add_prefix("GET", MODEL, self._model)
         router.add("GET", "/health", self._health)
         router.add("GET", "/ready", self._ready)
-        if self._settings.metrics.listen is None:
+        if metrics:
             router.add("GET", "/metrics", self._metrics_page)
         router.add("GET", "/admin/status", self._admin_status)
         return router
