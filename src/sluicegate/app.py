@@ -25,6 +25,7 @@ import orjson
 from redis.asyncio import Redis
 
 from sluicegate.admission.boundary import Boundary
+from sluicegate.api.apart import apart
 from sluicegate.api.asgi import Handler, Router
 from sluicegate.api.batches import BatchRoutes
 from sluicegate.api.budget import BodyBudget
@@ -34,7 +35,8 @@ from sluicegate.api.intake import Intake
 from sluicegate.api.jobs import JobRoutes
 from sluicegate.api.ledger import BatchLedger
 from sluicegate.api.login import Logins
-from sluicegate.api.server import SPARE_FILES, fit_open_files, listen, serve
+from sluicegate.api.requestids import with_request_ids
+from sluicegate.api.server import CUT_S, SPARE_FILES, fit_open_files, listen, serve
 from sluicegate.api.statuspage import StatusPage
 from sluicegate.capacity.breaker import Breaker
 from sluicegate.capacity.fleet_breaker import BreakerSync, FleetBreaker
@@ -50,17 +52,22 @@ from sluicegate.core.types import (
     Deployment,
     JobPolicy,
     Lane,
+    LogPolicy,
     OverloadState,
     RedisPolicy,
     Settings,
+    TracingPolicy,
 )
 from sluicegate.jobs.clock import UnixClock
 from sluicegate.jobs.postgres import open_postgres
 from sluicegate.jobs.sqlite import open_sqlite
 from sluicegate.jobs.store import JobStore
+from sluicegate.observability import logs
+from sluicegate.observability.access import AccessLog
 from sluicegate.observability.metrics import GatewayMetrics
 from sluicegate.observability.siblings import Seat, Siblings
 from sluicegate.observability.status import snapshot, whole_server
+from sluicegate.observability.tracing import Spans
 from sluicegate.pipeline import Pipeline
 from sluicegate.providers.anthropic import AnthropicProvider
 from sluicegate.providers.backend_metrics import MetricsPoller
@@ -76,7 +83,7 @@ from sluicegate.stores.failover import FailoverStore
 from sluicegate.stores.memory import MemoryLimitStore
 from sluicegate.stores.redis import RedisLimitStore, inspect, listener
 from sluicegate.stores.resp import RespConnection
-from sluicegate.supervisor import ALIVE, Supervisor, run_directory
+from sluicegate.supervisor import ALIVE, RESTARTS, Supervisor, run_directory
 from sluicegate.worker import Workers
 
 DEMO_KEYS = {"demo-alice": "sk-demo-alice", "demo-bob": "sk-demo-bob"}
@@ -85,6 +92,9 @@ DEMO_SIM_PORT = "SLUICEGATE_DEMO_SIM_PORT"
 """The variable naming the demo simulator's port (default: a free one), so that a load
 can be sent to it directly, bypassing the gateway."""
 DRAIN_S = 1.0
+WORKER_STOP_S = 3.0
+"""What a worker may take to shut down after its requests have ended (job workers, the
+stores), before the parent kills it."""
 """How long a stopping replica waits for the releases still on their way to Redis."""
 
 
@@ -92,7 +102,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="YAML config; without it, the embedded demo")
     parser.add_argument("--host", help="listen address (overrides server.host)")
     parser.add_argument("--port", type=int, help="listen port (overrides server.port)")
-    parser.add_argument("--log-level", default="warning", help="uvicorn log level")
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error", "critical"],
+        help="the operator log's level (stderr; default info)",
+    )
     parser.add_argument(
         "--workers",
         type=int,
@@ -100,6 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="worker processes on the port, sharing limits through store: redis (default 1)",
     )
     parser.add_argument("--seat", help=argparse.SUPPRESS)
+    parser.add_argument("--metrics-port", type=int, help=argparse.SUPPRESS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +139,7 @@ class Runtime:
     mode); the app's startup runs it first."""
     stop: Callable[[], Awaitable[None]]
     """Stops what `start` started, releases still on their way to Redis drained first."""
+    gateway: Gateway
 
 
 def build(
@@ -148,7 +165,9 @@ def build(
         store = shared = FailoverStore(redis, clock, policy.when_down, ttl_s, degraded=store_down)
     fleet = redis is not None
     leases = Leases(store or MemoryLimitStore(clock), clock, ttl_s, detached=fleet)
-    metrics = GatewayMetrics()
+    metrics = GatewayMetrics(
+        tenant_labels=settings.metrics.tenant_labels, cache_s=settings.metrics.cache_s
+    )
     pools = {name: Pool(spec, leases) for name, spec in settings.pools.items()}
     deployments = [d for model in settings.models.values() for d in model.deployments]
     providers = providers or {d.name: make_provider(d) for d in deployments}
@@ -183,7 +202,19 @@ def build(
         if d.metrics is not None and isinstance(gate := gates[d.name], MetricsGate)
     ]
     boundary = Boundary(leases, settings.routes, settings.aggregate)
-    pipeline = Pipeline(settings, providers, dispatchers, boundary, monitor, metrics, clock)
+    access = access_log(settings.logs, metrics)
+    spans, flush_spans = tracing(settings.tracing)
+    pipeline = Pipeline(
+        settings,
+        providers,
+        dispatchers,
+        boundary,
+        monitor,
+        metrics,
+        clock,
+        access=access,
+        spans=spans,
+    )
     watch = OverloadWatch(
         monitor,
         settings.scheduling,
@@ -212,6 +243,7 @@ def build(
     siblings = None if seat is None else Siblings(seat, answer)
     if siblings is not None:
         metrics.share(siblings)
+        metrics.restarted(siblings.seat.restarts)
 
     async def status() -> dict[str, Any]:
         if siblings is None or seat is None:
@@ -270,6 +302,8 @@ def build(
         shared store's loops and the backend scrapes (all a library caller needs)."""
         for provider in providers.values():
             await provider.start()
+        if access is not None:
+            access.start()
         loop = asyncio.get_running_loop()
         background.extend(loop.create_task(d.run()) for d in dispatchers.values())
         background.append(loop.create_task(watch.run()))
@@ -298,6 +332,10 @@ def build(
             await shared.close()
         for client in listeners:
             await client.aclose()
+        if access is not None:
+            await asyncio.to_thread(access.close)
+        if flush_spans is not None:
+            await asyncio.to_thread(flush_spans)
 
     async def startup() -> None:
         await start_policies()
@@ -322,13 +360,20 @@ def build(
         for job_store in job_stores:
             await job_store.close()
 
-    router = gateway.routes(Router(on_startup=[startup], on_shutdown=[shutdown]))
+    router = gateway.routes(
+        Router(on_startup=[startup], on_shutdown=[shutdown]),
+        metrics=settings.metrics.listen is None,
+    )
     page.routes(router)
     JobRoutes(intake).routes(router)
     BatchRoutes(intake, ledger).routes(router)
     app: Handler = BodyBudget(router, settings.edge.max_body_bytes_in_flight)
     if shared is not None:
         app = mark_degraded(app, lambda: shared.degraded)
+    listen_apart = settings.metrics.listen
+    if listen_apart is not None:
+        app = apart(app, gateway.metrics_routes(Router()), listen_apart[1])
+    app = with_request_ids(app)
     return Runtime(
         app,
         pipeline,
@@ -341,7 +386,32 @@ def build(
         shared,
         start_policies,
         stop_policies,
+        gateway,
     )
+
+
+def access_log(policy: LogPolicy, metrics: GatewayMetrics) -> AccessLog | None:
+    """None when off, so the pipeline pays nothing for it."""
+    if policy.access == "off":
+        return None
+    path = None if policy.access_path is None else Path(policy.access_path)
+    return AccessLog(policy.access, policy.access_sample, path, dropped=metrics.access_line_dropped)
+
+
+def tracing(policy: TracingPolicy) -> tuple[Spans, Callable[[], None] | None]:
+    """The pipeline's spans and what flushes them at the end: OpenTelemetry's when
+    tracing is on (imported only then), else marks that record nothing."""
+    if not policy.enabled:
+        return Spans(), None
+    try:
+        from sluicegate.observability import otel
+    except ImportError as exc:
+        raise ConfigError(
+            f"tracing.enabled needs OpenTelemetry ({exc.name} is missing): "
+            "pip install 'sluicegate[otel]'"
+        ) from None
+    made = otel.provider(policy)
+    return otel.OtelSpans(made), made.shutdown
 
 
 def counting_workers(policy: RedisPolicy, workers: int) -> RedisPolicy:
@@ -380,7 +450,7 @@ def make_breaker(deployment: Deployment, clock: Clock, *, fleet: bool) -> Breake
     and a test handing in its own store gets local breakers."""
     if fleet and deployment.breaker.scope == "fleet":
         return FleetBreaker(deployment.name, deployment.breaker, clock)
-    return Breaker(deployment.breaker, clock)
+    return Breaker(deployment.breaker, clock, name=deployment.name)
 
 
 def _report_crash(task: asyncio.Task[None]) -> None:
@@ -474,22 +544,16 @@ def run(args: argparse.Namespace) -> int:
             )
             return 2
         seat = _seat(args.seat)
+        worker = "parent" if seat is None and args.workers > 1 else "0"
+        logs.configure(args.log_level, worker if seat is None else str(seat.index))
         short = fit_open_files(_files_needed(settings))
         if short is not None and seat is None:
             print(f"sluicegate: {short}", file=sys.stderr)
-        try:
-            listener = listen(
-                settings.host,
-                settings.port,
-                reuse_port=args.workers > 1,
-                listening=seat is not None or args.workers == 1,
-            )
-        except OSError as exc:
-            print(
-                f"sluicegate: cannot listen on {settings.host}:{settings.port}: {exc}",
-                file=sys.stderr,
-            )
+        listening = seat is not None or args.workers == 1
+        listeners = _listeners(_metrics_port(settings, args.metrics_port), args.workers, listening)
+        if listeners is None:
             return 1
+        settings = _bound(settings, listeners)
         store_down = False
         if settings.redis is not None:
             found = _shared_store_at_start(counting_workers(settings.redis, args.workers))
@@ -497,13 +561,62 @@ def run(args: argparse.Namespace) -> int:
                 return 1
             store_down = found
         if seat is None and args.workers > 1:
-            return _supervise(args, settings, listener)
-        runtime = build(settings, store_down=store_down, seat=seat)
+            return _supervise(args, settings, listeners)
+        try:
+            runtime = build(settings, store_down=store_down, seat=seat)
+        except ConfigError as exc:
+            print(f"sluicegate: {exc}", file=sys.stderr)
+            return 2
         if seat is None:
             demo = env.get("SLUICEGATE_DEMO_SIM_URL") if args.config is None else None
             print(_banner(settings, demo=demo), flush=True)
-        serve(runtime.app, listener, log_level=args.log_level, limits=settings.edge)
+        serve(
+            runtime.app,
+            listeners,
+            log_level=args.log_level,
+            graceful_s=settings.edge.stop_grace_s,
+            limits=settings.edge,
+            stopping=runtime.gateway,
+        )
     return 0
+
+
+def _metrics_port(settings: Settings, port: int | None) -> Settings:
+    """A worker of `--workers N` binds the metrics port its parent chose."""
+    listen_apart = settings.metrics.listen
+    if port is None or listen_apart is None:
+        return settings
+    metrics = dataclasses.replace(settings.metrics, listen=(listen_apart[0], port))
+    return dataclasses.replace(settings, metrics=metrics)
+
+
+def _listeners(settings: Settings, workers: int, listening: bool) -> list[socket.socket] | None:
+    """The API's socket, then the metrics' when they have an address of their own; None
+    when one cannot be bound, said in one line."""
+    addresses = [(settings.host, settings.port)]
+    if settings.metrics.listen is not None:
+        addresses.append(settings.metrics.listen)
+    bound = []
+    for host, port in addresses:
+        try:
+            bound.append(listen(host, port, reuse_port=workers > 1, listening=listening))
+        except OSError as exc:
+            print(f"sluicegate: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
+            for sock in bound:
+                sock.close()
+            return None
+    return bound
+
+
+def _bound(settings: Settings, listeners: list[socket.socket]) -> Settings:
+    """`settings` with the ports the listeners hold (a port 0 is chosen when bound)."""
+    port = listeners[0].getsockname()[1]
+    metrics = settings.metrics
+    if metrics.listen is not None:
+        metrics = dataclasses.replace(
+            metrics, listen=(metrics.listen[0], listeners[1].getsockname()[1])
+        )
+    return dataclasses.replace(settings, port=port, metrics=metrics)
 
 
 def _files_needed(settings: Settings) -> int:
@@ -518,13 +631,15 @@ def _seat(text: str | None) -> Seat | None:
     if text is None:
         return None
     index, count, directory = text.split("/", 2)
-    return Seat(int(index), int(count), Path(directory))
+    return Seat(int(index), int(count), Path(directory), int(os.environ.get(RESTARTS, "0")))
 
 
-def _supervise(args: argparse.Namespace, settings: Settings, holder: socket.socket) -> int:
-    """The parent of `--workers N`: `holder` keeps the port while the workers bind it."""
-    port = holder.getsockname()[1]
+def _supervise(args: argparse.Namespace, settings: Settings, holders: list[socket.socket]) -> int:
+    """The parent of `--workers N`: `holders` keep the ports while the workers bind them."""
+    port = settings.port
     directory = run_directory()
+    apart_at = settings.metrics.listen
+    metrics_port = [] if apart_at is None else ["--metrics-port", str(apart_at[1])]
 
     def argv(index: int) -> list[str]:
         return [
@@ -544,15 +659,17 @@ def _supervise(args: argparse.Namespace, settings: Settings, holder: socket.sock
             str(args.workers),
             "--seat",
             f"{index}/{args.workers}/{directory}",
+            *metrics_port,
         ]
 
-    settings = dataclasses.replace(settings, port=port)
     print(f"{_banner(settings, demo=None)}, {args.workers} workers", flush=True)
     try:
         seats = Seat(0, args.workers, directory)
-        return Supervisor(argv, args.workers, directory, 10.0, seats.socket).run()
+        grace_s = settings.edge.stop_grace_s + CUT_S + WORKER_STOP_S
+        return Supervisor(argv, args.workers, directory, grace_s, seats.socket).run()
     finally:
-        holder.close()
+        for holder in holders:
+            holder.close()
 
 
 def _shared_store_at_start(policy: RedisPolicy) -> bool | None:
@@ -628,6 +745,9 @@ def _banner(settings: Settings, *, demo: str | None) -> str:
     """What the server says at start; `demo`: the demo simulator's URL, in the demo."""
     url = f"http://{settings.host}:{settings.port}"
     lines = [f"Sluicegate listening on {url} (models: {', '.join(settings.models)})"]
+    if settings.metrics.listen is not None:
+        host, port = settings.metrics.listen
+        lines.append(f"Metrics on http://{host}:{port}/metrics")
     if demo is not None:
         lines += [
             f"Demo mode: a simulated vLLM backend runs behind the gateway at {demo}.",

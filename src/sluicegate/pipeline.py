@@ -13,6 +13,7 @@ the request's outcome is recorded once, when `run` ends.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
@@ -35,14 +36,20 @@ from sluicegate.core.errors import (
     GatewayError,
     Upstream,
     bounded_retry_after,
+    cut_by_shutdown,
+    shutting_down,
 )
+from sluicegate.core.ids import request_id
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.slo import Kind, Timeline, Verdict, judge_answer, judge_error, judge_left
 from sluicegate.core.slo import tpot_s as time_per_token
 from sluicegate.core.types import Deployment, Endpoint, Lane, Model, OverloadState, Settings, Tenant
 from sluicegate.hedging import Hedging
+from sluicegate.observability.access import AccessLog
+from sluicegate.observability.logs import Lines
 from sluicegate.observability.metrics import UNKNOWN_MODEL, GatewayMetrics
 from sluicegate.observability.slo import SloAccounts
+from sluicegate.observability.tracing import NO_SPAN, Spans
 from sluicegate.providers.base import Provider, UpstreamResponse, timed_out
 from sluicegate.providers.resume import Relay, continuation, resumable, without_opening
 from sluicegate.scheduling.attempt import Attempt, Target, patience_s
@@ -53,6 +60,8 @@ from sluicegate.scheduling.lanes import Demand, classify
 from sluicegate.scheduling.overload import OverloadMonitor, TtftWindow
 
 REFUSALS = frozenset(Refusal)
+
+log = logging.getLogger("sluicegate")
 
 
 class Inbound(NamedTuple):
@@ -98,6 +107,8 @@ class Pipeline:
         metrics: GatewayMetrics,
         clock: Clock,
         tokenizer: Tokenizer = chars_over_four,
+        access: AccessLog | None = None,
+        spans: Spans | None = None,
     ) -> None:
         self._settings = settings
         self._models = settings.models
@@ -115,6 +126,9 @@ class Pipeline:
         self._count = tokenizer
         self._random = random.Random()
         self._hedging = Hedging(clock, metrics.hedge)
+        self.access = access
+        self._spans = spans or Spans()
+        self._lines = Lines(log)
 
     @asynccontextmanager
     async def run(self, inbound: Inbound) -> AsyncIterator[Answer]:
@@ -122,40 +136,66 @@ class Pipeline:
         call: Call | None = None
         answer: Answer | None = None
         timeline = inbound.timeline or Timeline(inbound.arrived_s)
-        try:
-            async with AsyncExitStack() as permits:
-                arriving = not inbound.body_in()
-                if arriving:
-                    await self._boundary.enter_tenant(inbound.tenant, permits)
-                payload = await inbound.payload()
-                if inbound.watch is not None:
-                    await permits.enter_async_context(inbound.watch())
-                call = self._resolve(inbound, payload)
-                tally = Tally()
-                await self._boundary.admit(
-                    call, permits, tally, inbound.interactive, tenant_slot=not arriving
-                )
-                timeline.admitted_s = self._clock.now()
-                started = await self._first_answer(call, inbound.avoid)
-                timeline.dispatched_s = started.attempt.dispatched_s
-                answer = started.answer
-                timeline.upstream_s = answer.primed_s
-                answer.part = started.stack
-                try:
-                    async with answer:
-                        self._metrics.attempts(started.attempt.number)
-                        try:
-                            yield answer
-                        except BaseException as err:
-                            answer.attempt.end(err)
-                            raise
-                        answer.attempt.end(None)
-                finally:
-                    tally.used_tokens = answer.attempt.used_tokens
-        except BaseException as err:
-            self._record(inbound, call, answer, timeline, err)
-            raise
-        self._record(inbound, call, answer, timeline, None)
+        trail: list[str] = []
+        with self._spans.request(inbound.endpoint) as span:
+            try:
+                async with AsyncExitStack() as permits:
+                    arriving = not inbound.body_in()
+                    if arriving:
+                        await self._boundary.enter_tenant(inbound.tenant, permits)
+                    payload = await inbound.payload()
+                    if inbound.watch is not None:
+                        await permits.enter_async_context(inbound.watch())
+                    call = self._resolve(inbound, payload)
+                    self._spans.resolved(span, call)
+                    tally = Tally()
+                    await self._boundary.admit(
+                        call, permits, tally, inbound.interactive, tenant_slot=not arriving
+                    )
+                    timeline.admitted_s = self._clock.now()
+                    started = await self._first_answer(call, inbound.avoid, trail)
+                    timeline.dispatched_s = started.attempt.dispatched_s
+                    answer = started.answer
+                    timeline.upstream_s = answer.primed_s
+                    answer.part = started.stack
+                    try:
+                        async with answer:
+                            self._metrics.attempts(started.attempt.number)
+                            try:
+                                with self._spans.stream() if call.stream else NO_SPAN:
+                                    yield answer
+                            except BaseException as err:
+                                answer.attempt.end(err)
+                                raise
+                            answer.attempt.end(None)
+                    finally:
+                        tally.used_tokens = answer.attempt.used_tokens
+            except BaseException as err:
+                self._record(inbound, call, answer, timeline, err, trail, span)
+                raise
+            self._record(inbound, call, answer, timeline, None, trail, span)
+
+    def refused_at_edge(self, endpoint: Endpoint, err: GatewayError, timeline: Timeline) -> None:
+        """A request the edge refused before handing it over (its key, its headers): its
+        outcome, recorded as `run` records the rest."""
+        route = endpoint.value
+        self._metrics.answered(route, UNKNOWN_MODEL, err.status)
+        verdict = judge_error(err.code, err.status, err.code in REFUSALS)
+        self.slo.finished(route, UNKNOWN_MODEL, UNKNOWN_MODEL, None, verdict)
+        self._refusal_line(route, err)
+        access = self.access
+        if access is not None:
+            access.write(
+                {
+                    "request_id": request_id(),
+                    "route": route,
+                    "status": err.status,
+                    "code": err.code,
+                    "outcome": verdict.outcome,
+                    "kind": verdict.kind.value,
+                    "duration_ms": _ms(self._clock.now() - timeline.arrived_s),
+                }
+            )
 
     def _resolve(self, inbound: Inbound, payload: dict[str, Any]) -> Call:
         tenant, endpoint = inbound.tenant, inbound.endpoint
@@ -229,12 +269,13 @@ class Pipeline:
             if giver is not None:
                 dispatcher.may_give(attempt, giver)
 
-    async def _first_answer(self, call: Call, avoid: frozenset[str]) -> _Started:
+    async def _first_answer(self, call: Call, avoid: frozenset[str], trail: list[str]) -> _Started:
         """An attempt whose first bytes have arrived, after as many attempts as the route
         allows. An attempt that fails before that (connection, timeout, 5xx, throttling,
         a context window too small) releases its permits, and the next one re-enters the
         dispatcher after a jittered backoff, on another deployment when there is one.
-        Once its answer is handed over the provider is fixed."""
+        Once its answer is handed over the provider is fixed. Each attempt's deployment
+        is added to `trail`."""
         retry = call.route.retry
         failure: GatewayError | None = None
         tried = set(avoid)
@@ -243,7 +284,7 @@ class Pipeline:
                 await self._back_off(call, number, failure)
             self._budget_s(call)
             try:
-                return await self._race(call, number, tried)
+                return await self._race(call, number, tried, trail)
             except _Failed as failed:
                 if not failed.worth_another:
                     raise failed.error from None
@@ -255,20 +296,20 @@ class Pipeline:
         assert failure is not None
         raise failure
 
-    async def _race(self, call: Call, number: int, tried: set[str]) -> _Started:
+    async def _race(self, call: Call, number: int, tried: set[str], trail: list[str]) -> _Started:
         """One attempt, or two when the route hedges (see `Hedging`)."""
         hedge_after = call.route.hedge_after_s
         if hedge_after is None or len(call.model.deployments) < 2 or call.resumed:
-            return await self._start(call, number, tried)
+            return await self._start(call, number, tried, trail)
         per_token = max(d.timeouts.output_token_s for d in call.model.deployments)
         return await self._hedging.race(
-            lambda hedge: self._start(call, number, tried, hedge),
+            lambda hedge: self._start(call, number, tried, trail, hedge),
             patience_s(call, hedge_after, per_token),
             _Started.discard,
         )
 
     async def _start(
-        self, call: Call, number: int, tried: set[str], hedge: bool = False
+        self, call: Call, number: int, tried: set[str], trail: list[str], hedge: bool = False
     ) -> _Started:
         """One attempt up to its first bytes. Whatever it took is released if it fails or
         is cancelled; on success the caller owns its exit stack."""
@@ -276,13 +317,16 @@ class Pipeline:
         attempt = Attempt(call, number, frozenset(tried), hedge=hedge)
         stack = AsyncExitStack()
         try:
-            await dispatcher.acquire(attempt)
+            with self._spans.queue(call, number):
+                await dispatcher.acquire(attempt)
             stack.push_async_callback(dispatcher.release, attempt)
             target = attempt.target
             assert target is not None
             tried.add(target.deployment.name)
+            trail.append(target.deployment.name)
             try:
-                answer = await self._first_bytes(stack, attempt, target)
+                with self._spans.attempt(call, target.deployment, number):
+                    answer = await self._first_bytes(stack, attempt, target)
             except GatewayError as err:
                 attempt.end(err)
                 raise _Failed(err, await self._worth_another(attempt, err, tried)) from None
@@ -326,7 +370,7 @@ class Pipeline:
             prompt_tokens=call.prompt_tokens + produced,
             resumed=True,
         )
-        return await self._first_answer(rest, frozenset())
+        return await self._first_answer(rest, frozenset(), [])
 
     async def _worth_another(self, attempt: Attempt, err: GatewayError, tried: set[str]) -> bool:
         """Act on a failed attempt (throttling cools the pools) and say whether another
@@ -383,6 +427,14 @@ class Pipeline:
         except GatewayError as err:
             if err.status >= 500:
                 self._metrics.upstream_error(deployment.name, err.code)
+            if err.status >= 500 or err.code == Upstream.THROTTLED:
+                self._lines.warning(
+                    ("upstream", deployment.name, err.code),
+                    "deployment %s failed: %s (%s)",
+                    deployment.name,
+                    err.code,
+                    err.message,
+                )
             raise
 
     def _budget_s(self, call: Call) -> float:
@@ -402,10 +454,14 @@ class Pipeline:
         answer: Answer | None,
         timeline: Timeline,
         error: BaseException | None,
+        trail: list[str],
+        span: Any,
     ) -> None:
         """The request's outcome, once: its status, a refusal's reason, the tokens its
-        answer used, and its verdict against its lane's SLOs (on success, with the time
-        spent in each stage)."""
+        answer used, its verdict against its lane's SLOs (on success, with the time
+        spent in each stage), and its access-log line."""
+        if cut_by_shutdown(error):
+            error = shutting_down()
         route = inbound.endpoint.value
         model = UNKNOWN_MODEL if call is None else call.model.name
         lane = UNKNOWN_MODEL if call is None else call.lane.name
@@ -413,6 +469,7 @@ class Pipeline:
         now = self._clock.now()
         if isinstance(error, GatewayError) and error.code in REFUSALS:
             self._metrics.refused(route, error.code, status, now - inbound.arrived_s)
+            self._refusal_line(route, error)
         self._metrics.answered(route, model, status)
         if answer is not None:
             timeline.first_byte_s = answer.opened.first_byte_s
@@ -430,6 +487,59 @@ class Pipeline:
         else:
             verdict = _failed(call, timeline, error, now)
         self.slo.finished(route, model, lane, inbound.tenant.name, verdict)
+        access = self.access
+        line = access is not None and access.wanted(error is None)
+        if not (line or self._spans.on):
+            return
+        code = error.code if isinstance(error, GatewayError) else None
+        usage = _usage(answer)
+        self._spans.ended(span, status, code, usage["prompt_tokens"], usage["completion_tokens"])
+        if access is not None and line:
+            fields = {
+                "request_id": request_id(),
+                "route": route,
+                "model": model,
+                "lane": lane,
+                "tenant": inbound.tenant.name,
+                "status": status,
+                "code": code,
+                "outcome": verdict.outcome,
+                "kind": verdict.kind.value,
+                "stream": None if call is None else call.stream,
+                "duration_ms": _ms(now - inbound.arrived_s),
+                "stages_ms": {stage: _ms(took) for stage, took in timeline.stages(now)},
+                "attempts": len(trail),
+                "deployments": trail,
+                **usage,
+            }
+            if not inbound.interactive:
+                fields["job"] = True
+            access.write(fields)
+
+    def _refusal_line(self, route: str, error: GatewayError) -> None:
+        self._lines.warning(
+            ("refused", route, error.code),
+            "refused on %s with %d %s: %s",
+            route,
+            error.status,
+            error.code,
+            error.message,
+        )
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 1)
+
+
+def _usage(answer: Answer | None) -> dict[str, int | None]:
+    """The tokens of the answer's last part, as its deployment reported them."""
+    if answer is None or answer.attempt.used_tokens is None:
+        return {"prompt_tokens": None, "completion_tokens": None}
+    attempt = answer.attempt
+    return {
+        "prompt_tokens": attempt.used_tokens - (attempt.produced() or 0),
+        "completion_tokens": answer.produced(),
+    }
 
 
 def _failed(

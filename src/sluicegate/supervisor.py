@@ -15,13 +15,13 @@ with the parent however it ends.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import select
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -30,8 +30,12 @@ from types import FrameType
 
 from sluicegate.children import spawn
 
+log = logging.getLogger("sluicegate.workers")
+
 CHECK_S = 1.0
 """The longest the parent sleeps between checks of its workers, signal or not."""
+RESTARTS = "SLUICEGATE_WORKER_RESTARTS"
+"""The environment variable telling a worker how often its seat was restarted."""
 ALIVE = b"alive"
 """What a worker answers on its sibling socket when asked whether it is alive."""
 
@@ -142,6 +146,7 @@ class Supervisor:
         self._workers: dict[int, subprocess.Popen[bytes]] = {}
         self._due: dict[int, float] = {}
         """Dead workers and when each may start again."""
+        self._restarts: dict[int, int] = {}
 
     def run(self) -> int:
         """Until SIGTERM/SIGINT (0).
@@ -214,19 +219,30 @@ class Supervisor:
         self._due[index] = due
         delay_s = max(0.0, due - time.monotonic())
         when = "at once" if delay_s < 0.01 else f"in {delay_s:.1f}s"
-        print(
-            f"sluicegate: worker {index} {how}; restarting it {when}", file=sys.stderr, flush=True
+        log.warning(
+            "worker %d %s; restarting it %s",
+            index,
+            how,
+            when,
+            extra={"always": True},
         )
 
     def _start(self, index: int) -> None:
-        self._workers[index] = self._spawn(index)
+        if index in self._restarts:
+            self._restarts[index] += 1
+        else:
+            self._restarts[index] = 0
+        self._workers[index] = worker = self._spawn(index)
+        log.info("worker %d started (pid %d)", index, worker.pid, extra={"always": True})
         self._backoff.started(index)
         self._liveness.started(index)
 
     def _spawn(self, index: int) -> subprocess.Popen[bytes]:
         """In a session of its own, so a terminal's Ctrl-C reaches only the parent,
-        which passes it on as one SIGTERM."""
-        return spawn(self._argv(index), start_new_session=True)
+        which passes it on as one SIGTERM; told how often its seat was restarted, which
+        it exports (the parent serves no metrics)."""
+        env = {**os.environ, RESTARTS: str(self._restarts[index])}
+        return spawn(self._argv(index), start_new_session=True, env=env)
 
     def _stop_all(self) -> None:
         """One SIGTERM each (a second would make uvicorn skip its graceful shutdown),

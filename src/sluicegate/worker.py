@@ -30,6 +30,7 @@ import orjson
 
 from sluicegate.core.clock import Clock
 from sluicegate.core.errors import ErrorType, GatewayError
+from sluicegate.core.ids import RequestContext, current
 from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Settings, Tenant
 from sluicegate.jobs.model import Job, JobState
@@ -321,6 +322,8 @@ class Workers:
 
         async def payload() -> dict[str, Any]:
             return cast(dict[str, Any], orjson.loads(job.body))
+
+        current.set(RequestContext(job.request_id or job.id))  # this task's own context
 
         inbound = Inbound(
             job.kind, tenant, self._clock.now(), payload, left_s, job.lane, interactive=False

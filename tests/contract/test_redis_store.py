@@ -5,6 +5,8 @@ adopted leases, live-replica counts, and a bounded wait on a Redis that is gone 
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import time
 from collections.abc import AsyncIterator
 
@@ -38,7 +40,7 @@ from sluicegate.stores.redis import (
 from sluicegate.stores.resp import RespConnection
 from tests.support.clock import FakeClock
 from tests.support.processes import free_port
-from tests.support.redis import REDIS_URL, redis_or_skip
+from tests.support.redis import REDIS_URL, RedisServer, redis_or_skip
 
 TTL_S = 30.0
 RATE = Rate(limit=60, period_s=60, burst=2)
@@ -486,3 +488,31 @@ async def test_a_tenant_named_like_another_s_rate_keeps_its_own_keys(redis):
     assert await store.take(rate, lease("rate-2"), TTL_S) is None
     assert await store.in_use(keys.tenant_slots("a:requests")) == 1
     await store.close()
+
+
+async def test_lost_release_notifications_are_logged_once_and_their_return_once(tmp_path, caplog):
+    """Redis down used to log "release notifications lost" at every retry, four times a
+    second per worker."""
+    caplog.set_level(logging.INFO, logger="sluicegate")
+    server = RedisServer(tmp_path / "redis")
+    store = RedisLimitStore(RespConnection(server.url, 0.05), "x:", timeout_s=0.05)
+    subscriber = listener(server.url, 0.05)
+    watching = asyncio.ensure_future(store.watch_releases(subscriber, lambda key: None, 0.01))
+    try:
+        await asyncio.sleep(0.3)
+        server.start()
+        for _ in range(100):
+            if "restored" in caplog.text:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+        await subscriber.aclose()
+        await store.close()
+        server.kill()
+    lines = [r.getMessage() for r in caplog.records if "release notifications" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("release notifications lost")
+    assert re.fullmatch(r"release notifications restored after \d+ tries", lines[1])
+    assert int(lines[1].split()[-2]) > 5

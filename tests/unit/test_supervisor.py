@@ -11,7 +11,7 @@ from pathlib import Path
 
 from sluicegate.app import build
 from sluicegate.observability.siblings import Seat
-from sluicegate.supervisor import Backoff, Liveness, Supervisor
+from sluicegate.supervisor import RESTARTS, Backoff, Liveness, Supervisor
 from tests.config.test_config import base, parse
 
 
@@ -73,7 +73,7 @@ while True:
 """
 
 
-def test_a_dead_worker_is_restarted_and_a_hung_one_replaced_until_sigterm(tmp_path, capsys):
+def test_a_dead_worker_is_restarted_and_a_hung_one_replaced_until_sigterm(tmp_path, caplog):
     """Stand-in workers answer on their socket; worker 0 dies at once every time, so it
     is restarted with growing delays; worker 1 stops answering (its `.hang` file), so it
     is killed and replaced, and the server serves on until it is told to stop."""
@@ -87,8 +87,8 @@ def test_a_dead_worker_is_restarted_and_a_hung_one_replaced_until_sigterm(tmp_pa
 
     def argv(index: int) -> list[str]:
         mark = (
-            f"import os, pathlib; pathlib.Path({str(starts)!r}, '{index}-' + str(os.getpid()))"
-            ".touch()"
+            f"import os, pathlib; pathlib.Path({str(starts)!r}, '{index}-' + str(os.getpid())"
+            f" + '-' + os.environ[{RESTARTS!r}]).touch()"
         )
         if index == 0:
             return [sys.executable, "-c", f"{mark}; exit(3)"]
@@ -120,10 +120,12 @@ def test_a_dead_worker_is_restarted_and_a_hung_one_replaced_until_sigterm(tmp_pa
     finally:
         stopper.cancel()
         hang.cancel()
-    err = capsys.readouterr().err
+    err = caplog.text
     zero = sorted(p for p in starts.iterdir() if p.name.startswith("0-"))
     one = sorted(p for p in starts.iterdir() if p.name.startswith("1-"))
     assert 4 <= len(zero) <= 12, err
+    restarts = sorted(int(p.name.rsplit("-", 1)[1]) for p in zero)
+    assert restarts == list(range(len(zero))), "each start is told its seat's restarts"
     assert "worker 0 exited with 3; restarting it in 0.2s" in err
     assert "worker 0 exited with 3; restarting it in 0.8s" in err
     assert "worker 1 stopped answering and was killed" in err

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import orjson
 
 from sluicegate.core.errors import CallerGone, ErrorType, GatewayError
+from sluicegate.core.ids import request_id
 from sluicegate.core.refusals import Refusal
 
 Scope = MutableMapping[str, Any]
@@ -65,16 +66,13 @@ class ClientDisconnected(CallerGone):
 
 
 def error_body(err: GatewayError) -> bytes:
-    return orjson.dumps(
-        {
-            "error": {
-                "message": err.message,
-                "type": err.error_type,
-                "param": err.param,
-                "code": err.code,
-            }
-        }
-    )
+    """OpenAI's error shape, with the id of the request it answers (`core.ids`), which
+    a caller can quote to an operator."""
+    error = {"message": err.message, "type": err.error_type, "param": err.param, "code": err.code}
+    rid = request_id()
+    if rid is not None:
+        error["request_id"] = rid
+    return orjson.dumps({"error": error})
 
 
 def error_headers(err: GatewayError) -> Headers:

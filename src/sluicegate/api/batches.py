@@ -35,6 +35,7 @@ from sluicegate.api.ledger import BatchLedger
 from sluicegate.api.multipart import FormReader
 from sluicegate.api.payloads import json_object
 from sluicegate.core.errors import GatewayError, bad_request, not_found
+from sluicegate.core.ids import request_id
 from sluicegate.core.types import Endpoint, Tenant
 from sluicegate.jobs.model import Batch, BatchStatus, Job, StoredFile
 
@@ -180,6 +181,7 @@ class BatchRoutes:
         await intake.admit(tenant, len(requests))
         deadline = intake.clock.now() + WINDOW_S
         lane = intake.lane(None)
+        rid = request_id()
         jobs = (
             Job(
                 tenant=tenant.name,
@@ -188,6 +190,7 @@ class BatchRoutes:
                 lane=lane,
                 deadline_at=deadline,
                 custom_id=custom_id,
+                request_id=rid,
             )
             for custom_id, body in requests.items()
         )

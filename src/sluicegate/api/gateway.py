@@ -3,6 +3,7 @@ the rest and records each request's outcome."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -34,12 +35,20 @@ from sluicegate.api.asgi import (
 from sluicegate.api.auth import Authenticator, key_digest, unauthorised
 from sluicegate.api.payloads import parse
 from sluicegate.core.clock import Clock
-from sluicegate.core.errors import ErrorType, GatewayError, bad_request, not_found
+from sluicegate.core.errors import (
+    SHUTTING_DOWN,
+    ErrorType,
+    GatewayError,
+    bad_request,
+    cut_by_shutdown,
+    not_found,
+    shutting_down,
+)
 from sluicegate.core.refusals import Refusal
-from sluicegate.core.slo import Timeline, judge_error
+from sluicegate.core.slo import Timeline
 from sluicegate.core.types import Endpoint, Settings, Tenant
-from sluicegate.observability.metrics import UNKNOWN_MODEL, GatewayMetrics
-from sluicegate.pipeline import REFUSALS, Answer, Inbound, Pipeline
+from sluicegate.observability.metrics import GatewayMetrics
+from sluicegate.pipeline import Answer, Inbound, Pipeline
 from sluicegate.providers.sse import frame
 
 log = logging.getLogger("sluicegate")
@@ -94,16 +103,26 @@ class Gateway:
         self._clock = clock
         self._model_lists: dict[str, bytes] = {}
         self.ready = False
+        self._open: set[asyncio.Task[Any]] = set()
+        """The tasks of the inference requests being answered, for a stop to cut."""
 
-    def routes(self, router: Router) -> Router:
+    def routes(self, router: Router, *, metrics: bool = True) -> Router:
+        """`metrics` False: `/metrics` has an address of its own (`metrics_routes`)."""
         for endpoint in Endpoint:
             router.add("POST", endpoint.path, self._inference_handler(endpoint))
         router.add("GET", "/v1/models", self._models)
         router.add_prefix("GET", MODEL, self._model)
         router.add("GET", "/health", self._health)
         router.add("GET", "/ready", self._ready)
-        router.add("GET", "/metrics", self._metrics_page)
+        if metrics:
+            router.add("GET", "/metrics", self._metrics_page)
         router.add("GET", "/admin/status", self._admin_status)
+        return router
+
+    def metrics_routes(self, router: Router) -> Router:
+        """The routes of the metrics address, when it has one of its own."""
+        router.add("GET", "/metrics", self._metrics_page)
+        router.add("GET", "/health", self._health)
         return router
 
     def _inference_handler(self, endpoint: Endpoint):  # noqa: ANN202 - an ASGI handler
@@ -119,19 +138,15 @@ class Gateway:
         exchange = Exchange(send, Timeline(self._clock.now()))
         in_flight = self._metrics.in_flight(endpoint.value)
         in_flight.inc()
+        task = asyncio.current_task()
+        assert task is not None
+        self._open.add(task)
         try:
             try:
                 inbound = self._inbound(endpoint, scope, receive, connection, exchange.timeline)
             except GatewayError as err:
                 # Refused before the pipeline, which records everything after this.
-                self._metrics.answered(endpoint.value, UNKNOWN_MODEL, err.status)
-                self._pipeline.slo.finished(
-                    endpoint.value,
-                    UNKNOWN_MODEL,
-                    UNKNOWN_MODEL,
-                    None,
-                    judge_error(err.code, err.status, err.code in REFUSALS),
-                )
+                self._pipeline.refused_at_edge(endpoint, err, exchange.timeline)
                 raise
             if connection is not None:
                 connection.bound_sends(self._time_left_s(endpoint, inbound))
@@ -140,13 +155,43 @@ class Gateway:
             await self._fail(exchange, err)
         except ClientDisconnected:
             pass
+        except asyncio.CancelledError as err:
+            if not cut_by_shutdown(err):
+                raise
+            task.uncancel()
+            await self._cut(exchange)
         except Exception:
             log.exception("unexpected failure on %s", endpoint.path)
             await self._fail(exchange, _internal())
         finally:
+            self._open.discard(task)
             if connection is not None:
                 connection.bound_sends(None)
             in_flight.dec()
+
+    def begin(self) -> None:
+        """The server is stopping: load balancers are told at once, by `/ready`."""
+        self.ready = False
+
+    def cut(self) -> None:
+        """The stop's grace period is over: every inference request still open ends now,
+        with an answer that says so (`_cut`)."""
+        for task in self._open:
+            task.cancel(SHUTTING_DOWN)
+
+    async def _cut(self, exchange: Exchange) -> None:
+        """One line per request cut, named by its id (no traceback: nothing failed), and
+        an explicit error to its caller: an error event ends a started stream, so the
+        caller never takes a cut stream for a whole one."""
+        took_s = self._clock.now() - exchange.timeline.arrived_s
+        what = "stream" if exchange.started else "request"
+        log.warning(
+            "cut an open %s at the end of the stop's grace period, %.1fs after it arrived",
+            what,
+            took_s,
+            extra={"always": True},
+        )
+        await self._fail(exchange, shutting_down())
 
     def _time_left_s(self, endpoint: Endpoint, inbound: Inbound) -> float:
         timeout_s = inbound.timeout_s or self._settings.routes[endpoint].default_timeout_s
@@ -257,6 +302,10 @@ class Gateway:
         await send_json(send, 200, await self._status())
 
     async def _metrics_page(self, scope: Scope, receive: Receive, send: Send) -> None:
+        keys = self._settings.metrics.keys
+        if keys and key_digest(scope) not in keys:
+            await send_error(send, unauthorised("a metrics token is required"))
+            return
         body = await self._metrics.page()
         await send_bytes(send, 200, body, [(b"content-type", b"text/plain; version=0.0.4")])
 

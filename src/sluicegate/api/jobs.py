@@ -25,6 +25,7 @@ from sluicegate.api.asgi import (
 from sluicegate.api.intake import Intake, endpoint_of, path_id, plain
 from sluicegate.api.payloads import json_object
 from sluicegate.core.errors import bad_request, not_found
+from sluicegate.core.ids import request_id
 from sluicegate.core.types import Tenant
 from sluicegate.jobs.model import Job, JobState
 
@@ -98,6 +99,7 @@ class JobRoutes:
             idempotency_key=_idempotency_key(scope, spec),
             version_key=version_key,
             version=version,
+            request_id=request_id(),
         )
 
     async def _get(self, tenant: Tenant, scope: Scope, receive: Receive, send: Send) -> None:
@@ -162,6 +164,7 @@ def summary(job: Job) -> dict[str, Any]:
         "version": job.version,
         "batch_id": job.batch_id,
         "custom_id": job.custom_id,
+        "request_id": job.request_id,
         "error": job_error(job),
         "last_error": None if job.state is JobState.FAILED else job.error,
     }

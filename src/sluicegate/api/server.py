@@ -19,8 +19,9 @@ import math
 import resource
 import signal
 import socket
+from collections.abc import Sequence
 from types import FrameType
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
 import orjson
 import uvicorn
@@ -28,6 +29,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from sluicegate.api.asgi import CONNECTION, Handler
 from sluicegate.core.errors import ErrorType
+from sluicegate.core.ids import new_request_id
 from sluicegate.core.types import EdgeLimits
 
 BACKLOG = 2048
@@ -90,43 +92,90 @@ def fit_open_files(wanted: int) -> str | None:
     )
 
 
+class Stopping(Protocol):
+    """What an app does while the server stops (`serve`)."""
+
+    def begin(self) -> None:
+        """The stop signal arrived: from now on report not ready."""
+
+    def cut(self) -> None:
+        """The grace period is over: end every request still open, each with an answer
+        that says why."""
+
+
+CUT_S = 2.0
+"""How long requests cut at the end of the grace period get to send their last words
+before uvicorn cancels what is left."""
+
+
 def serve(
     app: Handler,
-    listener: socket.socket,
+    listeners: Sequence[socket.socket],
     *,
     log_level: str = "warning",
     graceful_s: float = 5.0,
     limits: EdgeLimits = DEFAULT_LIMITS,
+    stopping: Stopping | None = None,
 ) -> None:
-    """Serve until SIGINT/SIGTERM; open requests get `graceful_s` to finish, then the
-    app's shutdown runs, and this returns.
+    """Serve until SIGINT/SIGTERM; open requests get `graceful_s` to finish, those
+    still open are then cut (`stopping`), the app's shutdown runs, and this returns.
 
     uvicorn re-raises the signal it caught once it has shut down. For SIGTERM (the stop
     signal of systemd, Docker and Kubernetes) the default action would end the process
     on the spot, skipping the caller's own clean-up (such as stopping the demo's
     simulator), so it is turned into the same quiet return as SIGINT.
     """
-    config = server_config(app, limits, log_level, graceful_s)
+    config = server_config(app, limits, log_level, graceful_s + (CUT_S if stopping else 0))
+    server = StoppingServer(config, stopping, graceful_s)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            uvicorn.Server(config).run(sockets=[listener])
+            server.run(sockets=list(listeners))
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+class StoppingServer(uvicorn.Server):
+    """uvicorn's server, telling the app when the stop begins (at the signal, before
+    uvicorn's next tick closes the listener) and when its grace period ends."""
+
+    def __init__(self, config: uvicorn.Config, stopping: Stopping | None, grace_s: float) -> None:
+        super().__init__(config)
+        self._stopping = stopping
+        self._grace_s = grace_s
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._stopping is not None and not self.should_exit:
+            self._stopping.begin()
+        super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        stopping = self._stopping
+        if stopping is None:
+            await super().shutdown(sockets)
+            return
+        cut = asyncio.get_running_loop().call_later(self._grace_s, stopping.cut)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            cut.cancel()
 
 
 def server_config(
     app: Handler, limits: EdgeLimits, log_level: str = "warning", graceful_s: float = 5.0
 ) -> uvicorn.Config:
+    """uvicorn leaves logging alone (`observability.logs` configures it): its records
+    reach the process's handler like every other."""
     return uvicorn.Config(
         app,
         loop="uvloop",
         http=guarded(limits),
         lifespan="on",
         access_log=False,
+        log_config=None,
         log_level=log_level,
         backlog=BACKLOG,
-        timeout_graceful_shutdown=int(graceful_s),
+        timeout_graceful_shutdown=math.ceil(graceful_s),
         timeout_keep_alive=limits.keep_alive_s,
     )
 
@@ -310,12 +359,16 @@ class GuardedHttp(HttpToolsProtocol):
         self._wake_by(min(self._headers_due, self._body_due, self._stall_due()))
 
     def _refuse(self, status: bytes, reason: str) -> None:
-        """Answer in OpenAI's error shape and close: no app has seen this request."""
+        """Answer in OpenAI's error shape and close: no app has seen this request, so
+        its id is made here."""
         code, kind = _CODES[status[:3]]
-        body = orjson.dumps(
-            {"error": {"message": reason, "type": kind, "param": None, "code": code}}
+        rid = new_request_id()
+        error = {"message": reason, "type": kind, "param": None, "code": code, "request_id": rid}
+        body = orjson.dumps({"error": error})
+        head = (
+            b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n"
+            b"x-request-id: " + rid.encode() + b"\r\n"
         )
-        head = b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n"
         length = b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n"
         if not self.transport.is_closing():
             self.transport.write(head + length + body)

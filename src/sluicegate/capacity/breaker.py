@@ -13,6 +13,7 @@ methods.
 from __future__ import annotations
 
 import enum
+import logging
 import random
 from collections import deque
 from collections.abc import Callable
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 
 from sluicegate.core.clock import Clock
 from sluicegate.core.types import BreakerPolicy
+
+log = logging.getLogger("sluicegate.circuit")
 
 
 class BreakerState(enum.StrEnum):
@@ -38,8 +41,15 @@ class BreakerView:
 
 class Breaker:
     def __init__(
-        self, policy: BreakerPolicy, clock: Clock, jitter: Callable[[], float] | None = None
+        self,
+        policy: BreakerPolicy,
+        clock: Clock,
+        jitter: Callable[[], float] | None = None,
+        *,
+        name: str = "-",
     ) -> None:
+        self.name = name
+        """The deployment's, for the log lines of its transitions."""
         self.policy = policy
         self.state = BreakerState.CLOSED
         self.in_flight = 0
@@ -61,7 +71,7 @@ class Breaker:
         if self.state is BreakerState.OPEN:
             if self._clock.now() < self._open_until:
                 return False
-            self.state, self._probes = BreakerState.HALF_OPEN, 0
+            self._half_open()
         if self.state is BreakerState.HALF_OPEN:
             return self._probes < self.policy.half_open_probes
         return True
@@ -140,7 +150,12 @@ class Breaker:
         failures = seen - sum(self._outcomes)
         return failures / seen >= self.policy.failure_ratio
 
+    def _half_open(self) -> None:
+        self.state, self._probes = BreakerState.HALF_OPEN, 0
+        _transition(self.name, "half-open: probing")
+
     def _open(self, seconds: float) -> None:
+        _transition(self.name, f"open for {seconds:g}s", logging.WARNING)
         self.state = BreakerState.OPEN
         self.opened += 1
         self._open_for = seconds
@@ -150,9 +165,20 @@ class Breaker:
         self._ramp = None
 
     def _close(self) -> None:
+        _transition(self.name, "closed: the deployment answers again")
         self.state = BreakerState.CLOSED
         self._start_ramp(self._clock.now())
 
     def _start_ramp(self, start: float) -> None:
         if self.policy.ramp_s > 0:
             self._ramp = (start, self.policy.ramp_s * (0.8 + 0.4 * self._jitter()))
+
+
+def _transition(deployment: str, what: str, level: int = logging.INFO) -> None:
+    log.log(
+        level,
+        "circuit of deployment %s %s",
+        deployment,
+        what,
+        extra={"repeat_key": ("circuit", deployment, what)},
+    )

@@ -87,8 +87,7 @@ class FleetBreaker(Breaker):
         clock: Clock,
         jitter: Callable[[], float] | None = None,
     ) -> None:
-        super().__init__(policy, clock, jitter)
-        self.name = name
+        super().__init__(policy, clock, jitter, name=name)
         self._tally = Tally()
         self._fleet_until = float("-inf")
         """Until when the fleet's view is fresh enough to decide on."""
@@ -132,7 +131,7 @@ class FleetBreaker(Breaker):
             return
         if circuit.state is BreakerState.HALF_OPEN and circuit.probe_is_ours:
             if self.state is not BreakerState.HALF_OPEN:
-                self.state, self._probes = BreakerState.HALF_OPEN, 0
+                self._half_open()
             return
         reopens_in = circuit.reopens_in_s if circuit.state is BreakerState.OPEN else fresh_for_s
         if self.state is not BreakerState.OPEN:

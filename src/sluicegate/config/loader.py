@@ -38,6 +38,8 @@ from sluicegate.core.types import (
     JobPolicy,
     Ladder,
     Lane,
+    LogPolicy,
+    MetricsPolicy,
     Model,
     OverloadPolicy,
     PoolSpec,
@@ -50,6 +52,7 @@ from sluicegate.core.types import (
     Settings,
     Tenant,
     Timeouts,
+    TracingPolicy,
     WhenDown,
 )
 
@@ -203,6 +206,18 @@ def _to_settings(
         jobs=_jobs(config.jobs),
         redis=_redis(config.redis) if config.store == "redis" else None,
         edge=EdgeLimits(**config.server.model_dump(exclude={"host", "port", "max_body_bytes"})),
+        logs=LogPolicy(**config.logs.model_dump()),
+        metrics=MetricsPolicy(
+            frozenset(
+                digest
+                for i, key in enumerate(config.metrics.keys)
+                if (digest := _key_digest(key, env, (f"metrics.keys[{i}]", problems))) is not None
+            ),
+            None if config.metrics.port is None else (config.metrics.host, config.metrics.port),
+            config.metrics.tenant_labels,
+            config.metrics.cache_s,
+        ),
+        tracing=TracingPolicy(**config.tracing.model_dump()),
     )
 
 

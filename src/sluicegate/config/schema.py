@@ -57,6 +57,12 @@ class ServerConfig(Strict):
     status_viewers: int = Field(
         default=8, ge=1, description="status pages following /admin/live at once, per process"
     )
+    stop_grace_s: float = Field(
+        default=5.0,
+        ge=0,
+        le=3600,
+        description="on SIGTERM/SIGINT, requests in flight get this long before they are cut",
+    )
 
 
 class QuotaConfig(Strict):
@@ -474,6 +480,59 @@ class RedisConfig(Strict):
         return url
 
 
+class LogsConfig(Strict):
+    """The access log; the operator log goes to stderr at `serve --log-level`."""
+
+    access: Literal["off", "sampled", "on"] = Field(
+        default="off",
+        description="one JSON line per finished request: none, every one that did not "
+        "succeed and access_sample of those that did, or every one",
+    )
+    access_sample: float = Field(
+        default=0.01, gt=0, le=1, description="sampled: the share of successes logged"
+    )
+    access_path: str | None = Field(
+        default=None, min_length=1, description="a file the lines are appended to; default stderr"
+    )
+
+
+class MetricsAccessConfig(Strict):
+    """Who may read `/metrics`, where, and what it shows."""
+
+    keys: list[KeyConfig] = Field(
+        default_factory=list, description="bearer tokens for /metrics; none: open to all"
+    )
+    host: str | None = Field(
+        default=None, description="with port: /metrics only on this address, not the API's"
+    )
+    port: int | None = Field(default=None, ge=0, le=65535)
+    tenant_labels: bool = Field(
+        default=True, description="false: families labelled by tenant are left out"
+    )
+    cache_s: float = Field(
+        default=1.0, ge=0, le=60, description="serve --workers: the merged page is reused this long"
+    )
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> MetricsAccessConfig:
+        if (self.host is None) != (self.port is None):
+            raise ValueError("host and port go together")
+        return self
+
+
+class TracingConfig(Strict):
+    """OpenTelemetry spans of each request, exported over OTLP/HTTP (`sluicegate[otel]`)."""
+
+    enabled: bool = False
+    endpoint: str = Field(
+        default="http://127.0.0.1:4318/v1/traces", min_length=1, description="OTLP/HTTP traces"
+    )
+    service_name: str = Field(default="sluicegate", min_length=1)
+    sample_ratio: float = Field(
+        default=1.0, ge=0, le=1, description="of new traces; a caller's sampled flag is followed"
+    )
+
+
 class GatewayConfig(Strict):
     server: ServerConfig = ServerConfig()
     routes: RoutesConfig = RoutesConfig()
@@ -481,6 +540,9 @@ class GatewayConfig(Strict):
     aggregate: QuotaConfig = QuotaConfig()
     pools: list[PoolConfig] = Field(default_factory=list)
     admin: AdminConfig = AdminConfig()
+    logs: LogsConfig = LogsConfig()
+    metrics: MetricsAccessConfig = MetricsAccessConfig()
+    tracing: TracingConfig = TracingConfig()
     jobs: JobsConfig | None = Field(
         default=None, description="durable jobs and batches; without it the gateway keeps none"
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import math
 
@@ -114,3 +115,22 @@ def bad_request(
 
 def not_found(message: str, code: str = "not_found") -> GatewayError:
     return GatewayError(404, code, message, ErrorType.NOT_FOUND, should_retry=False)
+
+
+SHUTTING_DOWN = "the server is shutting down"
+"""The message a request cut at the end of the stop's grace period is cancelled with, so
+whoever records its end can tell it from a caller who left."""
+
+
+def cut_by_shutdown(error: BaseException | None) -> bool:
+    return isinstance(error, asyncio.CancelledError) and error.args == (SHUTTING_DOWN,)
+
+
+def shutting_down() -> GatewayError:
+    return GatewayError(
+        503,
+        "server_shutting_down",
+        "the server stopped before the answer was complete; retry on another replica",
+        ErrorType.UNAVAILABLE,
+        should_retry=True,
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Literal
 
 from sluicegate.core.errors import ErrorType, GatewayError, not_found
 from sluicegate.core.limits import Rate
@@ -429,6 +430,31 @@ class RedisPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class LogPolicy:
+    access: Literal["off", "sampled", "on"] = "off"
+    access_sample: float = 0.01
+    access_path: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsPolicy:
+    keys: frozenset[bytes] = frozenset()
+    """sha256 digests of the bearer tokens that may read `/metrics`; empty: anyone."""
+    listen: tuple[str, int] | None = None
+    """An address of its own for `/metrics`, which the API's address then does not serve."""
+    tenant_labels: bool = True
+    cache_s: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class TracingPolicy:
+    enabled: bool = False
+    endpoint: str = "http://127.0.0.1:4318/v1/traces"
+    service_name: str = "sluicegate"
+    sample_ratio: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
 class EdgeLimits:
     """What one client connection may cost: the server enforces the first four before
     the app sees a request, the edge the rest."""
@@ -450,6 +476,8 @@ class EdgeLimits:
     status_viewers: int = 8
     """Status pages following the live feed at once: each costs a status document a
     second (and, with workers, a question to every sibling)."""
+    stop_grace_s: float = 5.0
+    """On a stop signal, how long requests in flight may still take before they are cut."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -484,3 +512,6 @@ class Settings:
     redis: RedisPolicy | None = None
     """The shared limit store; None: this process's memory."""
     edge: EdgeLimits = EdgeLimits()
+    logs: LogPolicy = LogPolicy()
+    metrics: MetricsPolicy = MetricsPolicy()
+    tracing: TracingPolicy = TracingPolicy()

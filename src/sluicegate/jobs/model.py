@@ -80,6 +80,9 @@ class Job:
     version: int | None = None
     batch_id: str | None = None
     custom_id: str | None = None
+    request_id: str | None = None
+    """The id of the request that submitted it; its runs go upstream and into the logs
+    under it."""
     id: str = field(default_factory=_new_id("job_"))
     state: JobState = JobState.QUEUED
     attempts: int = 0

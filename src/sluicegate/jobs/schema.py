@@ -139,6 +139,7 @@ MIGRATIONS: tuple[Migration, ...] = (
             ) AS stored GROUP BY tenant""",
         ),
     ),
+    Migration(5, ("ALTER TABLE jobs ADD COLUMN request_id TEXT",)),
 )
 """Version 3 keeps a file's content as 1 MiB chunks, `file_chunks` keyed by (file, seq),
 moving each stored file's content there; `files.size` is NULL while a file is written.
@@ -146,7 +147,8 @@ A batch's jobs are read a state at a time, in order, from one index that also se
 the counts, the live probe, cancels and retention, in place of `jobs_batch` and
 `jobs_batch_state`. Version 4 keeps each tenant's stored bytes (whole files, job bodies
 and results) as one counter, `tenant_bytes`, counted from what is stored: a quota check
-reads one row, however much the tenant keeps."""
+reads one row, however much the tenant keeps. Version 5 keeps the id of the request that
+submitted each job."""
 
 _CREATE_VERSIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (
     version INTEGER PRIMARY KEY,

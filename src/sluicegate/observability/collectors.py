@@ -89,6 +89,11 @@ class CapacityCollector(Collector):
             "Age of the oldest waiting request.",
             labels=labels,
         )
+        age_limit = GaugeMetricFamily(
+            "sluicegate_queue_age_limit_seconds",
+            "The lane's max_queue_age_s: a request queued longer is dropped.",
+            labels=labels,
+        )
         dispatched = CounterMetricFamily(
             "sluicegate_dispatched", "Attempts dispatched.", labels=labels
         )
@@ -200,6 +205,7 @@ class CapacityCollector(Collector):
                 key = [view.model, lane.name]
                 depth.add_metric(key, lane.queued)
                 oldest.add_metric(key, lane.oldest_age_s)
+                age_limit.add_metric(key, lane.max_age_s)
                 dispatched.add_metric(key, lane.dispatched)
                 queue_dispatched.add_metric(key, lane.queue_dispatched)
                 expired.add_metric(key, lane.expired)
@@ -212,7 +218,16 @@ class CapacityCollector(Collector):
                 tail.add_metric(key, lane.wait_tail)
                 for tenant, counter in lane.service.items():
                     service.add_metric([*key, tenant], counter)
-        yield from (depth, oldest, dispatched, queue_dispatched, expired, shed, unavailable)
+        yield from (
+            depth,
+            oldest,
+            age_limit,
+            dispatched,
+            queue_dispatched,
+            expired,
+            shed,
+            unavailable,
+        )
         yield from (abandoned, preempted, correction, tail)
         yield from (service, reserved, protected)
         yield from (protected_refused, placements, index_blocks, hit_ratio)

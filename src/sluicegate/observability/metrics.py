@@ -9,6 +9,7 @@ them.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import operator
 import time
@@ -209,7 +210,16 @@ class LaneMetrics:
 
 
 class GatewayMetrics:
-    def __init__(self) -> None:
+    """`tenant_labels` False leaves the families labelled by tenant off the page (tenant
+    names may be customers' names); `cache_s` is how long a merged page is reused."""
+
+    def __init__(self, *, tenant_labels: bool = True, cache_s: float = 1.0) -> None:
+        self._tenant_labels = tenant_labels
+        self._cache_s = cache_s
+        self._page: tuple[float, bytes] | None = None
+        """The last merged page and when it was built."""
+        self._building: asyncio.Future[bytes] | None = None
+        self.pages_built = 0
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
@@ -366,6 +376,11 @@ class GatewayMetrics:
             "sluicegate_job_attempts",
             "Claims a job took until this process gave it a final state.",
             buckets=(1, 2, 3, 5, 10, 20),
+            registry=r,
+        )
+        self._access_dropped = Counter(
+            "sluicegate_access_log_dropped",
+            "Access-log lines dropped because the writer was behind (a disk that stalls).",
             registry=r,
         )
         self._job_handbacks = Counter(
@@ -529,6 +544,9 @@ class GatewayMetrics:
     def job_finished(self, attempts: int) -> None:
         self._job_attempts.observe(attempts)
 
+    def access_line_dropped(self) -> None:
+        self._access_dropped.inc()
+
     def job_handed_back(self) -> None:
         self._job_handbacks.inc()
 
@@ -540,11 +558,24 @@ class GatewayMetrics:
         return lambda reason: self._scrape_failures.labels(deployment, reason).inc()
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        return self._shown(self.registry)
+
+    def _shown(self, source: Collector) -> bytes:
+        return generate_latest(source if self._tenant_labels else WithoutTenants(source))
 
     def answered_total(self) -> int:
         """Requests this process answered, for the worker lines of the status document."""
         return int(sum(counter.value for counter in self._outcomes.values()))
+
+    def restarted(self, times: int) -> None:
+        """This worker's seat was restarted `times` times: summed over the workers, the
+        server's restarts, for as long as its parent runs."""
+        restarts = Counter(
+            "sluicegate_worker_restarts",
+            "Workers the parent of serve --workers restarted after one died or hung.",
+            registry=self.registry,
+        )
+        restarts.inc(times)
 
     def share(self, siblings: Siblings) -> None:
         """Make `page` report the whole server: this worker's numbers and its siblings'."""
@@ -560,16 +591,49 @@ class GatewayMetrics:
         )
 
     async def page(self) -> bytes:
-        """`/metrics`: this process's exposition, or with workers the whole server's."""
-        siblings = self._siblings
-        if siblings is None:
+        """`/metrics`: this process's exposition, or with workers the whole server's.
+
+        A merged page asks every sibling, so it is built at most once per `cache_s`
+        however many scrapers ask: those asking meanwhile are given the last one, and
+        those asking while it is built wait for that build."""
+        if self._siblings is None:
             return self.exposition()
+        page = self._page
+        if page is not None and time.monotonic() - page[0] < self._cache_s:
+            return page[1]
+        building = self._building
+        if building is None:
+            building = self._building = asyncio.ensure_future(self._merged())
+            building.add_done_callback(self._built)
+        return await asyncio.shield(building)
+
+    def _built(self, building: asyncio.Future[bytes]) -> None:
+        self._building = None
+        if not building.cancelled() and building.exception() is None:
+            self._page = (time.monotonic(), building.result())
+
+    async def _merged(self) -> bytes:
+        siblings = self._siblings
+        assert siblings is not None
+        self.pages_built += 1
         answers = await siblings.ask("metrics")
         merged = ServerFamilies(siblings.seat.count)
         merged.add(orjson.loads(self.samples()))
         for body in answers.values():
             merged.add(orjson.loads(body))
-        return generate_latest(merged)
+        return self._shown(merged)
+
+
+class WithoutTenants(Collector):
+    """`source` less every family with a tenant label."""
+
+    def __init__(self, source: Collector) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self._source.collect():
+            if not any("tenant" in sample.labels for sample in metric.samples):
+                yield metric
 
 
 TAKES_MAX = frozenset(
@@ -582,6 +646,7 @@ TAKES_MAX = frozenset(
         "sluicegate_backend_tpot_seconds",
         "sluicegate_backend_prefix_hit_ratio",
         "sluicegate_queue_oldest_age_seconds",
+        "sluicegate_queue_age_limit_seconds",
         "sluicegate_queue_wait_correction",
         "sluicegate_queue_wait_tail",
         "sluicegate_reserved_slots",

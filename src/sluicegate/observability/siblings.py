@@ -26,6 +26,8 @@ class Seat:
     index: int
     count: int
     directory: Path
+    restarts: int = 0
+    """How often the supervisor restarted this seat's worker."""
 
     def socket(self, index: int) -> Path:
         return self.directory / f"{index}.sock"

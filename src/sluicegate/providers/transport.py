@@ -8,12 +8,14 @@ call keeps its permits do not, so they live here once.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 
 import aiohttp
 
 from sluicegate.core.errors import GatewayError
+from sluicegate.core.ids import current
 from sluicegate.core.types import Deployment
 from sluicegate.providers.base import interrupted, malformed, timed_out, unreachable
 
@@ -79,6 +81,25 @@ class UpstreamBody:
             raise interrupted(self._deployment, exc) from None
 
 
+def request_headers() -> dict[str, str] | None:
+    """What the upstream learns of the request it serves: its id, so both sides' logs
+    meet, and the caller's W3C trace context.
+
+    The id goes with a suffix of its own per attempt: vLLM names the engine's request
+    after it, and an engine refuses a request whose id is still running, which a
+    caller's id sent twice, or an attempt retried while the engine still holds the one
+    before, would be."""
+    context = current.get()
+    if context is None:
+        return None
+    headers = {"x-request-id": f"{context.request_id}-{os.urandom(4).hex()}"}
+    if context.traceparent is not None:
+        headers["traceparent"] = context.traceparent
+        if context.tracestate is not None:
+            headers["tracestate"] = context.tracestate
+    return headers
+
+
 class Transport:
     """One pooled aiohttp session per deployment, so each has its own connection limit."""
 
@@ -139,6 +160,7 @@ class Transport:
                     data=body,
                     timeout=self._timeout_within(budget_s, streamed),
                     allow_redirects=False,
+                    headers=request_headers(),
                 )
             except TimeoutError:
                 raise timed_out(name) from None

@@ -11,6 +11,7 @@ dip does not flap it.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Iterable
 
@@ -18,6 +19,8 @@ from sluicegate.capacity.gates import MetricsGate
 from sluicegate.core.clock import Clock, sleep_until
 from sluicegate.core.types import OverloadPolicy, OverloadState, Scheduling
 from sluicegate.scheduling.dispatcher import Dispatcher
+
+log = logging.getLogger("sluicegate.overload")
 
 
 class TtftWindow:
@@ -75,6 +78,15 @@ class OverloadMonitor:
         return max(reached)
 
     def _move(self, state: OverloadState) -> None:
+        level = logging.WARNING if state > self.state else logging.INFO
+        log.log(
+            level,
+            "overload state %s -> %s (pressure %.2f)",
+            self.state.name.lower(),
+            state.name.lower(),
+            self.pressure,
+            extra={"repeat_key": ("overload", state)},
+        )
         self.state = state
         self.transitions += 1
 

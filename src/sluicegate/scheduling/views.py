@@ -47,6 +47,8 @@ class LaneView:
     with a promise admits them by the prediction times this."""
     after_dispatch_s: float
     """Smoothed time from dispatch to the first token of the lane's streamed requests."""
+    max_age_s: float
+    """The lane's `max_queue_age_s`: a request queued longer is dropped."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +132,7 @@ def lane_view(d: Dispatcher, name: str) -> LaneView:
         wait_correction_within_share=forecast.correction(within_share=True),
         wait_tail=forecast.tail(now),
         after_dispatch_s=forecast.after_dispatch_s,
+        max_age_s=queue.lane.max_queue_age_s,
     )
 
 

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     models = ", ".join(options.models)
     where = f"http://{options.host}:{options.port}"
     print(f"sluicegate sim listening on {where} ({models})", flush=True)
-    serve(server.app, listener, graceful_s=_GRACEFUL_SHUTDOWN_S)
+    serve(server.app, [listener], graceful_s=_GRACEFUL_SHUTDOWN_S)
     return 0
 
 

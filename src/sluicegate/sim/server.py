@@ -10,6 +10,7 @@ import hmac
 import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
@@ -95,6 +96,9 @@ class SimServer:
         self.received = 0
         self.failed = 0
         self._ids = itertools.count(1)
+        self.heard: deque[dict[str, str | None]] = deque(maxlen=HEARD)
+        """The request ids and trace contexts of the latest requests, as a backend's own
+        logs would show them."""
         self._auth = None if options.api_key is None else f"Bearer {options.api_key}".encode()
         self.app = Router(on_startup=[self._startup], on_shutdown=[self.engine.stop])
         routes: list[tuple[str, str, Handler]] = [
@@ -106,6 +110,7 @@ class SimServer:
             ("GET", "/health", self._health),
             ("GET", "/metrics", self._metrics),
             ("GET", "/sim/stats", self._stats),
+            ("GET", "/sim/heard", self._heard),
             ("POST", "/sim/reset", self._reset),
             ("GET", "/sim/faults", self._faults_get),
             ("POST", "/sim/faults", self._faults_post),
@@ -140,6 +145,7 @@ class SimServer:
 
         async def route(scope: Scope, receive: Receive, send: Send) -> None:
             self.received += 1
+            self.heard.append({name: _text(header(scope, name.encode())) for name in _TRACED})
             faults = self.options.faults
             try:
                 if faults.redirect_to is not None:
@@ -346,6 +352,9 @@ class SimServer:
     async def _stats(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send_json(send, 200, self.stats())
 
+    async def _heard(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_json(send, 200, list(self.heard))
+
     async def _reset(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.received = 0
         self.failed = 0
@@ -372,3 +381,11 @@ class SimServer:
     async def _faults_delete(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.options.faults.reset()
         await send_json(send, 200, self.options.faults.as_dict())
+
+
+HEARD = 256
+_TRACED = ("x-request-id", "traceparent", "tracestate")
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")

@@ -376,18 +376,25 @@ class RedisLimitStore:
         """Call `released(key)` for every slot freed by any replica, for the process's
         lifetime, subscribed through `listener` (a `listening` client); a lost
         subscription is made again every `retry_s` (releases missed meanwhile only cost
-        the waiters their next own wake-up)."""
+        the waiters their next own wake-up). The loss is logged once, and the recovery.
+        """
         root = len(self._root)
+        failed = 0
         while True:
             pubsub = listener.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self._channel)
+                if failed:
+                    log.info("release notifications restored after %d tries", failed)
+                    failed = 0
                 while True:
                     message = await pubsub.get_message(timeout=None)
                     if message is not None:
                         released(message["data"].decode()[root:])
             except (RedisError, OSError) as exc:
-                log.warning("release notifications lost (%s); resubscribing", exc)
+                if not failed:
+                    log.warning("release notifications lost (%s); resubscribing", exc)
+                failed += 1
             finally:
                 await pubsub.aclose()
             await asyncio.sleep(retry_s)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from sluicegate.capacity.breaker import Breaker, BreakerState
 from sluicegate.core.types import BreakerPolicy
 from tests.support.clock import FakeClock
@@ -49,3 +51,19 @@ def test_a_successful_probe_closes_ramps_and_resets_the_open_time():
         breaker.started()
         breaker.record(False)
     assert breaker.reopens_in() == 5
+
+
+def test_every_transition_is_logged_with_its_deployment(caplog):
+    caplog.set_level(logging.INFO, logger="sluicegate.circuit")
+    clock = FakeClock()
+    breaker = Breaker(POLICY, clock, jitter=lambda: 0.5, name="vllm-a")
+    for _ in range(3):
+        breaker.started()
+        breaker.record(False)
+    clock.advance(5)
+    probe(breaker, ok=True)
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "circuit of deployment vllm-a open for 5s"),
+        ("INFO", "circuit of deployment vllm-a half-open: probing"),
+        ("INFO", "circuit of deployment vllm-a closed: the deployment answers again"),
+    ]

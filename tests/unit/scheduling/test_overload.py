@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from sluicegate.capacity.gates import BackendSample, MetricsGate
@@ -141,3 +143,17 @@ def test_slow_decoding_counts_only_while_the_top_lane_has_requests_running():
     assert watch.tick() is OverloadState.NORMAL
     dispatcher.stats.lanes[top.name].in_flight = 1
     assert watch.tick() is OverloadState.INTERACTIVE_ONLY
+
+
+def test_every_change_of_state_is_logged(caplog):
+    caplog.set_level(logging.INFO, logger="sluicegate.overload")
+    clock = FakeClock()
+    monitor = OverloadMonitor(POLICY, clock)
+    monitor.observe([0.75])
+    monitor.observe([0.0])
+    clock.advance(5)
+    monitor.observe([0.0])
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "overload state normal -> degraded (pressure 0.75)"),
+        ("INFO", "overload state degraded -> normal (pressure 0.00)"),
+    ]
