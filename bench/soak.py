@@ -86,8 +86,9 @@ HOSTILE_WAIT_S = 30.0
 abandoned (as a cancelled request is), and anything else is a fault."""
 INFERENCE = frozenset({CHAT, COMPLETIONS, EMBEDDINGS})
 MAX_BODY, MAX_FILE = 256 * 1024, 1024 * 1024
-QUOTA_BYTES = 2 * 1024 * 1024
-"""Small enough that the hostile tenant meets it within minutes, retention freeing it."""
+QUOTA_BYTES = 1024 * 1024
+"""Small enough that the hostile tenant meets it within a minute or two, retention
+freeing it."""
 PAUSE_S, PAUSE_EVERY_S = 5.0, 180.0
 RECOVERY_S = 5.0
 """The longest a replica may stay degraded once Redis answers again (issue 54)."""
@@ -341,7 +342,7 @@ class Hostile:
                     self.problems.append(f"{route} {call.method} {call.path}: no answer in time")
                 continue
             tally[f"{status // 100}xx"] += 1
-            if status >= 500:
+            if status >= 500 or status == 429:  # refusals for a quota, a rate or capacity
                 tally[f"{status} {code_of(payload)}"] += 1
             wrong = judge(status, kind, payload)
             if wrong is not None:
@@ -731,6 +732,8 @@ def report(stack: Stack, result: Run, after: Afterwards, out: Path, seed: int) -
         f"open fds: {after.fds_before} before the clients, {after.fds_after} "
         f"{after.settled_s:.1f} s after the jobs they left",
     )
+    size = sum(path.stat().st_size for path in stack.folder.glob("jobs.db*"))
+    print(f"job store: {size / 2**20:.1f} MiB on disk")
     for stored in stored_bytes(stack.jobs_db):
         verdict(
             stored.ok,
