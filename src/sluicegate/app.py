@@ -248,8 +248,7 @@ def build(
     async def status() -> dict[str, Any]:
         if siblings is None or seat is None:
             return own_status()
-        answers = await siblings.ask("status")
-        documents = {i: orjson.loads(body) for i, body in answers.items()}
+        documents = await siblings.ask("status")
         documents[seat.index] = own_status()
         return whole_server(seat.index, seat.count, documents)
 

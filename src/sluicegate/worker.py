@@ -40,7 +40,7 @@ from sluicegate.pipeline import Inbound, Pipeline
 
 log = logging.getLogger("sluicegate.jobs")
 
-OnFinal = Callable[[Job], Awaitable[None]]
+OnFinal = Callable[[JobStore, Job], Awaitable[None]]
 _PURGE_CHUNK = 1_000
 """Rows of each kind one retention transaction deletes."""
 
@@ -123,7 +123,8 @@ class Workers:
         self._on_final: OnFinal
 
     def start(self, store: JobStore, on_final: OnFinal) -> None:
-        """Run over `store`; `on_final` hears of every batch job this process ends."""
+        """Run over `store`; `on_final` hears of every batch job this process ends, and
+        the store it ended in."""
         self._store, self._on_final = store, on_final
         loops = [
             self._repeat(self._claim_round),
@@ -361,7 +362,7 @@ class Workers:
         if job.batch_id is None:
             return
         try:
-            await self._on_final(job)
+            await self._on_final(self._store, job)
         except Exception:
             log.exception("batch %s: settling failed; its next poll settles it", job.batch_id)
 

@@ -53,13 +53,13 @@ class JobDatabase:
 
 
 async def job_database(
-    request: pytest.FixtureRequest, tmp_path: Path
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[JobDatabase]:
-    """A fixture, once a test module declares it with `params=STORES`: a fresh SQLite
-    file, or a fresh PostgreSQL schema dropped afterwards; without a reachable PostgreSQL
-    its tests are skipped, unless `CI=true`."""
+    """A fixture, once a test module declares it with `params=STORES` (and any scope): a
+    fresh SQLite file, or a fresh PostgreSQL schema dropped afterwards; without a
+    reachable PostgreSQL its tests are skipped, unless `CI=true`."""
     if request.param == "sqlite":
-        path = tmp_path / "jobs.db"
+        path = tmp_path_factory.mktemp("jobs") / "jobs.db"
         yield JobDatabase({"sqlite_path": str(path)}, path=path)
         return
     conn = await connect_or_skip()
@@ -107,10 +107,10 @@ def gateway_config(sim: Proc, jobs: dict, pool: int = 64, **top) -> dict:
     }
 
 
-def start_gateway(folder: Path, config: dict) -> Proc:
+def start_gateway(folder: Path, config: dict, env: dict[str, str] = ENV) -> Proc:
     path = folder / f"gateway-{uuid.uuid4().hex[:6]}.yaml"
     path.write_text(yaml.safe_dump(config))
-    return start("serve", ["--config", str(path)], folder, env=ENV, ready_path="/ready")
+    return start("serve", ["--config", str(path)], folder, env=env, ready_path="/ready")
 
 
 class JobClient:

@@ -88,7 +88,7 @@ async def test_a_job_that_breaks_its_worker_spends_an_attempt_each_time(tmp_path
     body = b'{"model": "chat", "messages": [{"role": "user", "content": "hi"}]}'
     poison = await store.submit(Job(tenant="alice", kind=Endpoint.CHAT, body=body, lane="batch"))
 
-    async def on_final(job: Job) -> None:
+    async def on_final(ended_in: Any, job: Job) -> None:
         """Not a batch job: never called."""
 
     workers.start(store, on_final)
@@ -142,7 +142,7 @@ async def test_a_job_whose_lease_lapsed_while_it_waited_for_a_worker_is_not_run_
         job = Job(tenant="alice", kind=Endpoint.CHAT, body=body, lane="batch", priority=priority)
         pipeline.ids[content] = (await store.submit(job)).id
 
-    async def on_final(job: Job) -> None:
+    async def on_final(ended_in: Any, job: Job) -> None:
         """Not a batch job: never called."""
 
     workers.start(store, on_final)

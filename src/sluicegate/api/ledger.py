@@ -36,18 +36,22 @@ class BatchLedger:
         self._intake = intake
         self._settling: set[str] = set()
 
-    async def job_finished(self, job: Job) -> None:
+    async def job_finished(self, store: JobStore, job: Job) -> None:
         """A job's end settles its batch only once none of its jobs is left to run: one
-        index probe per job, so a batch of n jobs costs n probes, not n full reads."""
-        if job.batch_id is not None and not await self._intake.store.batch_live(job.batch_id):
-            await self.settle(job.tenant, job.batch_id)
+        index probe per job, so a batch of n jobs costs n probes, not n full reads. It
+        settles on `store`, the one the job ended in: the routes' may be gone already,
+        since at shutdown they let go of it before the workers stop."""
+        if job.batch_id is not None and not await store.batch_live(job.batch_id):
+            await self._settle(store, job.tenant, job.batch_id)
 
     async def settle(self, tenant: str, batch_id: str) -> Batch | None:
         """The batch with its current counts, finished first if all its jobs are final.
 
         The counts come from the database by state; no job row is read unless the batch
         finishes here, and then each once, a page at a time."""
-        store = self._intake.store
+        return await self._settle(self._intake.store, tenant, batch_id)
+
+    async def _settle(self, store: JobStore, tenant: str, batch_id: str) -> Batch | None:
         batch = await store.get_batch(tenant, batch_id)
         if batch is None or batch.status not in _OPEN:
             return batch

@@ -7,6 +7,7 @@ buffer makes. Fields other than files are small by nature and are bounded.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from python_multipart import MultipartParser
@@ -15,6 +16,10 @@ from python_multipart.multipart import parse_options_header
 
 from sluicegate.core.errors import bad_request
 from sluicegate.jobs.chunks import Chunker
+
+logging.getLogger("python_multipart").setLevel(logging.ERROR)
+# The parser logs a warning for each malformed body before it raises; the caller reads the
+# reason in its 400, and a server log with a line per bad upload is a log callers write.
 
 MAX_FIELD_BYTES = 4096
 """A form field that is not a file (`purpose`) is a word, never a payload."""

@@ -15,6 +15,9 @@ from sluicegate.core.nesting import MAX_DEPTH, too_deep
 from sluicegate.core.types import Endpoint
 
 _TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "n", "best_of")
+MAX_COUNT = 2**31 - 1
+"""The most a token field may ask: more than any model generates, and small enough that
+the gateway's sums of such counts (reservations, fair-share service) stay exact."""
 
 _REQUIRED = {
     Endpoint.CHAT: "messages",
@@ -57,8 +60,8 @@ def parse(endpoint: Endpoint, body: bytes, max_messages: int | None = None) -> d
             raise bad_request("each item of 'messages' must be an object", param="messages")
     for name in _TOKEN_FIELDS:
         count = payload.get(name)
-        if count is not None and (type(count) is not int or count < 0):
-            raise bad_request(f"'{name}' must be a non-negative integer", param=name)
+        if count is not None and (type(count) is not int or not 0 <= count <= MAX_COUNT):
+            raise bad_request(f"'{name}' must be an integer from 0 to {MAX_COUNT}", param=name)
     stream = payload.get("stream", False)
     if not isinstance(stream, bool):
         raise bad_request("'stream' must be a boolean", param="stream")

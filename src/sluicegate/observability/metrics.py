@@ -582,10 +582,17 @@ class GatewayMetrics:
         self._siblings = siblings
 
     def samples(self) -> bytes:
-        """This process's families as plain numbers, for a sibling's `page`."""
+        """This process's families as plain numbers, for a sibling's `page`: floats, as
+        the exposition has them, since an integer sum (a pool's reserved tokens) may pass
+        the 64 bits JSON's encoder holds."""
         return orjson.dumps(
             [
-                [m.name, m.type, m.documentation, [[s.name, s.labels, s.value] for s in m.samples]]
+                [
+                    m.name,
+                    m.type,
+                    m.documentation,
+                    [[s.name, s.labels, float(s.value)] for s in m.samples],
+                ]
                 for m in self.registry.collect()
             ]
         )
@@ -619,8 +626,8 @@ class GatewayMetrics:
         answers = await siblings.ask("metrics")
         merged = ServerFamilies(siblings.seat.count)
         merged.add(orjson.loads(self.samples()))
-        for body in answers.values():
-            merged.add(orjson.loads(body))
+        for families in answers.values():
+            merged.add(families)
         return self._shown(merged)
 
 

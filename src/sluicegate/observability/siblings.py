@@ -14,6 +14,9 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import orjson
 
 ANSWER_LIMIT = 16 * 1024 * 1024
 """The most a sibling's answer may hold; a larger one is dropped as if missing."""
@@ -57,11 +60,18 @@ class Siblings:
             self._server.close()
             await self._server.wait_closed()
 
-    async def ask(self, kind: str) -> dict[int, bytes]:
-        """Every sibling's answer that came within the bound, by worker index."""
+    async def ask(self, kind: str) -> dict[int, Any]:
+        """Every sibling's answer that came within the bound, parsed as JSON, by worker
+        index. An answer that does not parse (the sibling failed before writing it, or
+        died while it did) is left out, as one that came too late."""
         others = self.seat.others
         answers = await asyncio.gather(*(self._ask_one(i, kind) for i in others))
-        return {i: body for i, body in zip(others, answers, strict=True) if body is not None}
+        parsed: dict[int, Any] = {}
+        for index, body in zip(others, answers, strict=True):
+            if body is not None:
+                with contextlib.suppress(orjson.JSONDecodeError):
+                    parsed[index] = orjson.loads(body)
+        return parsed
 
     async def _ask_one(self, index: int, kind: str) -> bytes | None:
         try:

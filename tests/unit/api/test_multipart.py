@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import tracemalloc
 
 import pytest
@@ -88,3 +89,13 @@ def test_a_form_field_that_is_not_a_file_is_bounded():
     with pytest.raises(GatewayError) as info:
         parse_form(CONTENT_TYPE, form(huge))
     assert "exceeds 4096 bytes" in info.value.message
+
+
+def test_a_malformed_form_is_a_400_that_writes_nothing_to_the_server_log(caplog):
+    """The caller reads why in its 400; a log line per bad upload would be the caller's
+    to write."""
+    reader = FormReader(CONTENT_TYPE)
+    with caplog.at_level(logging.DEBUG), pytest.raises(GatewayError) as info:
+        reader.feed(b"--another-boundary\r\n")
+    assert info.value.status == 400
+    assert not caplog.records

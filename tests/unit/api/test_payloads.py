@@ -74,13 +74,27 @@ def test_token_fields_must_be_integers(field, value):
     with pytest.raises(GatewayError) as info:
         parse(Endpoint.CHAT, body)
     assert info.value.status == 400
-    assert f"'{field}' must be a non-negative integer" in info.value.message
+    assert f"'{field}' must be an integer from 0 to {2**31 - 1}" in info.value.message
     assert info.value.param == field
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens", "n", "best_of"])
+@pytest.mark.parametrize("value", [2**31, 2**63])
+def test_token_counts_past_32_bits_are_a_400(field, value):
+    """No model reads that many; sums of such counts would pass what the pools' and
+    tenants' token figures hold exactly."""
+    body = f'{{"model": "m", "messages": [{{}}], "{field}": {value}}}'.encode()
+    with pytest.raises(GatewayError) as info:
+        parse(Endpoint.CHAT, body)
+    assert info.value.status == 400
+    assert f"'{field}' must be an integer from 0 to {2**31 - 1}" in info.value.message
 
 
 def test_integer_and_null_token_fields_pass():
     body = b'{"model": "m", "messages": [{}], "max_tokens": 5, "n": null, "best_of": 0}'
     assert parse(Endpoint.CHAT, body)["max_tokens"] == 5
+    largest = f'{{"model": "m", "messages": [{{}}], "max_tokens": {2**31 - 1}}}'.encode()
+    assert parse(Endpoint.CHAT, largest)["max_tokens"] == 2**31 - 1
 
 
 def chat_with(turns: int) -> bytes:

@@ -113,10 +113,10 @@ async def costs(tmp_path, lines: int) -> Costs:
         db.reset()
         await ledger.settle("alice", batch.id)
         poll = db.reset()
-        await ledger.job_finished(claimed[0])
+        await ledger.job_finished(store, claimed[0])
         job_end = db.reset()
         await store.finish("w", claimed[-1].id, JobState.SUCCEEDED, result=b"{}")
-        await ledger.job_finished(claimed[-1])
+        await ledger.job_finished(store, claimed[-1])
         last_job_end = db.reset()
         settled = await store.get_batch("alice", batch.id)
         assert settled.status is BatchStatus.COMPLETED

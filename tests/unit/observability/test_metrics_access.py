@@ -9,6 +9,8 @@ import hashlib
 import time
 from pathlib import Path
 
+import orjson
+
 from sluicegate.api.apart import apart
 from sluicegate.api.asgi import Router
 from sluicegate.observability.metrics import GatewayMetrics
@@ -89,9 +91,9 @@ class SlowSiblings:
 
     seat = Seat(0, 2, Path("/nonexistent"))
 
-    async def ask(self, kind: str) -> dict[int, bytes]:
+    async def ask(self, kind: str) -> dict[int, object]:
         await asyncio.sleep(0.005)
-        return {1: GatewayMetrics().samples()}
+        return {1: orjson.loads(GatewayMetrics().samples())}
 
 
 async def test_sixteen_scrapers_every_10ms_build_the_merged_page_once_per_cache_period():

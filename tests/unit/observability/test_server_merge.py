@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import orjson
+import pytest
 from prometheus_client import generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 from sluicegate.observability.metrics import GatewayMetrics, ServerFamilies
+from sluicegate.observability.siblings import Seat, Siblings
 from sluicegate.observability.status import whole_server
 
 
@@ -66,6 +73,38 @@ def test_shared_settings_take_the_largest_value_and_start_times_the_earliest():
     assert page["process_start_time_seconds", pool] == 3
     assert page["sluicegate_pool_active_attempts", pool] == 7
     assert page["sluicegate_workers_reporting", ()] == 4
+
+
+class Reserved(Collector):
+    """A sum of integers, as the pools' token reservations are, past 64 bits."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("sluicegate_pool_tokens_reserved", "", value=2**64 + 1)
+
+
+def test_an_integer_past_64_bits_reaches_the_page_as_a_float():
+    metrics = GatewayMetrics()
+    metrics.registry.register(Reserved())
+    merged = ServerFamilies(1)
+    merged.add(orjson.loads(metrics.samples()))
+    assert families(generate_latest(merged))["sluicegate_pool_tokens_reserved", ()] == 2.0**64
+
+
+@pytest.mark.parametrize("answer", [b"", b'[["sluicegate_pool_active_attempts", "gauge", "", [['])
+async def test_a_sibling_without_a_usable_answer_is_left_out_of_the_page(tmp_path: Path, answer):
+    """A sibling that failed (nothing written) or died mid-answer is missing, as one that
+    did not answer in time."""
+    asking = Siblings(Seat(0, 2, tmp_path), lambda kind: b"")
+    broken = Siblings(Seat(1, 2, tmp_path), lambda kind: answer)
+    await broken.start()
+    metrics = GatewayMetrics()
+    metrics.share(asking)
+    try:
+        page = families(await metrics.page())
+    finally:
+        await broken.close()
+    assert page["sluicegate_workers", ()] == 2
+    assert page["sluicegate_workers_reporting", ()] == 1
 
 
 def test_the_status_document_names_the_worker_and_merges_the_server():
