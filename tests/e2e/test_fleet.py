@@ -531,13 +531,15 @@ async def test_two_busy_replicas_share_again_within_5s_of_a_paused_redis_answeri
     decide in the shared store again within 5 s of Redis answering, under the same load.
     Leases last the default 30 s (a heartbeat every 10 s); calls to Redis are bounded at
     0.25 s (not the 1 s of the other fleet tests, so that the pause is an outage; still
-    past the loop lag a flood brings on this machine)."""
+    past the loop lag a flood brings on this machine). The pool (256, 128 a replica while
+    degraded) holds the flood's requests even when a busy machine makes every answer
+    slower: with 64, a neighbouring test's load was enough for a pool refusal."""
     async with http.post(f"{sim.url}/sim/reset") as resp:
         assert resp.status == 200
     group = Fleet(tmp_path, sim, own_redis.url, "fleet:")
     try:
         replicas = group.start(
-            2, pool={"max_concurrency": 64}, timeout_s=0.25, probe_s=0.5, lease_ttl_s=30
+            2, pool={"max_concurrency": 256}, timeout_s=0.25, probe_s=0.5, lease_ttl_s=30
         )
         await wait_for(lambda: _live(http, replicas[1], 2), 5)
         answers: list[tuple] = []
