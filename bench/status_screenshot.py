@@ -22,8 +22,8 @@ from pathlib import Path
 from playwright.async_api import async_playwright
 
 from bench.browser import launch, log_in, updates, wait_updates
-from sluicegate.app import DEMO_ADMIN_KEY, DEMO_SIM_PORT
 from sluicegate.children import spawn, stop
+from sluicegate.serve import DEMO_ADMIN_KEY, DEMO_SIM_PORT
 
 ROOT = Path(__file__).parents[1]
 DEMO_LOAD = ROOT / "src" / "sluicegate" / "demo-load.yaml"

@@ -14,7 +14,7 @@ capacity, shares it fairly between tenants and lanes, and refuses early and hone
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from sluicegate import app
+    from sluicegate import serve as serving
     from sluicegate.bench import cli as bench_cli
     from sluicegate.config import check
     from sluicegate.sim import cli as sim_cli
@@ -23,8 +23,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--version", action="version", version=f"%(prog)s {version('sluicegate')}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the gateway (the demo when no --config)")
-    app.add_arguments(serve)
-    serve.set_defaults(run=app.run)
+    serving.add_arguments(serve)
+    serve.set_defaults(run=serving.run)
     checking = commands.add_parser(
         "check", help="report every problem of a config at once, without starting"
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sluicegate.app import _shared_store_at_start
+from sluicegate.serve import _shared_store_at_start
 from sluicegate.stores.redis import inspect
 from sluicegate.stores.resp import RespConnection
 from tests.support.processes import free_port

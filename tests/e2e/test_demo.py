@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from sluicegate.app import DEMO_ADMIN_KEY
 from sluicegate.bench import scenario as scenarios
+from sluicegate.serve import DEMO_ADMIN_KEY
 from tests.support.processes import Proc, start
 
 DEMO_LOAD = Path(__file__).parents[2] / "src" / "sluicegate" / "demo-load.yaml"
