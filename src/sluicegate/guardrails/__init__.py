@@ -1,0 +1,1 @@
+"""Guardrails: checks on prompts and answers, each a dependency with a time budget."""
