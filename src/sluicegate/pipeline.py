@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 from sluicegate.admission.boundary import Boundary, check_prompt
 from sluicegate.admission.estimate import (
     Tokenizer,
+    asked_output,
     chars_over_four,
     choices,
     output_tokens,
@@ -211,7 +212,7 @@ class Pipeline:
             model = self._degrade(chosen, endpoint, model, payload)
             prompt = self._prompt(inbound, payload)
             output = output_tokens(endpoint, payload, route.max_output_tokens)
-        output = _cap_output(chosen, payload, output) * answers
+        output = _cap_output(chosen, endpoint, payload, output) * answers
         timeout_s = route.default_timeout_s if inbound.timeout_s is None else inbound.timeout_s
         return Call(
             endpoint,
@@ -579,6 +580,8 @@ def body_for(call: Call, deployment: Deployment, top_priority: int) -> dict[str,
     effort = call.route.reasoning_effort
     if effort is not None and "reasoning_effort" not in payload:
         extra["reasoning_effort"] = effort
+    if deployment.provider == "anthropic" and asked_output(payload) is None:
+        extra["max_tokens"] = call.route.max_output_tokens
     return {**payload, **extra} if extra else payload
 
 
@@ -609,14 +612,18 @@ def _cut_by_deadline(
     )
 
 
-def _cap_output(lane: Lane, payload: dict[str, Any], output: int) -> int:
-    """Hold a request to its lane's output cap, rewriting its max_tokens if it asked more."""
+def _cap_output(lane: Lane, endpoint: Endpoint, payload: dict[str, Any], output: int) -> int:
+    """Hold a request to its lane's output cap, rewriting its max_tokens if it asked more
+    or named none (then it asks for as much as the model will write)."""
     cap = lane.max_output_tokens
-    if cap is None or output <= cap:
+    if cap is None or endpoint is Endpoint.EMBEDDINGS:
+        return output
+    asked = asked_output(payload)
+    if asked is not None and asked <= cap:
         return output
     field = "max_completion_tokens" if "max_completion_tokens" in payload else "max_tokens"
     payload[field] = cap
-    return cap
+    return min(output, cap)
 
 
 def _status(error: BaseException | None) -> int:

@@ -619,3 +619,39 @@ async def test_the_rest_of_an_answer_is_never_hedged():
             got = [rest.result()] + [chunk async for chunk in chunks]
         assert contents(b"".join(got)) == ["w2 ", "w3 ", "w4 "]
         assert sum(len(provider.bodies) for provider in h.providers.values()) == 2
+
+
+LANE_CAPPED = {"lanes": [{"name": "interactive", "max_output_tokens": 300}]}
+
+
+@pytest.mark.parametrize(
+    ("asked", "sent"),
+    [({}, 300), ({"max_tokens": 50}, 50), ({"max_tokens": 900}, 300)],
+)
+async def test_a_lanes_output_cap_holds_a_request_that_names_no_limit(asked: dict, sent: int):
+    """A request without `max_tokens` asks for as much as the model will write, which is
+    more than the lane's cap (above the route's assumed 100 here), so it is capped too."""
+    raw = config({"name": "a"}, scheduling=LANE_CAPPED)
+    async with running(raw, {}) as h:
+        await h.ask(h.inbound(**asked))
+        (body,) = h.providers["a"].bodies
+        assert body.get("max_completion_tokens", body.get("max_tokens")) == sent
+
+
+async def test_a_request_without_a_limit_tells_an_anthropic_deployment_the_routes():
+    """The Messages API requires `max_tokens`: the one sent is the route's
+    `max_output_tokens` that admission reserved for, not a constant of the adapter."""
+    raw = config({"name": "a", "provider": "anthropic"})
+    async with running(raw, {}) as h:
+        await h.ask(h.inbound())
+        (body,) = h.providers["a"].bodies
+        assert body["max_tokens"] == 100
+
+
+async def test_a_request_without_a_limit_reaches_an_openai_deployment_without_one():
+    raw = config({"name": "a"})
+    async with running(raw, {}) as h:
+        await h.ask(h.inbound())
+        (body,) = h.providers["a"].bodies
+        assert "max_tokens" not in body
+        assert "max_completion_tokens" not in body

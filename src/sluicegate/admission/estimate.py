@@ -53,10 +53,17 @@ def output_tokens(endpoint: Endpoint, payload: dict[str, Any], route_cap: int) -
     """The output to reserve for one choice: the request's own cap, else the route's."""
     if endpoint is Endpoint.EMBEDDINGS:
         return 0
+    asked = asked_output(payload)
+    return route_cap if asked is None else asked
+
+
+def asked_output(payload: dict[str, Any]) -> int | None:
+    """The output the request itself caps each choice at; None when it names no usable
+    cap, which lets the model write until it stops or its context is full."""
     asked = payload.get("max_completion_tokens", payload.get("max_tokens"))
     if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0:
         return asked
-    return route_cap
+    return None
 
 
 def choices(payload: dict[str, Any]) -> int:

@@ -17,8 +17,8 @@ from sluicegate.core.nesting import MAX_DEPTH, too_deep
 from sluicegate.providers.anthropic_errors import unsupported
 
 DEFAULT_MAX_TOKENS = 4096
-"""Sent when the caller set no limit, since Anthropic requires one: the default of the
-routes' `max_output_tokens`, the output admission assumes for a request that names none."""
+"""Sent when the payload names no limit, since Anthropic requires one. The pipeline's
+bodies always name one (the route's `max_output_tokens` when the caller set none)."""
 
 MAX_TEMPERATURE = 1.0
 """Anthropic's range is 0..1 where OpenAI's is 0..2; higher values are clamped to it."""
