@@ -44,6 +44,11 @@ from sluicegate.core.refusals import Refusal
 from sluicegate.core.slo import Kind, Timeline, Verdict, judge_answer, judge_error, judge_left
 from sluicegate.core.slo import tpot_s as time_per_token
 from sluicegate.core.types import Deployment, Endpoint, Lane, Model, OverloadState, Settings, Tenant
+from sluicegate.guardrails.build import NONE, Chosen, Guardrails
+from sluicegate.guardrails.checker import Stage
+from sluicegate.guardrails.guard import Guardrail, screen
+from sluicegate.guardrails.output import OutputChecks
+from sluicegate.guardrails.texts import request_places, rewritten, texts
 from sluicegate.hedging import Hedging
 from sluicegate.observability.access import AccessLog
 from sluicegate.observability.logs import Lines
@@ -109,8 +114,10 @@ class Pipeline:
         tokenizer: Tokenizer = chars_over_four,
         access: AccessLog | None = None,
         spans: Spans | None = None,
+        guardrails: Guardrails | None = None,
     ) -> None:
         self._settings = settings
+        self._guardrails = guardrails if guardrails is not None and guardrails.on else None
         self._models = settings.models
         self._routes = settings.routes
         self._scheduling = settings.scheduling
@@ -153,11 +160,15 @@ class Pipeline:
                         call, permits, tally, inbound.interactive, tenant_slot=not arriving
                     )
                     timeline.admitted_s = self._clock.now()
+                    checks: OutputChecks | None = None
+                    if self._guardrails is not None:
+                        call, checks = await self._guard(call, timeline, permits)
                     started = await self._first_answer(call, inbound.avoid, trail)
                     timeline.dispatched_s = started.attempt.dispatched_s
                     answer = started.answer
                     timeline.upstream_s = answer.primed_s
                     answer.part = started.stack
+                    answer.checks = checks
                     try:
                         async with answer:
                             self._metrics.attempts(started.attempt.number)
@@ -196,6 +207,46 @@ class Pipeline:
                     "duration_ms": _ms(self._clock.now() - timeline.arrived_s),
                 }
             )
+
+    async def _guard(
+        self, call: Call, timeline: Timeline, permits: AsyncExitStack
+    ) -> tuple[Call, OutputChecks | None]:
+        """Pre-call guardrails, in order, before the lane's queue (a refusal spends no
+        model time, and its reservation is given back); then the parallel ones, started
+        beside the model attempt, and what the answer must pass."""
+        assert self._guardrails is not None
+        chosen = self._guardrails.chosen(call.endpoint.value, call.lane.name, call.tenant.name)
+        if chosen is NONE:
+            return call, None
+        if chosen.pre_call:
+            call = await self._pre_call(call, chosen.pre_call)
+            timeline.guarded_s = self._clock.now()
+        return call, self._output_checks(call, chosen, permits)
+
+    async def _pre_call(self, call: Call, guardrails: tuple[Guardrail, ...]) -> Call:
+        route = call.endpoint.value
+        pieces = texts(request_places(route, call.payload))
+        if not pieces:
+            return call
+        checked = await screen(guardrails, pieces, Stage.INPUT)
+        if checked == pieces:
+            return call
+        payload = rewritten(call.payload, lambda p: request_places(route, p), checked)
+        return call._replace(payload=payload)
+
+    def _output_checks(
+        self, call: Call, chosen: Chosen, permits: AsyncExitStack
+    ) -> OutputChecks | None:
+        parallel: asyncio.Task[list[str]] | None = None
+        if chosen.parallel:
+            pieces = texts(request_places(call.endpoint.value, call.payload))
+            parallel = asyncio.create_task(screen(chosen.parallel, pieces, Stage.INPUT))
+            parallel.add_done_callback(_retrieved)
+            permits.callback(parallel.cancel)
+        if parallel is None and not chosen.post_call:
+            return None
+        cut = chosen.cut_streams and call.stream
+        return OutputChecks(chosen.post_call, chosen.window, parallel, cut)
 
     def _resolve(self, inbound: Inbound, payload: dict[str, Any]) -> Call:
         tenant, endpoint = inbound.tenant, inbound.endpoint
@@ -527,6 +578,12 @@ class Pipeline:
         )
 
 
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    """A parallel check nobody waited for (the attempt failed first) raises nothing later."""
+    if not task.cancelled():
+        task.exception()
+
+
 def _ms(seconds: float) -> float:
     return round(seconds * 1000, 1)
 
@@ -673,6 +730,7 @@ class Answer:
         "_resume",
         "_upstream",
         "attempt",
+        "checks",
         "giver",
         "opened",
         "part",
@@ -706,6 +764,8 @@ class Answer:
         self.primed_s: float | None = None
         """When the deployment's first bytes (a non-streamed answer's whole body) were
         in hand."""
+        self.checks: OutputChecks | None = None
+        """The guardrails the answer must pass before its caller gets it; None: none."""
 
     async def __aenter__(self) -> Answer:
         return self
@@ -732,14 +792,24 @@ class Answer:
             self.primed_s = self.attempt.first_byte_s = self._clock.now()
 
     async def read(self) -> bytes:
-        return self._body
+        checks = self.checks
+        if checks is None:
+            return self._body
+        return await checks.body(self._body)
 
     def produced(self) -> int | None:
         """The answer's completion tokens over all its parts; None while unknown."""
         produced = self.attempt.produced()
         return None if produced is None else self._before + produced
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The stream as it arrives, through its guardrails when it has any."""
+        checks = self.checks
+        if checks is None:
+            return self._chunks()
+        return checks.stream(self._chunks())
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
         """The stream as it arrives; its first byte is timed as it is handed over."""
         self.attempt.first_byte_s = self._clock.now()
         self._on_first(self.attempt, self.giver)

@@ -64,9 +64,6 @@ class GuardrailSpec:
     window: int = 256
     cache_ttl_s: float = 60.0
     cache_size: int = 10_000
-    cut_stream: bool = False
-    """Parallel placement, streamed answer: release tokens before the check has passed
-    and cut the stream if it fails, instead of holding the first token back."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +74,9 @@ class GuardrailRule:
     routes: frozenset[str] | None = None
     lanes: frozenset[str] | None = None
     tenants: frozenset[str] | None = None
+    cut_streams: bool = False
+    """A streamed answer need not wait for its parallel checks before its first token:
+    it is cut, with an error event, if one of them fails."""
 
     def matches(self, route: str, lane: str, tenant: str) -> bool:
         return (
@@ -95,11 +95,32 @@ class GuardrailPolicy:
     rules: tuple[GuardrailRule, ...] = ()
     version: str = ""
 
-    def applying(self, route: str, lane: str, tenant: str) -> tuple[GuardrailSpec, ...]:
-        """The guardrails for one request, in the configured order, each once."""
+    def select(self, route: str, lane: str, tenant: str) -> Selection:
+        """The guardrails for one request by placement, each in the configured order
+        and once."""
         chosen: dict[str, GuardrailSpec] = {}
+        cut = False
         for rule in self.rules:
             if rule.matches(route, lane, tenant):
+                cut = cut or rule.cut_streams
                 for name in rule.guardrails:
                     chosen.setdefault(name, self.guardrails[name])
-        return tuple(chosen.values())
+        specs = chosen.values()
+        return Selection(
+            tuple(s for s in specs if s.placement is Placement.PRE_CALL),
+            tuple(s for s in specs if s.placement is Placement.PARALLEL),
+            tuple(s for s in specs if s.placement is Placement.POST_CALL),
+            cut,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    pre_call: tuple[GuardrailSpec, ...] = ()
+    parallel: tuple[GuardrailSpec, ...] = ()
+    post_call: tuple[GuardrailSpec, ...] = ()
+    cut_streams: bool = False
+
+    @property
+    def any(self) -> bool:
+        return bool(self.pre_call or self.parallel or self.post_call)

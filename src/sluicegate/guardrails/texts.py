@@ -82,3 +82,19 @@ def _string_places(container: dict[str, Any], field: str) -> Iterator[Place]:
         for index, item in enumerate(value):
             if isinstance(item, str):
                 yield value, index
+
+
+def delta_places(event: dict[str, Any]) -> list[Place]:
+    """The texts of one streamed event: each choice's content delta (or text) and its
+    tool calls' argument deltas."""
+    found: list[Place] = []
+    choices = event.get("choices")
+    for choice in choices if isinstance(choices, list) else ():
+        if not isinstance(choice, dict):
+            continue
+        found += _string_places(choice, "text")
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            found += _string_places(delta, "content")
+            found += _tool_places(delta.get("tool_calls"))
+    return found
