@@ -8,13 +8,13 @@ from sluicegate.core.guarding import Action, OnFailure, Placement
 from tests.config.test_config import base, error_of, parse
 
 
-def with_guardrails(**section) -> dict:  # noqa: ANN003
+def with_guardrails(**section) -> dict:
     raw = base()
     raw["guardrails"] = section
     return raw
 
 
-def check(name: str, **extra) -> dict:  # noqa: ANN003
+def check(name: str, **extra) -> dict:
     return {
         "name": name,
         "checker": {"kind": "http", "url": "http://127.0.0.1:9/check"},
@@ -51,7 +51,8 @@ def test_guardrails_parse_with_failure_defaults_from_the_action() -> None:
     )  # fmt: skip
     assert plug.on_failure is OnFailure.OPEN
     assert plug.checker.settings["path"] == "my.module:Check"
-    assert plug.fallback is not None and plug.fallback.budget_s == 0.1
+    assert plug.fallback is not None
+    assert plug.fallback.budget_s == 0.1
     chosen = policy.select("chat", "default", "alice")
     assert [s.name for s in chosen.pre_call] == ["pii", "plug"]
     assert [s.name for s in chosen.post_call] == ["audit"]
