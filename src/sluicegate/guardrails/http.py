@@ -69,7 +69,7 @@ def verdict_of(raw: bytes, length: int) -> Verdict:
     if not isinstance(answer, dict) or not isinstance(answer.get("flagged"), bool):
         raise CheckerFailed("the classifier's answer has no boolean 'flagged'")
     spans = tuple(sorted((_span(s, length) for s in answer.get("spans") or ()), key=_start))
-    categories = answer.get("categories") or ()
+    categories = answer.get("categories") or []
     if not isinstance(categories, list) or not all(isinstance(c, str) for c in categories):
         raise CheckerFailed("the classifier's 'categories' is not a list of strings")
     if spans and not answer["flagged"]:
