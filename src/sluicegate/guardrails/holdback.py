@@ -68,18 +68,15 @@ class HoldBack:
         return "".join(text for held in self._held for text in held.texts)
 
     def mask(self, verdict: Verdict) -> None:
-        """Mask in the held texts what a check found (spans of `text()`)."""
+        """Mask in the held texts what a check found (spans of `text()`): a span's mark
+        goes in the event where it starts; its rest, in later events, is dropped."""
         start = 0
         for held in self._held:
             for index, text in enumerate(held.texts):
                 end = start + len(text)
-                spans = [
-                    Span(max(s.start, start) - start, min(s.end, end) - start, s.kind)
-                    for s in verdict.spans
-                    if s.start < end and s.end > start
-                ]
-                if spans:
-                    held.texts[index] = mask(text, spans)
+                masked = _masked(text, start, verdict.spans)
+                if masked is not None:
+                    held.texts[index] = masked
                     held.changed = True
                 start = end
         self._size = sum(held.size for held in self._held)
@@ -107,3 +104,21 @@ class HoldBack:
                 self._size -= free
             break
         return out
+
+
+def _masked(text: str, start: int, spans: tuple[Span, ...]) -> str | None:
+    """`text` (at offset `start` of the held text) masked by `spans`; None if none
+    touches it. A span begun before it covers its start: that part is cut."""
+    end = start + len(text)
+    cut = 0
+    marked: list[Span] = []
+    for span in spans:
+        if span.start < end and span.end > start:
+            if span.start < start:
+                cut = max(cut, min(span.end, end) - start)
+            else:
+                marked.append(Span(span.start - start, min(span.end, end) - start, span.kind))
+    if not cut and not marked:
+        return None
+    rest = [Span(max(s.start, cut) - cut, s.end - cut, s.kind) for s in marked if s.end > cut]
+    return mask(text[cut:], rest)
