@@ -162,7 +162,11 @@ class Pipeline:
                     timeline.admitted_s = self._clock.now()
                     checks: OutputChecks | None = None
                     if self._guardrails is not None:
-                        call, checks = await self._guard(call, timeline, permits)
+                        try:
+                            call, checks = await self._guard(call, timeline, permits)
+                        except GatewayError:
+                            tally.used_tokens = 0  # refused before any model call
+                            raise
                     started = await self._first_answer(call, inbound.avoid, trail)
                     timeline.dispatched_s = started.attempt.dispatched_s
                     answer = started.answer
@@ -173,6 +177,8 @@ class Pipeline:
                         async with answer:
                             self._metrics.attempts(started.attempt.number)
                             try:
+                                if checks is not None:
+                                    await checks.ready()
                                 with self._spans.stream() if call.stream else NO_SPAN:
                                     yield answer
                             except BaseException as err:

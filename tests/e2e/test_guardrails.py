@@ -22,6 +22,8 @@ from tests.support.processes import Proc, start
 CAROL = "sk-test-carol"
 DAVE = "sk-test-dave"
 ERIN = "sk-test-erin"
+FAY = "sk-test-fay"
+GUS = "sk-test-gus"
 EMAIL = r"[\w.]+@[\w.]+\.\w+"
 
 
@@ -75,6 +77,10 @@ def guarded(sim: Proc, classifier: str, tmp_path_factory: pytest.TempPathFactory
 
     config = gateway_config(sim.url)
     config["tenants"] += [tenant("carol", CAROL), tenant("dave", DAVE), tenant("erin", ERIN)]
+    config["tenants"] += [
+        {**tenant("fay", FAY), "limits": {"tokens_per_minute": 300}},
+        tenant("gus", GUS),
+    ]
     config["guardrails"] = {
         "checks": [
             {"name": "pii", "checker": http("/pii"), "action": "mask", "placement": "pre_call"},
@@ -98,6 +104,12 @@ def guarded(sim: Proc, classifier: str, tmp_path_factory: pytest.TempPathFactory
                 "budget_s": 0.2,
             },
             {
+                "name": "par",
+                "checker": patterns("word", "forbidden"),
+                "action": "block",
+                "placement": "parallel",
+            },
+            {
                 "name": "lorem",
                 "checker": patterns("lorem", "tempor incididunt"),
                 "action": "block",
@@ -109,6 +121,8 @@ def guarded(sim: Proc, classifier: str, tmp_path_factory: pytest.TempPathFactory
             {"guardrails": ["pii", "secret"], "tenants": ["carol"]},
             {"guardrails": ["down"], "tenants": ["dave"]},
             {"guardrails": ["slow-audit", "lorem"], "tenants": ["erin"]},
+            {"guardrails": ["secret"], "tenants": ["fay"]},
+            {"guardrails": ["par"], "tenants": ["gus"]},
         ],
     }
     folder = tmp_path_factory.mktemp("guarded")
@@ -219,3 +233,25 @@ async def test_guardrail_decisions_are_counted(guarded: Proc, http: aiohttp.Clie
         page = await resp.text()
     assert 'sluicegate_guardrail_decisions_total{guardrail="pii",outcome="flagged"}' in page
     assert 'sluicegate_guardrail_timeouts_total{guardrail="slow-audit"}' in page
+
+
+async def test_a_request_blocked_before_the_model_gives_its_reservation_back(
+    guarded: Proc, http: aiohttp.ClientSession
+) -> None:
+    for _ in range(4):
+        status, _ = await post(http, guarded, FAY, chat("sk-abcdefgh", max_tokens=200))
+        assert status == 400
+    status, body = await post(http, guarded, FAY, chat("clean", max_tokens=200))
+    assert status == 200, body
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_parallel_check_refuses_before_the_answer_is_handed_over(
+    guarded: Proc, http: aiohttp.ClientSession, stream: bool
+) -> None:
+    status, body = await post(http, guarded, GUS, chat("a forbidden word", stream=stream))
+    error = orjson.loads(body)["error"]
+    assert (status, error["code"]) == (400, "guardrail_blocked")
+    assert "'par'" in error["message"]
+    status, _ = await post(http, guarded, GUS, chat("fine words", stream=stream))
+    assert status == 200

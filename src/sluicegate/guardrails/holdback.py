@@ -83,14 +83,15 @@ class HoldBack:
 
     def release(self, *, everything: bool = False) -> list[Release]:
         """What may leave now: all but the last `window` characters of text (all, at the
-        end of a stream), splitting the event at the edge when it carries one text."""
+        end of a stream), splitting the event at the edge when it carries one text; an
+        event with no text leaves once all before it has."""
         out: list[Release] = []
         held = self._held
         free = self._size if everything else self._size - self.window
         while held:
             first = held[0]
             size = first.size
-            if size <= free:
+            if size <= max(free, 0):
                 held.popleft()
                 free -= size
                 self._size -= size

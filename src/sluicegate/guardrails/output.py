@@ -44,6 +44,13 @@ class OutputChecks:
         self._parallel = parallel
         self._cut = cut
 
+    async def ready(self) -> None:
+        """Wait for the parallel checks before the answer is handed over (raising their
+        refusal, so it is answered as an error rather than after a 200), except on a
+        stream that may be cut instead."""
+        if self._parallel is not None and not self._cut:
+            await self._parallel
+
     async def body(self, body: bytes) -> bytes:
         if self._parallel is not None:
             await self._parallel
@@ -52,19 +59,11 @@ class OutputChecks:
         return body
 
     def stream(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        parallel = self._parallel
-        if parallel is not None:
-            chunks = cut_by(parallel, chunks) if self._cut else after(parallel, chunks)
+        if self._parallel is not None and self._cut:
+            chunks = cut_by(self._parallel, chunks)
         if self._post:
             chunks = checked_stream(self._post, self._window, chunks)
         return chunks
-
-
-async def after(check: asyncio.Future[Any], chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """Nothing leaves before `check` has passed."""
-    await check
-    async for chunk in chunks:
-        yield chunk
 
 
 async def cut_by(check: asyncio.Future[Any], chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

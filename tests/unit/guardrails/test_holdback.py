@@ -108,3 +108,10 @@ def test_a_mask_rewrites_the_held_text_across_events() -> None:
     hold.mask(found(hold.text()))
     assert hold.text() == "my [KEY] key"
     assert hold.size == len(hold.text())
+
+
+def test_an_event_without_text_leaves_before_the_window_fills() -> None:
+    hold = HoldBack(32)
+    hold.add(Held(b"open", None, [""]))
+    hold.add(Held(b"t1", None, ["abc"]))
+    assert [r.held.raw for r in hold.release()] == [b"open"]

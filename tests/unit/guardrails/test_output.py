@@ -13,7 +13,7 @@ from sluicegate.core.errors import GatewayError
 from sluicegate.core.guarding import Action, CheckerSpec, GuardrailSpec, Placement, default_failure
 from sluicegate.guardrails.cache import DecisionCache
 from sluicegate.guardrails.guard import Guardrail
-from sluicegate.guardrails.output import after, checked_body, checked_stream, cut_by
+from sluicegate.guardrails.output import OutputChecks, checked_body, checked_stream, cut_by
 from sluicegate.guardrails.patterns import Patterns
 from tests.support.clock import FakeClock
 
@@ -158,21 +158,25 @@ async def test_a_body_is_masked_or_refused() -> None:
     assert "12345678" not in caught.value.message
 
 
-async def test_a_stream_waits_for_its_parallel_checks_before_its_first_byte() -> None:
+async def test_an_answer_waits_for_its_parallel_checks_unless_it_may_be_cut() -> None:
     check: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    stream = after(check, feed([b"a", b"b"]))
-    first = asyncio.ensure_future(anext(stream))
+    waiting = asyncio.ensure_future(OutputChecks((), 0, check).ready())
     await asyncio.sleep(0)
-    assert not first.done()
+    assert not waiting.done()
     check.set_result(None)
-    assert await first == b"a"
+    await waiting
+    pending: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    await OutputChecks((), 0, pending, cut=True).ready()
+    pending.cancel()
 
 
-async def test_a_failed_parallel_check_blocks_before_the_first_byte() -> None:
+async def test_a_failed_parallel_check_refuses_the_answer() -> None:
     check: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     check.set_exception(GatewayError(400, "guardrail_blocked", "no", "invalid_request_error"))  # type: ignore[arg-type]
     with pytest.raises(GatewayError):
-        await anext(after(check, feed([b"a"])))
+        await OutputChecks((), 0, check).ready()
+    with pytest.raises(GatewayError):
+        await OutputChecks((), 0, check).body(b"{}")
 
 
 async def test_a_stream_allowed_to_be_cut_is_cut_when_its_check_fails() -> None:
