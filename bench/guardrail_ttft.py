@@ -83,7 +83,8 @@ async def one(session: aiohttp.ClientSession, url: str, key: str) -> tuple[float
                 if _has_text(buffer):
                     first_text = now
     ended = time.perf_counter()
-    assert first_byte is not None and first_text is not None
+    assert first_byte is not None
+    assert first_text is not None
     return first_byte - started, first_text - started, ended - started
 
 
@@ -99,7 +100,7 @@ def _has_text(buffer: bytes) -> bool:
 async def measure(url: str, rounds: int) -> dict[str, list[tuple[float, float, float]]]:
     found: dict[str, list[tuple[float, float, float]]] = {name: [] for name in TENANTS}
     async with aiohttp.ClientSession() as session:
-        for name, key in TENANTS.items():  # warm-up
+        for key in TENANTS.values():  # warm-up
             for _ in range(5):
                 await one(session, url, key)
         for _ in range(rounds):
