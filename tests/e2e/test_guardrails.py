@@ -255,3 +255,45 @@ async def test_a_parallel_check_refuses_before_the_answer_is_handed_over(
     assert "'par'" in error["message"]
     status, _ = await post(http, guarded, GUS, chat("fine words", stream=stream))
     assert status == 200
+
+
+async def test_jobs_pass_the_same_guardrails(
+    sim: Proc, http: aiohttp.ClientSession, tmp_path: pytest.TempPathFactory
+) -> None:
+    from tests.support.jobs import JobClient, sqlite_jobs, start_gateway
+    from tests.support.jobs import chat as job_chat
+    from tests.support.jobs import gateway_config as job_config
+
+    def patterns(expression: str) -> dict:
+        return {
+            "kind": "plugin",
+            "path": "sluicegate.guardrails.patterns:Patterns",
+            "options": {"patterns": {"key": expression}},
+        }
+
+    config = job_config(sim, sqlite_jobs(tmp_path))
+    config["guardrails"] = {
+        "checks": [
+            {"name": "keys", "checker": patterns("sk-[a-z]{8}"), "action": "mask",
+             "placement": "pre_call"},
+            {"name": "words", "checker": patterns("forbidden"), "action": "block",
+             "placement": "pre_call"},
+        ],
+        "apply": [{"guardrails": ["keys", "words"]}],
+    }  # fmt: skip
+    gateway = start_gateway(tmp_path, config)
+    try:
+        jobs = JobClient(http, gateway, "alice")
+        marker = "job-mask-51c2"
+        masked = await jobs.accepted(
+            job_chat(messages=[{"role": "user", "content": f"{marker} sk-abcdefgh"}])
+        )
+        blocked = await jobs.accepted(job_chat(messages=[{"role": "user", "content": "forbidden"}]))
+        done = await jobs.final([masked["id"], blocked["id"]])
+        assert done[masked["id"]]["status"] == "succeeded"
+        assert done[blocked["id"]]["status"] == "failed"
+        assert done[blocked["id"]]["error"]["code"] == "guardrail_blocked"
+        sent = [b for b in await bodies(http, sim) if marker in orjson.dumps(b).decode()]
+        assert [b["messages"][0]["content"] for b in sent] == [f"{marker} [KEY]"]
+    finally:
+        gateway.stop()
