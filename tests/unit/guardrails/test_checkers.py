@@ -3,6 +3,7 @@ HTTP one holds a classifier to its JSON contract."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator
 
@@ -10,10 +11,20 @@ import orjson
 import pytest
 from aiohttp import web
 
+from sluicegate.core.guarding import (
+    Action,
+    CheckerSpec,
+    GuardrailSpec,
+    Placement,
+    default_failure,
+)
+from sluicegate.guardrails.cache import DecisionCache
 from sluicegate.guardrails.checker import Stage
+from sluicegate.guardrails.guard import Guardrail, Outcome
 from sluicegate.guardrails.http import CheckerFailed, HttpChecker, verdict_of
 from sluicegate.guardrails.patterns import Patterns
 from sluicegate.guardrails.plugin import PluginError, load_plugin
+from tests.support.clock import FakeClock
 from tests.unit.guardrails.contract import check_contract
 
 EMAIL = r"[\w.]+@[\w.]+\.\w+"
@@ -40,13 +51,20 @@ async def odd(request: web.Request) -> web.Response:
     return web.Response(text="yes")
 
 
+async def stalled(request: web.Request) -> web.Response:
+    """A classifier that never answers in time (the test ends it)."""
+    await asyncio.sleep(30)
+    return web.json_response({"flagged": False})
+
+
 @pytest.fixture
 async def classifier() -> AsyncIterator[str]:
     app = web.Application(client_max_size=4 * 1024 * 1024)
     app.router.add_post("/check", classify)
     app.router.add_post("/down", down)
     app.router.add_post("/odd", odd)
-    runner = web.AppRunner(app)
+    app.router.add_post("/stalled", stalled)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -127,3 +145,57 @@ def test_a_plugin_that_cannot_be_built_names_the_guardrail(
         load_plugin(path, options, "mine")
     assert expected in str(caught.value)
     assert "'mine'" in str(caught.value)
+
+
+def over_http(clock: FakeClock, url: str, action: Action) -> Guardrail:
+    spec = GuardrailSpec(
+        "remote",
+        CheckerSpec("http", {"url": url}, 0.25),
+        action,
+        Placement.PRE_CALL,
+        default_failure(action),
+        cache_ttl_s=0,
+    )
+    cache = DecisionCache(clock, b"s", "remote", "v", 0, 0)
+    return Guardrail(spec, HttpChecker("remote", url), clock, cache)
+
+
+@pytest.mark.parametrize(
+    ("action", "expected"),
+    [(Action.BLOCK, Outcome.FAILED_CLOSED), (Action.AUDIT, Outcome.FAILED_OPEN)],
+)
+async def test_a_stalled_classifier_is_given_up_at_the_budget(
+    classifier: str, action: Action, expected: Outcome
+) -> None:
+    clock = FakeClock()
+    guardrail = over_http(clock, f"{classifier}/stalled", action)
+    try:
+        deciding = asyncio.ensure_future(guardrail.check("hello", Stage.INPUT))
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+        assert not deciding.done()
+        clock.advance(0.2)
+        await asyncio.sleep(0.01)
+        assert not deciding.done(), "not before its budget"
+        clock.advance(0.05)
+        decision = await asyncio.wait_for(deciding, 5)
+        assert decision.outcome is expected
+    finally:
+        await guardrail._checker.close()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("action", "expected"),
+    [(Action.MASK, Outcome.FAILED_CLOSED), (Action.AUDIT, Outcome.FAILED_OPEN)],
+)
+async def test_a_failing_classifier_decides_at_once(
+    classifier: str, action: Action, expected: Outcome
+) -> None:
+    clock = FakeClock()
+    guardrail = over_http(clock, f"{classifier}/down", action)
+    try:
+        decision = await guardrail.check("hello", Stage.INPUT)
+        assert decision.outcome is expected
+        assert clock.now() == 1000.0
+    finally:
+        await guardrail._checker.close()  # type: ignore[attr-defined]
