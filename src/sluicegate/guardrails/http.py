@@ -54,10 +54,14 @@ class HttpChecker:
         async with self._opened().post(self._url, data=body, allow_redirects=False) as response:
             if response.status != 200:
                 raise CheckerFailed(f"the classifier answered {response.status}")
-            raw = await response.content.read(MAX_ANSWER_BYTES + 1)
-        if len(raw) > MAX_ANSWER_BYTES:
-            raise CheckerFailed(f"the classifier's answer is over {MAX_ANSWER_BYTES} bytes")
-        return verdict_of(raw, len(text))
+            parts: list[bytes] = []
+            size = 0
+            async for part in response.content.iter_any():
+                size += len(part)
+                if size > MAX_ANSWER_BYTES:
+                    raise CheckerFailed(f"the classifier's answer is over {MAX_ANSWER_BYTES} bytes")
+                parts.append(part)
+        return verdict_of(b"".join(parts), len(text))
 
 
 def verdict_of(raw: bytes, length: int) -> Verdict:

@@ -51,6 +51,27 @@ async def odd(request: web.Request) -> web.Response:
     return web.Response(text="yes")
 
 
+async def huge(request: web.Request) -> web.StreamResponse:
+    """A classifier that streams an answer over the bound, in small pieces."""
+    response = web.StreamResponse()
+    await response.prepare(request)
+    await response.write(b'{"flagged": false, "categories": [')
+    for _ in range(20_000):
+        await response.write(b'"xxxxxxxxxxxxxxxxxx",')
+    await response.write(b'"x"]}')
+    return response
+
+
+async def in_pieces(request: web.Request) -> web.StreamResponse:
+    """A valid answer sent in two writes, the second after the first has left."""
+    response = web.StreamResponse()
+    await response.prepare(request)
+    await response.write(b'{"flagged": true, ')
+    await asyncio.sleep(0.05)
+    await response.write(b'"categories": ["pii"]}')
+    return response
+
+
 async def stalled(request: web.Request) -> web.Response:
     """A classifier that never answers in time (the test ends it)."""
     await asyncio.sleep(30)
@@ -64,6 +85,8 @@ async def classifier() -> AsyncIterator[str]:
     app.router.add_post("/down", down)
     app.router.add_post("/odd", odd)
     app.router.add_post("/stalled", stalled)
+    app.router.add_post("/huge", huge)
+    app.router.add_post("/pieces", in_pieces)
     runner = web.AppRunner(app, shutdown_timeout=0.1)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -83,7 +106,7 @@ async def test_the_http_checker_passes_the_checker_contract(classifier: str) -> 
         await checker.close()
 
 
-@pytest.mark.parametrize("path", ["/down", "/odd"])
+@pytest.mark.parametrize("path", ["/down", "/odd", "/huge"])
 async def test_a_classifier_off_contract_raises(classifier: str, path: str) -> None:
     checker = HttpChecker("emails", f"{classifier}{path}")
     try:
@@ -199,3 +222,13 @@ async def test_a_failing_classifier_decides_at_once(
         assert clock.now() == 1000.0
     finally:
         await guardrail._checker.close()  # type: ignore[attr-defined]
+
+
+async def test_an_answer_that_arrives_in_pieces_is_read_whole(classifier: str) -> None:
+    checker = HttpChecker("pieces", f"{classifier}/pieces")
+    try:
+        verdict = await checker.check("text", Stage.INPUT)
+        assert verdict.flagged
+        assert verdict.categories == ("pii",)
+    finally:
+        await checker.close()
