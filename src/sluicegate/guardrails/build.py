@@ -8,6 +8,7 @@ config, so the answer is worked out once per combination and kept.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -17,9 +18,12 @@ from sluicegate.core.clock import Clock
 from sluicegate.core.guarding import CheckerSpec, GuardrailPolicy, GuardrailSpec
 from sluicegate.guardrails.cache import DecisionCache
 from sluicegate.guardrails.checker import Checker
-from sluicegate.guardrails.guard import Guardrail, Recorder
+from sluicegate.guardrails.guard import Counts, Guardrail, Recorder
 from sluicegate.guardrails.http import HttpChecker
 from sluicegate.guardrails.plugin import load_plugin
+from sluicegate.observability.logs import Lines
+
+log = logging.getLogger("sluicegate")
 
 Builder = Callable[[str, Mapping[str, Any]], Checker]
 
@@ -49,22 +53,49 @@ class Chosen:
 NONE = Chosen()
 
 
+class Reports:
+    """What guardrails decide goes to `recorder` (the metrics); a check that could not
+    answer is also logged, once per guardrail and cause within the log's repeat window."""
+
+    def __init__(self, recorder: Counts | None) -> None:
+        self._recorder = recorder
+        self._lines = Lines(log)
+
+    def guardrail_decided(self, guardrail: str, outcome: str, took_s: float) -> None:
+        if self._recorder is not None:
+            self._recorder.guardrail_decided(guardrail, outcome, took_s)
+
+    def guardrail_timed_out(self, guardrail: str) -> None:
+        if self._recorder is not None:
+            self._recorder.guardrail_timed_out(guardrail)
+
+    def guardrail_cached(self, guardrail: str) -> None:
+        if self._recorder is not None:
+            self._recorder.guardrail_cached(guardrail)
+
+    def guardrail_failed(self, guardrail: str, cause: str) -> None:
+        self._lines.warning(
+            ("guardrail", guardrail, cause), "guardrail %s could not check: %s", guardrail, cause
+        )
+
+
 class Guardrails:
     def __init__(
-        self, policy: GuardrailPolicy, clock: Clock, recorder: Recorder | None = None
+        self, policy: GuardrailPolicy, clock: Clock, recorder: Counts | None = None
     ) -> None:
         self._policy = policy
+        reports = Reports(recorder)
         secret = os.urandom(32)
         self._checkers: list[Checker] = []
         self._built = {
-            name: self._guardrail(spec, clock, secret, recorder)
+            name: self._guardrail(spec, clock, secret, reports)
             for name, spec in policy.guardrails.items()
         }
         self._chosen: dict[tuple[str, str, str], Chosen] = {}
         self.on = bool(policy.rules)
 
     def _guardrail(
-        self, spec: GuardrailSpec, clock: Clock, secret: bytes, recorder: Recorder | None
+        self, spec: GuardrailSpec, clock: Clock, secret: bytes, recorder: Recorder
     ) -> Guardrail:
         cache = DecisionCache(
             clock, secret, spec.name, self._policy.version, spec.cache_ttl_s, spec.cache_size

@@ -31,14 +31,20 @@ class Outcome(enum.StrEnum):
     FAILED_CLOSED = "failed_closed"
 
 
-class Recorder(Protocol):
-    """Where a guardrail reports what it decided (the gateway's metrics)."""
+class Counts(Protocol):
+    """What guardrails count (the gateway's metrics)."""
 
     def guardrail_decided(self, guardrail: str, outcome: str, took_s: float) -> None: ...
 
     def guardrail_timed_out(self, guardrail: str) -> None: ...
 
     def guardrail_cached(self, guardrail: str) -> None: ...
+
+
+class Recorder(Counts, Protocol):
+    """Where a guardrail reports what it decided, and why a check could not answer."""
+
+    def guardrail_failed(self, guardrail: str, cause: str) -> None: ...
 
 
 class NoRecorder:
@@ -49,6 +55,9 @@ class NoRecorder:
         pass
 
     def guardrail_cached(self, guardrail: str) -> None:
+        pass
+
+    def guardrail_failed(self, guardrail: str, cause: str) -> None:
         pass
 
 
@@ -145,10 +154,16 @@ class Guardrail:
                 verdict = await checker.check(text, stage)
         except TimeoutError:
             self._recorder.guardrail_timed_out(self.spec.name)
+            self._recorder.guardrail_failed(self.spec.name, f"{checker.name}: no answer in time")
             return None
-        except Exception:
+        except Exception as exc:
+            # The type only: a checker's message may quote the text it was given.
+            self._recorder.guardrail_failed(self.spec.name, f"{checker.name}: {type(exc).__name__}")
             return None
-        return verdict if isinstance(verdict, Verdict) else None
+        if isinstance(verdict, Verdict):
+            return verdict
+        self._recorder.guardrail_failed(self.spec.name, f"{checker.name}: not a Verdict")
+        return None
 
 
 async def screen(guardrails: Sequence[Guardrail], pieces: list[str], stage: Stage) -> list[str]:

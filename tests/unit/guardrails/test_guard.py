@@ -64,6 +64,7 @@ class Counts:
         self.decided: list[tuple[str, str, float]] = []
         self.timeouts = 0
         self.hits = 0
+        self.failures: list[str] = []
 
     def guardrail_decided(self, guardrail: str, outcome: str, took_s: float) -> None:
         self.decided.append((guardrail, outcome, took_s))
@@ -73,6 +74,9 @@ class Counts:
 
     def guardrail_cached(self, guardrail: str) -> None:
         self.hits += 1
+
+    def guardrail_failed(self, guardrail: str, cause: str) -> None:
+        self.failures.append(cause)
 
 
 def spec(
@@ -160,9 +164,11 @@ async def test_fail_open_can_be_chosen_for_a_blocking_guardrail() -> None:
 
 async def test_a_failing_checker_fails_closed_at_once() -> None:
     clock = FakeClock()
-    decision = await guard(clock, spec(), Broken()).check("x", Stage.INPUT)
+    counts = Counts()
+    decision = await guard(clock, spec(), Broken(), recorder=counts).check("x", Stage.INPUT)
     assert decision.outcome is Outcome.FAILED_CLOSED
     assert clock.now() == 1000.0
+    assert counts.failures == ["broken: ConnectionError"], "the cause, never the message"
 
 
 async def test_the_fallback_answers_when_the_checker_cannot() -> None:
