@@ -530,6 +530,9 @@ class Pipeline:
         self._metrics.answered(route, model, status)
         if answer is not None:
             timeline.first_byte_s = answer.opened.first_byte_s
+            if answer.checked_s is not None:
+                # The caller's first byte waited for the answer's checks.
+                timeline.checked_s = timeline.first_byte_s = answer.checked_s
             opened, last = answer.opened, answer.attempt
             for part in (opened,) if opened is last else (opened, last):
                 if part.used_tokens is not None:
@@ -736,6 +739,7 @@ class Answer:
         "_resume",
         "_upstream",
         "attempt",
+        "checked_s",
         "checks",
         "giver",
         "opened",
@@ -772,6 +776,8 @@ class Answer:
         in hand."""
         self.checks: OutputChecks | None = None
         """The guardrails the answer must pass before its caller gets it; None: none."""
+        self.checked_s: float | None = None
+        """When a non-streamed answer passed them."""
 
     async def __aenter__(self) -> Answer:
         return self
@@ -801,7 +807,9 @@ class Answer:
         checks = self.checks
         if checks is None:
             return self._body
-        return await checks.body(self._body)
+        body = await checks.body(self._body)
+        self.checked_s = self._clock.now()
+        return body
 
     def produced(self) -> int | None:
         """The answer's completion tokens over all its parts; None while unknown."""

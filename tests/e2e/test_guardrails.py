@@ -297,3 +297,20 @@ async def test_jobs_pass_the_same_guardrails(
         assert [b["messages"][0]["content"] for b in sent] == [f"{marker} [KEY]"]
     finally:
         gateway.stop()
+
+
+async def test_guardrail_time_is_a_stage_of_its_own(
+    guarded: Proc, http: aiohttp.ClientSession
+) -> None:
+    async def timing(key: str) -> str:
+        headers = {"authorization": f"Bearer {key}"}
+        url = f"{guarded.url}/v1/chat/completions"
+        async with http.post(url, json=chat("hello", max_tokens=2), headers=headers) as resp:
+            assert resp.status == 200
+            return resp.headers["server-timing"]
+
+    assert "guardrail;dur=" in await timing(CAROL)
+    assert "answer_check;dur=" in await timing(ERIN)
+    plain = await timing("sk-test-alice")
+    assert "guardrail" not in plain
+    assert "answer_check" not in plain

@@ -56,7 +56,7 @@ log = logging.getLogger("sluicegate")
 
 _TIMING = {
     stage: b"%s;dur=%%.1f" % stage.encode()
-    for stage in ("admission", "guardrail", "queue", "upstream")
+    for stage in ("admission", "guardrail", "queue", "upstream", "answer_check")
 }
 """The Server-Timing entry of each stage before the first byte."""
 
@@ -75,7 +75,9 @@ class Exchange:
         checks, when the request has any), `queue` (waiting for a
         turn, and earlier attempts of a retried request), `upstream` (the deployment's
         own queue and prefill; a non-streamed answer's first bytes come with its whole
-        body), as far as the request got, so a caller can tell whose wait it was."""
+        body), `answer_check` (a non-streamed answer's post-call and parallel checks,
+        when it has any), as far as the request got, so a caller can tell whose wait it
+        was."""
         timing = b", ".join(
             _TIMING[stage] % (1000 * took_s)
             for stage, took_s in self.timeline.stages(now)

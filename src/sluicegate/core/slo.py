@@ -57,6 +57,7 @@ class Timeline:
     __slots__ = (
         "admitted_s",
         "arrived_s",
+        "checked_s",
         "dispatched_s",
         "first_byte_s",
         "guarded_s",
@@ -73,6 +74,9 @@ class Timeline:
         """The attempt that answered went out to its deployment."""
         self.upstream_s: float | None = None
         """That deployment's first bytes (a non-streamed answer's whole body) arrived."""
+        self.checked_s: float | None = None
+        """A non-streamed answer passed its post-call and parallel checks; None when it
+        had none."""
         self.first_byte_s: float | None = None
         """The first content byte was handed to the caller."""
 
@@ -80,8 +84,9 @@ class Timeline:
         """The time spent in each stage reached before the first byte, the last one
         counted up to `now` when the request ends there: admission (gates and body),
         guardrail (pre-call checks, only when it had any), queue (waiting for a turn,
-        earlier attempts of a retried request included),
-        upstream (the deployment's queue and prefill) and transfer (to the caller)."""
+        earlier attempts of a retried request included), upstream (the deployment's
+        queue and prefill), answer_check (a non-streamed answer's post-call and parallel
+        checks, only when it had any) and transfer (to the caller)."""
         found = []
         start = self.arrived_s
         marks = [("admission", self.admitted_s)]
@@ -91,6 +96,8 @@ class Timeline:
             ("queue", self.dispatched_s),
             ("upstream", self.upstream_s),
         ]
+        if self.checked_s is not None:
+            marks.append(("answer_check", self.checked_s))
         for name, mark in marks:
             if mark is None:
                 found.append((name, now - start))

@@ -66,7 +66,7 @@ LATENCY_BUCKETS_S = (
 TPOT_BUCKETS_S = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 """Per output token: a healthy engine decodes in 10-50 ms, a crowded one in hundreds."""
 
-STAGES = ("admission", "guardrail", "queue", "upstream", "transfer")
+STAGES = ("admission", "guardrail", "queue", "upstream", "answer_check", "transfer")
 """The stages of the time to first byte (`core.slo.Timeline`)."""
 
 REFUSAL_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 2.5, 10.0)
@@ -260,7 +260,8 @@ class GatewayMetrics:
         )
         self._stages = PlainFamily(
             "sluicegate_stage_seconds",
-            "Successful requests' time per stage: admission (gates, body), queue (waiting "
+            "Successful requests' time per stage: admission (gates, body), guardrail (pre-call "
+            "checks), queue (waiting "
             "for a turn, earlier attempts included), upstream (the deployment's queue and "
             "prefill, or its whole body), transfer (to the caller's first byte) and stream "
             "(first to last byte).",
