@@ -3,7 +3,9 @@
 Every caller (the HTTP edge, the job workers, an in-process caller) hands the pipeline
 an `Inbound` and uses the answer inside `Pipeline.run`, which does everything in order:
 the tenant's concurrency gate, the body, the route's and aggregate's gates, resolving
-the model, lane and deadline, quotas (`charge`), then upstream attempts. Each attempt
+the model, lane and deadline, quotas (`charge`), the pre-call guardrails (which may
+rewrite the request), then upstream attempts, beside which parallel guardrails run and
+whose answer passes the post-call ones (`guardrails.output`). Each attempt
 waits for its turn in the model's dispatcher (the only wait point) and is granted a
 deployment and a permit from each of its pools. Every permit lives on an exit stack
 that `run` owns, so it is released exactly once, after the attempt has really ended;
