@@ -46,7 +46,8 @@ class CheckerSpec:
     """How to build one checker: its `kind` and that kind's settings."""
 
     kind: str
-    settings: Mapping[str, Any] = field(default_factory=dict)
+    settings: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    """May hold credentials (an HTTP checker's headers): kept out of reprs."""
     budget_s: float = 0.5
 
 
