@@ -11,7 +11,10 @@ an earlier check. Nothing leaves before a check has seen it.
 Events keep their order. One without text (the role's opening, a finish, usage, the
 end) leaves as soon as everything before it has; a text event leaves whole, as the bytes
 that arrived, unless it had to be split at the window's edge or a mask changed it, in
-which case its caller renders it again from its new texts.
+which case its caller renders it again from its new texts. Only an event carrying
+several texts (several choices' deltas in one event, which vLLM does not send) is never
+split: it waits until it can leave whole, so behind it the client may be more than the
+window behind.
 """
 
 from __future__ import annotations
