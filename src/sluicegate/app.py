@@ -47,6 +47,8 @@ from sluicegate.core.types import (
     Settings,
     TracingPolicy,
 )
+from sluicegate.guardrails.build import Guardrails
+from sluicegate.guardrails.plugin import PluginError
 from sluicegate.jobs.clock import UnixClock
 from sluicegate.jobs.postgres import open_postgres
 from sluicegate.jobs.sqlite import open_sqlite
@@ -164,6 +166,7 @@ def build(
     boundary = Boundary(leases, settings.routes, settings.aggregate)
     access = access_log(settings.logs, metrics)
     spans, flush_spans = tracing(settings.tracing)
+    guardrails = guardrails_of(settings, clock, metrics)
     pipeline = Pipeline(
         settings,
         providers,
@@ -174,6 +177,7 @@ def build(
         clock,
         access=access,
         spans=spans,
+        guardrails=guardrails,
     )
     watch = OverloadWatch(
         monitor,
@@ -286,6 +290,7 @@ def build(
             await session.close()
         for provider in providers.values():
             await provider.close()
+        await guardrails.close()
         if shared is not None:
             await leases.drain(DRAIN_S)
             await shared.close()
@@ -347,6 +352,14 @@ def build(
         stop_policies,
         gateway,
     )
+
+
+def guardrails_of(settings: Settings, clock: Clock, metrics: GatewayMetrics) -> Guardrails:
+    """The configured guardrails; a plug-in that cannot be built is a config error."""
+    try:
+        return Guardrails(settings.guardrails, clock, metrics)
+    except PluginError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def access_log(policy: LogPolicy, metrics: GatewayMetrics) -> AccessLog | None:

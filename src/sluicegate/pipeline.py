@@ -3,7 +3,9 @@
 Every caller (the HTTP edge, the job workers, an in-process caller) hands the pipeline
 an `Inbound` and uses the answer inside `Pipeline.run`, which does everything in order:
 the tenant's concurrency gate, the body, the route's and aggregate's gates, resolving
-the model, lane and deadline, quotas (`charge`), then upstream attempts. Each attempt
+the model, lane and deadline, quotas (`charge`), the pre-call guardrails (which may
+rewrite the request), then upstream attempts, beside which parallel guardrails run and
+whose answer passes the post-call ones (`guardrails.output`). Each attempt
 waits for its turn in the model's dispatcher (the only wait point) and is granted a
 deployment and a permit from each of its pools. Every permit lives on an exit stack
 that `run` owns, so it is released exactly once, after the attempt has really ended;
@@ -45,6 +47,11 @@ from sluicegate.core.refusals import Refusal
 from sluicegate.core.slo import Kind, Timeline, Verdict, judge_answer, judge_error, judge_left
 from sluicegate.core.slo import tpot_s as time_per_token
 from sluicegate.core.types import Deployment, Endpoint, Lane, Model, OverloadState, Settings, Tenant
+from sluicegate.guardrails.build import NONE, Chosen, Guardrails
+from sluicegate.guardrails.checker import Stage
+from sluicegate.guardrails.guard import Guardrail, screen
+from sluicegate.guardrails.output import OutputChecks
+from sluicegate.guardrails.texts import request_places, rewritten, texts
 from sluicegate.hedging import Hedging
 from sluicegate.observability.access import AccessLog
 from sluicegate.observability.logs import Lines
@@ -110,8 +117,10 @@ class Pipeline:
         tokenizer: Tokenizer = chars_over_four,
         access: AccessLog | None = None,
         spans: Spans | None = None,
+        guardrails: Guardrails | None = None,
     ) -> None:
         self._settings = settings
+        self._guardrails = guardrails if guardrails is not None and guardrails.on else None
         self._models = settings.models
         self._routes = settings.routes
         self._scheduling = settings.scheduling
@@ -154,15 +163,25 @@ class Pipeline:
                         call, permits, tally, inbound.interactive, tenant_slot=not arriving
                     )
                     timeline.admitted_s = self._clock.now()
+                    checks: OutputChecks | None = None
+                    if self._guardrails is not None:
+                        try:
+                            call, checks = await self._guard(call, timeline, permits)
+                        except GatewayError:
+                            tally.used_tokens = 0  # refused before any model call
+                            raise
                     started = await self._first_answer(call, inbound.avoid, trail)
                     timeline.dispatched_s = started.attempt.dispatched_s
                     answer = started.answer
                     timeline.upstream_s = answer.primed_s
                     answer.part = started.stack
+                    answer.checks = checks
                     try:
                         async with answer:
                             self._metrics.attempts(started.attempt.number)
                             try:
+                                if checks is not None:
+                                    await checks.ready()
                                 with self._spans.stream() if call.stream else NO_SPAN:
                                     yield answer
                             except BaseException as err:
@@ -197,6 +216,46 @@ class Pipeline:
                     "duration_ms": _ms(self._clock.now() - timeline.arrived_s),
                 }
             )
+
+    async def _guard(
+        self, call: Call, timeline: Timeline, permits: AsyncExitStack
+    ) -> tuple[Call, OutputChecks | None]:
+        """Pre-call guardrails, in order, before the lane's queue (a refusal spends no
+        model time, and its reservation is given back); then the parallel ones, started
+        beside the model attempt, and what the answer must pass."""
+        assert self._guardrails is not None
+        chosen = self._guardrails.chosen(call.endpoint.value, call.lane.name, call.tenant.name)
+        if chosen is NONE:
+            return call, None
+        if chosen.pre_call:
+            call = await self._pre_call(call, chosen.pre_call)
+            timeline.guarded_s = self._clock.now()
+        return call, self._output_checks(call, chosen, permits)
+
+    async def _pre_call(self, call: Call, guardrails: tuple[Guardrail, ...]) -> Call:
+        route = call.endpoint.value
+        pieces = texts(request_places(route, call.payload))
+        if not pieces:
+            return call
+        checked = await screen(guardrails, pieces, Stage.INPUT)
+        if checked == pieces:
+            return call
+        payload = rewritten(call.payload, lambda p: request_places(route, p), checked)
+        return call._replace(payload=payload)
+
+    def _output_checks(
+        self, call: Call, chosen: Chosen, permits: AsyncExitStack
+    ) -> OutputChecks | None:
+        parallel: asyncio.Task[list[str]] | None = None
+        if chosen.parallel:
+            pieces = texts(request_places(call.endpoint.value, call.payload))
+            parallel = asyncio.create_task(screen(chosen.parallel, pieces, Stage.INPUT))
+            parallel.add_done_callback(_retrieved)
+            permits.callback(parallel.cancel)
+        if parallel is None and not chosen.post_call:
+            return None
+        cut = chosen.cut_streams and call.stream
+        return OutputChecks(chosen.post_call, chosen.window, parallel, cut)
 
     def _resolve(self, inbound: Inbound, payload: dict[str, Any]) -> Call:
         tenant, endpoint = inbound.tenant, inbound.endpoint
@@ -474,6 +533,9 @@ class Pipeline:
         self._metrics.answered(route, model, status)
         if answer is not None:
             timeline.first_byte_s = answer.opened.first_byte_s
+            if answer.checked_s is not None:
+                # The caller's first byte waited for the answer's checks.
+                timeline.checked_s = timeline.first_byte_s = answer.checked_s
             opened, last = answer.opened, answer.attempt
             for part in (opened,) if opened is last else (opened, last):
                 if part.used_tokens is not None:
@@ -526,6 +588,12 @@ class Pipeline:
             error.code,
             error.message,
         )
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    """A parallel check nobody waited for (the attempt failed first) raises nothing later."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _ms(seconds: float) -> float:
@@ -680,6 +748,8 @@ class Answer:
         "_resume",
         "_upstream",
         "attempt",
+        "checked_s",
+        "checks",
         "giver",
         "opened",
         "part",
@@ -713,6 +783,10 @@ class Answer:
         self.primed_s: float | None = None
         """When the deployment's first bytes (a non-streamed answer's whole body) were
         in hand."""
+        self.checks: OutputChecks | None = None
+        """The guardrails the answer must pass before its caller gets it; None: none."""
+        self.checked_s: float | None = None
+        """When a non-streamed answer passed them."""
 
     async def __aenter__(self) -> Answer:
         return self
@@ -739,14 +813,26 @@ class Answer:
             self.primed_s = self.attempt.first_byte_s = self._clock.now()
 
     async def read(self) -> bytes:
-        return self._body
+        checks = self.checks
+        if checks is None:
+            return self._body
+        body = await checks.body(self._body)
+        self.checked_s = self._clock.now()
+        return body
 
     def produced(self) -> int | None:
         """The answer's completion tokens over all its parts; None while unknown."""
         produced = self.attempt.produced()
         return None if produced is None else self._before + produced
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The stream as it arrives, through its guardrails when it has any."""
+        checks = self.checks
+        if checks is None:
+            return self._chunks()
+        return checks.stream(self._chunks())
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
         """The stream as it arrives; its first byte is timed as it is handed over."""
         self.attempt.first_byte_s = self._clock.now()
         self._on_first(self.attempt, self.giver)

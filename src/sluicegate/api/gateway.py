@@ -54,7 +54,10 @@ from sluicegate.providers.sse import frame
 log = logging.getLogger("sluicegate")
 
 
-_TIMING = {stage: b"%s;dur=%%.1f" % stage.encode() for stage in ("admission", "queue", "upstream")}
+_TIMING = {
+    stage: b"%s;dur=%%.1f" % stage.encode()
+    for stage in ("admission", "guardrail", "queue", "upstream", "answer_check")
+}
 """The Server-Timing entry of each stage before the first byte."""
 
 
@@ -68,10 +71,13 @@ class Exchange:
 
     def timed(self, headers: Headers, now: float) -> Headers:
         """`headers` and where the time before the first byte went, in milliseconds (W3C
-        Server-Timing): `admission` (the gates and the body), `queue` (waiting for a
+        Server-Timing): `admission` (the gates and the body), `guardrail` (pre-call
+        checks, when the request has any), `queue` (waiting for a
         turn, and earlier attempts of a retried request), `upstream` (the deployment's
         own queue and prefill; a non-streamed answer's first bytes come with its whole
-        body), as far as the request got, so a caller can tell whose wait it was."""
+        body), `answer_check` (a non-streamed answer's post-call and parallel checks,
+        when it has any), as far as the request got, so a caller can tell whose wait it
+        was."""
         timing = b", ".join(
             _TIMING[stage] % (1000 * took_s)
             for stage, took_s in self.timeline.stages(now)

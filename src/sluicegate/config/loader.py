@@ -15,8 +15,10 @@ from pydantic import ValidationError
 from sluicegate.config.problems import across, described, path
 from sluicegate.config.schema import (
     ChatRouteConfig,
+    CheckerConfig,
     DeploymentConfig,
     GatewayConfig,
+    GuardrailsConfig,
     JobsConfig,
     KeyConfig,
     OverloadConfig,
@@ -25,6 +27,16 @@ from sluicegate.config.schema import (
     RedisConfig,
     RouteConfig,
     SchedulingConfig,
+)
+from sluicegate.core.guarding import (
+    Action,
+    CheckerSpec,
+    GuardrailPolicy,
+    GuardrailRule,
+    GuardrailSpec,
+    OnFailure,
+    Placement,
+    default_failure,
 )
 from sluicegate.core.limits import Rate
 from sluicegate.core.types import (
@@ -218,7 +230,43 @@ def _to_settings(
             config.metrics.cache_s,
         ),
         tracing=TracingPolicy(**config.tracing.model_dump()),
+        guardrails=_guardrails(config.guardrails),
     )
+
+
+def _guardrails(spec: GuardrailsConfig) -> GuardrailPolicy:
+    """The guardrails section, its version a digest of the section as parsed."""
+    checks = {
+        c.name: GuardrailSpec(
+            c.name,
+            _checker(c.checker, c.budget_s),
+            Action(c.action),
+            Placement(c.placement),
+            default_failure(Action(c.action)) if c.on_failure is None else OnFailure(c.on_failure),
+            None if c.fallback is None else _checker(c.fallback, c.budget_s),
+            c.window,
+            c.cache_ttl_s,
+            c.cache_size,
+        )
+        for c in spec.checks
+    }
+    rules = tuple(
+        GuardrailRule(
+            tuple(r.guardrails),
+            None if r.routes is None else frozenset(r.routes),
+            None if r.lanes is None else frozenset(r.lanes),
+            None if r.tenants is None else frozenset(r.tenants),
+            r.cut_streams,
+        )
+        for r in spec.apply
+    )
+    version = hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:16]
+    return GuardrailPolicy(checks, rules, version)
+
+
+def _checker(spec: CheckerConfig, budget_s: float) -> CheckerSpec:
+    settings = spec.model_dump(mode="json", exclude={"kind", "budget_s"})
+    return CheckerSpec(spec.kind, settings, spec.budget_s or budget_s)
 
 
 def _jobs(spec: JobsConfig | None) -> JobPolicy:

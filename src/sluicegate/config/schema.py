@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Iterable, Iterator
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
 
@@ -533,6 +533,96 @@ class TracingConfig(Strict):
     )
 
 
+class CheckerConfig(Strict):
+    """One checker: `http` posts the text to `url` (docs/guardrails.md has the JSON
+    contract); `plugin` builds the class at `path` (`module:Class`) with `options`."""
+
+    kind: Literal["http", "plugin"]
+    url: HttpUrl | None = Field(default=None, description="http: where the text is posted")
+    headers: dict[str, str] = Field(
+        default_factory=dict, description="http: sent with each check (e.g. authorization)"
+    )
+    path: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        description="plugin: module:Class",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="plugin: keyword arguments of the class"
+    )
+    budget_s: Seconds | None = Field(
+        default=None, le=60, description="as a fallback: its own budget (default the guardrail's)"
+    )
+
+    @model_validator(mode="after")
+    def _what_its_kind_needs(self) -> CheckerConfig:
+        if self.kind == "http" and self.url is None:
+            raise ValueError("an http checker needs a url")
+        if self.kind == "plugin" and self.path is None:
+            raise ValueError("a plugin checker needs a path (module:Class)")
+        return self
+
+
+class GuardrailConfig(Strict):
+    """A named check on prompts (pre_call, parallel) or answers (post_call)."""
+
+    name: Name
+    checker: CheckerConfig
+    action: Literal["block", "mask", "audit"]
+    placement: Literal["pre_call", "parallel", "post_call"]
+    budget_s: Seconds = Field(default=0.5, le=60, description="the checker's time per check")
+    on_failure: Literal["fail_open", "fail_closed"] | None = Field(
+        default=None, description="on timeout or error; default: audit fails open, else closed"
+    )
+    fallback: CheckerConfig | None = Field(
+        default=None, description="asked when the checker cannot answer"
+    )
+    window: int = Field(
+        default=256, ge=1, le=65536, description="post_call on streams: characters held back"
+    )
+    cache_ttl_s: float = Field(default=60.0, ge=0, le=86_400, description="0: no cache")
+    cache_size: int = Field(default=10_000, ge=0, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _parallel_cannot_mask(self) -> GuardrailConfig:
+        if self.placement == "parallel" and self.action == "mask":
+            raise ValueError(
+                "a parallel guardrail cannot mask: the request is already on its way; "
+                "use pre_call to mask"
+            )
+        return self
+
+
+class GuardrailRuleConfig(Strict):
+    """Apply `guardrails` (in this order) to requests matching every filter given."""
+
+    guardrails: list[Name] = Field(min_length=1)
+    routes: list[Literal["chat", "completions", "embeddings"]] | None = None
+    lanes: list[Name] | None = None
+    tenants: list[Name] | None = None
+    cut_streams: bool = Field(
+        default=False,
+        description="streams start before parallel checks pass, and are cut if one fails",
+    )
+
+
+class GuardrailsConfig(Strict):
+    checks: list[GuardrailConfig] = Field(default_factory=list)
+    apply: list[GuardrailRuleConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _names(self) -> GuardrailsConfig:
+        _unique("guardrails.checks", [c.name for c in self.checks])
+        known = {c.name for c in self.checks}
+        for rule in self.apply:
+            for name in rule.guardrails:
+                if name not in known:
+                    raise ValueError(
+                        f"guardrails.apply names unknown guardrail {name!r}{_close(name, known)}"
+                    )
+        return self
+
+
 class GatewayConfig(Strict):
     server: ServerConfig = ServerConfig()
     routes: RoutesConfig = RoutesConfig()
@@ -543,6 +633,7 @@ class GatewayConfig(Strict):
     logs: LogsConfig = LogsConfig()
     metrics: MetricsAccessConfig = MetricsAccessConfig()
     tracing: TracingConfig = TracingConfig()
+    guardrails: GuardrailsConfig = GuardrailsConfig()
     jobs: JobsConfig | None = Field(
         default=None, description="durable jobs and batches; without it the gateway keeps none"
     )
@@ -597,6 +688,17 @@ class GatewayConfig(Strict):
                 f"scheduling.overload.ladder.background_model {small!r} is not a model"
                 f"{_close(small, known)}"
             )
+        tenants = {t.name for t in self.tenants}
+        for i, rule in enumerate(self.guardrails.apply):
+            for lane in rule.lanes or ():
+                if lane not in lanes:
+                    yield f"guardrails.apply[{i}] names unknown lane {lane!r}{_close(lane, lanes)}"
+            for tenant_name in rule.tenants or ():
+                if tenant_name not in tenants:
+                    yield (
+                        f"guardrails.apply[{i}] names unknown tenant {tenant_name!r}"
+                        f"{_close(tenant_name, tenants)}"
+                    )
         for tenant in self.tenants:
             unknown = sorted(set(tenant.models or ()) - known)
             if unknown:

@@ -36,6 +36,8 @@ class Refusal(enum.StrEnum):
     LANE_PACED = "lane_paced"
     LANE_BACKLOGGED = "lane_backlogged"
     STORE_UNAVAILABLE = "limit_store_unavailable"
+    GUARDRAIL_BLOCKED = "guardrail_blocked"
+    GUARDRAIL_UNAVAILABLE = "guardrail_unavailable"
 
     @property
     def status(self) -> int:
@@ -79,6 +81,8 @@ _STATUS = {
     Refusal.LANE_PACED: 503,
     Refusal.LANE_BACKLOGGED: 503,
     Refusal.STORE_UNAVAILABLE: 503,
+    Refusal.GUARDRAIL_BLOCKED: 400,
+    Refusal.GUARDRAIL_UNAVAILABLE: 503,
 }
 _TYPE = {
     429: ErrorType.RATE_LIMIT,
@@ -94,5 +98,6 @@ _HOPELESS = frozenset(
         Refusal.TOO_COSTLY,
         Refusal.BODY_TOO_LARGE,
         Refusal.EXPIRED,
+        Refusal.GUARDRAIL_BLOCKED,
     }
 )

@@ -54,31 +54,51 @@ class Timeline:
     they pass, read by the edge's Server-Timing and the SLO accounting. A stage not
     reached is None."""
 
-    __slots__ = ("admitted_s", "arrived_s", "dispatched_s", "first_byte_s", "upstream_s")
+    __slots__ = (
+        "admitted_s",
+        "arrived_s",
+        "checked_s",
+        "dispatched_s",
+        "first_byte_s",
+        "guarded_s",
+        "upstream_s",
+    )
 
     def __init__(self, arrived_s: float) -> None:
         self.arrived_s = arrived_s
         self.admitted_s: float | None = None
         """Past the tenant's and the shared gates, its body read."""
+        self.guarded_s: float | None = None
+        """Past its pre-call guardrails; None when it had none."""
         self.dispatched_s: float | None = None
         """The attempt that answered went out to its deployment."""
         self.upstream_s: float | None = None
         """That deployment's first bytes (a non-streamed answer's whole body) arrived."""
+        self.checked_s: float | None = None
+        """A non-streamed answer passed its post-call and parallel checks; None when it
+        had none."""
         self.first_byte_s: float | None = None
         """The first content byte was handed to the caller."""
 
     def stages(self, now: float) -> list[tuple[str, float]]:
         """The time spent in each stage reached before the first byte, the last one
         counted up to `now` when the request ends there: admission (gates and body),
-        queue (waiting for a turn, earlier attempts of a retried request included),
-        upstream (the deployment's queue and prefill) and transfer (to the caller)."""
+        guardrail (pre-call checks, only when it had any), queue (waiting for a turn,
+        earlier attempts of a retried request included), upstream (the deployment's
+        queue and prefill), answer_check (a non-streamed answer's post-call and parallel
+        checks, only when it had any) and transfer (to the caller)."""
         found = []
         start = self.arrived_s
-        for name, mark in (
-            ("admission", self.admitted_s),
+        marks = [("admission", self.admitted_s)]
+        if self.guarded_s is not None:
+            marks.append(("guardrail", self.guarded_s))
+        marks += [
             ("queue", self.dispatched_s),
             ("upstream", self.upstream_s),
-        ):
+        ]
+        if self.checked_s is not None:
+            marks.append(("answer_check", self.checked_s))
+        for name, mark in marks:
             if mark is None:
                 found.append((name, now - start))
                 return found

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from sluicegate.core.errors import ErrorType, GatewayError, not_found
+from sluicegate.core.guarding import GuardrailPolicy
 from sluicegate.core.limits import Rate
 
 
@@ -515,3 +516,4 @@ class Settings:
     logs: LogPolicy = LogPolicy()
     metrics: MetricsPolicy = MetricsPolicy()
     tracing: TracingPolicy = TracingPolicy()
+    guardrails: GuardrailPolicy = field(default_factory=GuardrailPolicy)

@@ -66,7 +66,7 @@ LATENCY_BUCKETS_S = (
 TPOT_BUCKETS_S = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 """Per output token: a healthy engine decodes in 10-50 ms, a crowded one in hundreds."""
 
-STAGES = ("admission", "queue", "upstream", "transfer")
+STAGES = ("admission", "guardrail", "queue", "upstream", "answer_check", "transfer")
 """The stages of the time to first byte (`core.slo.Timeline`)."""
 
 REFUSAL_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 2.5, 10.0)
@@ -260,7 +260,8 @@ class GatewayMetrics:
         )
         self._stages = PlainFamily(
             "sluicegate_stage_seconds",
-            "Successful requests' time per stage: admission (gates, body), queue (waiting "
+            "Successful requests' time per stage: admission (gates, body), guardrail (pre-call "
+            "checks), queue (waiting "
             "for a turn, earlier attempts included), upstream (the deployment's queue and "
             "prefill, or its whole body), transfer (to the caller's first byte) and stream "
             "(first to last byte).",
@@ -432,6 +433,39 @@ class GatewayMetrics:
         self._outcomes: dict[tuple[str, str, int], CounterChild] = {}
         self._refusals_of: dict[tuple[str, str, int], tuple[CounterChild, HistogramChild]] = {}
         self._siblings: Siblings | None = None
+        self._guardrail_decisions = PlainFamily(
+            "sluicegate_guardrail_decisions",
+            "Guardrail decisions by outcome: passed, flagged, failed_open (the check could "
+            "not answer and let the text through), failed_closed (it could not and refused).",
+            "counter",
+            ("guardrail", "outcome"),
+            CounterChild,
+            r,
+        )
+        self._guardrail_time = PlainFamily(
+            "sluicegate_guardrail_duration_seconds",
+            "Time per guardrail decision, cache hits and failures included.",
+            "histogram",
+            ("guardrail",),
+            buckets(REFUSAL_BUCKETS_S),
+            r,
+        )
+        self._guardrail_timeouts = PlainFamily(
+            "sluicegate_guardrail_timeouts",
+            "Checks (a guardrail's checker or its fallback) that ran out of their budget.",
+            "counter",
+            ("guardrail",),
+            CounterChild,
+            r,
+        )
+        self._guardrail_cached = PlainFamily(
+            "sluicegate_guardrail_cache_hits",
+            "Guardrail decisions answered from the decision cache.",
+            "counter",
+            ("guardrail",),
+            CounterChild,
+            r,
+        )
 
     def lane(self, route: str, model: str, lane: str) -> LaneMetrics:
         key = (route, model, lane)
@@ -465,6 +499,16 @@ class GatewayMetrics:
             if counter is None:
                 counter = self._tenant_verdicts[by_tenant] = self._tenant_judged.labels(*by_tenant)
             counter.inc()
+
+    def guardrail_decided(self, guardrail: str, outcome: str, took_s: float) -> None:
+        self._guardrail_decisions.labels(guardrail, outcome).inc()
+        self._guardrail_time.labels(guardrail).observe(took_s)
+
+    def guardrail_timed_out(self, guardrail: str) -> None:
+        self._guardrail_timeouts.labels(guardrail).inc()
+
+    def guardrail_cached(self, guardrail: str) -> None:
+        self._guardrail_cached.labels(guardrail).inc()
 
     def in_flight(self, route: str) -> GaugeChild:
         return self._in_flight.labels(route)

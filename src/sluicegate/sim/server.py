@@ -99,6 +99,9 @@ class SimServer:
         self.heard: deque[dict[str, str | None]] = deque(maxlen=HEARD)
         """The request ids and trace contexts of the latest requests, as a backend's own
         logs would show them."""
+        self.bodies: deque[Payload] = deque(maxlen=HEARD)
+        """The latest inference requests' bodies, as parsed: what a gateway really sent
+        (a test of masking asserts on it)."""
         self._auth = None if options.api_key is None else f"Bearer {options.api_key}".encode()
         self.app = Router(on_startup=[self._startup], on_shutdown=[self.engine.stop])
         routes: list[tuple[str, str, Handler]] = [
@@ -111,6 +114,7 @@ class SimServer:
             ("GET", "/metrics", self._metrics),
             ("GET", "/sim/stats", self._stats),
             ("GET", "/sim/heard", self._heard),
+            ("GET", "/sim/bodies", self._bodies),
             ("POST", "/sim/reset", self._reset),
             ("GET", "/sim/faults", self._faults_get),
             ("POST", "/sim/faults", self._faults_post),
@@ -157,6 +161,7 @@ class SimServer:
                     raise refusal
                 self._authorize(scope)
                 payload = load_object(await read_body(receive, MAX_BODY_BYTES))
+                self.bodies.append(payload)
                 if faults.body_lie is not None:
                     await self._lie(faults.body_lie, payload, send)
                     return
@@ -354,6 +359,9 @@ class SimServer:
 
     async def _heard(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send_json(send, 200, list(self.heard))
+
+    async def _bodies(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_json(send, 200, list(self.bodies))
 
     async def _reset(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.received = 0
