@@ -411,7 +411,13 @@ def main() -> None:
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     print(f"seed {seed}, {args.per_kind} positives per kind, {args.clean} clean samples")
-    result = asyncio.run(measure(corpus(seed, args.per_kind, args.clean)))
+    samples = corpus(seed, args.per_kind, args.clean)
+    result = asyncio.run(measure(samples))
+    for kind in GENERATORS:
+        variants = Counter(sample.variant for sample in samples if sample.kind == kind)
+        print(f"{kind}: " + ", ".join(f"{name} {count}" for name, count in sorted(variants.items())))
+    near = Counter(sample.variant for sample in samples if sample.kind is None)
+    print("clean: " + ", ".join(f"{name} {count}" for name, count in sorted(near.items())))
     for kind, value in result.recall.items():
         print(f"recall {kind:8} {value:.4f}")
     print(f"clean altered {result.altered:.4f} ({len(result.false_alarms)} of {args.clean})")

@@ -1,32 +1,19 @@
 """The PII checker: e-mail addresses, phone numbers, cards, IBANs, US SSNs, IP addresses
-and API keys, each found as a span of its kind so that a mask replaces exactly it.
-
-The scan is CPU work on the event loop's thread, and a thread would not take it off
-the loop (the GIL). It is cut instead: the text is read in chunks, and the checker
-hands the loop back whenever the work done since its last turn (characters scanned,
-candidates validated) passes a bound, so a 32k-token prompt never stalls other
-requests for long.
+and API keys, each found as a span of its kind so that a mask replaces exactly it. The
+scan hands the event loop back in bounded turns (`scan`), so a 32k-token prompt does not
+stall other requests.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Sequence
 
 from sluicegate.guardrails import pii_kinds
 from sluicegate.guardrails.checker import PASSED, Span, Stage, Verdict
+from sluicegate.guardrails.scan import WORK_PER_TURN, scan
 
 DEFAULT_REGIONS = ("US", "GB", "DE", "FR", "JP", "IN")
 """Whose national formats are read as phone numbers; `+` or `00` numbers are always."""
-
-CHUNK_CHARS = 4096
-"""Characters read per chunk; each chunk's window runs on by LONGEST_MATCH."""
-
-WORK_PER_TURN = 12_000
-"""Work units done before the loop gets a turn: a character scanned is one unit, a
-candidate validated costs VALIDATION_COST."""
-
-VALIDATION_COST = 200
 
 
 class PiiChecker:
@@ -56,20 +43,7 @@ class PiiChecker:
         self._work_per_turn = work_per_turn
 
     async def check(self, text: str, stage: Stage) -> Verdict:
-        spans: list[Span] = []
-        work = 0
-        for chunk in range(0, len(text), CHUNK_CHARS):
-            end = min(len(text), chunk + CHUNK_CHARS + pii_kinds.LONGEST_MATCH)
-            for finder in self._finders:
-                work += end - chunk
-                for found in finder.find(text, chunk, end):
-                    if found is None:
-                        work += VALIDATION_COST
-                    elif found[0] < chunk + CHUNK_CHARS:
-                        spans.append(Span(found[0], found[1], finder.name))
-                    if self._work_per_turn is not None and work >= self._work_per_turn:
-                        await asyncio.sleep(0)
-                        work = 0
+        spans = await scan(text, self._finders, self._work_per_turn)
         if not spans:
             return PASSED
         kept = _strongest(spans)

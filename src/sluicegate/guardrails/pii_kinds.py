@@ -7,7 +7,8 @@ amount per start position). A candidate is kept only when its validator, a
 maintained library where one exists, agrees: phonenumbers for phone numbers,
 python-stdnum for the Luhn check, IBANs and US SSNs, the standard library's
 `ipaddress` for IP addresses. A finder yields `None` after each validation it runs,
-so that its caller can bound the work done per event-loop turn.
+so that its caller can bound the work done per event-loop turn; each kind says what a
+validation costs in characters of scanning, as measured (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -23,10 +24,6 @@ from stdnum.us import ssn
 
 Found = tuple[int, int] | None
 """A span's offsets, or None for one unit of validation work done."""
-
-LONGEST_MATCH = 1024
-"""No pattern matches more characters than this, so a window this much longer than its
-chunk sees every match that starts in the chunk whole."""
 
 _EMAIL = re.compile(
     r"(?<![\w.%+\-])[A-Za-z0-9][A-Za-z0-9._%+\-]{0,63}@"
@@ -88,6 +85,8 @@ class Kind:
     pattern: re.Pattern[str]
     valid: Callable[[str], bool] | None
     """None: the pattern's shape is the whole test."""
+    cost: int = 300
+    """What one validation costs, in characters of scanning that take as long."""
     trims: bool = False
     """Also try the candidate without leading or trailing space-separated groups: the
     pattern may have swallowed a neighbouring number."""
@@ -185,6 +184,8 @@ def phone_validator(regions: Sequence[str]) -> Callable[[str], bool]:
             return False
         return any(_valid_national(candidate, digits, region) for region in regions)
 
+    for region in regions:  # loads each region's metadata now rather than mid-scan
+        phonenumbers.example_number(region)
     return valid
 
 
@@ -227,9 +228,9 @@ def kinds(regions: Sequence[str]) -> dict[str, tuple[Kind, ...]]:
     """Every kind by name; national phone numbers are read as numbers of `regions`."""
     return {
         "email": (Kind("email", _EMAIL, None),),
-        "phone": (Kind("phone", _PHONE, phone_validator(regions)),),
-        "card": (Kind("card", _CARD, _card, trims=True),),
-        "iban": (Kind("iban", _IBAN, _iban, trims=True),),
+        "phone": (Kind("phone", _PHONE, phone_validator(regions), 1500 * len(regions)),),
+        "card": (Kind("card", _CARD, _card, 800, trims=True),),
+        "iban": (Kind("iban", _IBAN, _iban, 1000, trims=True),),
         "ssn": (Kind("ssn", _SSN, _ssn),),
         "ip": (Kind("ip", _IPV4, _ipv4), Kind("ip", _IPV6, _ipv6)),
         "api_key": (Kind("api_key", _API_KEY, _secret),),

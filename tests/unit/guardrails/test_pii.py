@@ -8,7 +8,8 @@ import asyncio
 import pytest
 
 from sluicegate.guardrails.checker import Stage, mask
-from sluicegate.guardrails.pii import CHUNK_CHARS, PiiChecker
+from sluicegate.guardrails.pii import PiiChecker
+from sluicegate.guardrails.scan import CHUNK_CHARS
 from tests.unit.guardrails.contract import check_contract
 
 FOUND = [

@@ -1,0 +1,100 @@
+"""The PII check's time on 1k, 8k and 32k-token prompts (p50 / p99), and the longest
+stall of the event loop meanwhile, with the scan cut into bounded turns and without.
+
+A prompt is sentences of the labelled corpus (bench/pii_corpus.py: one personal item or
+near-miss each) between three times as many plain ones, up to 4 characters per token.
+A ticker on the same loop sleeps 1 ms at a time; a stall is how much later than asked
+it wakes.
+
+    flock /tmp/sluicegate-bench.lock .venv/bin/python -m bench.pii_stall            # seed printed
+    flock /tmp/sluicegate-bench.lock .venv/bin/python -m bench.pii_stall --seed 5   # replay
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import asyncio
+import random
+import statistics
+import time
+
+import uvloop
+
+from bench.pii_corpus import GENERATORS, clean, positive
+from sluicegate.guardrails.checker import Stage
+from sluicegate.guardrails.pii import PiiChecker
+
+SIZES = {1_000: 200, 8_000: 50, 32_000: 20}
+"""Tokens per prompt, and how many checks of that size."""
+
+CHARS_PER_TOKEN = 4
+TICK_S = 0.001
+_PLAIN = (
+    "The migration finished overnight and the dashboards look normal again.",
+    "Please keep the summary short and mention the open questions at the end.",
+    "We agreed to revisit the design once the load tests have run twice.",
+    "Nobody on the team could reproduce the slowdown on their own laptop.",
+)
+
+
+def prompt(rng: random.Random, tokens: int) -> str:
+    parts: list[str] = []
+    size = 0
+    while size < tokens * CHARS_PER_TOKEN:
+        if rng.random() < 0.25:
+            sample = positive(rng, rng.choice(tuple(GENERATORS))) if rng.random() < 0.5 else None
+            text = sample.text if sample else clean(rng).text
+        else:
+            text = rng.choice(_PLAIN)
+        parts.append(text)
+        size += len(text) + 1
+    return " ".join(parts)[: tokens * CHARS_PER_TOKEN]
+
+
+async def _ticker(stalls: list[float], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        asked = time.perf_counter()
+        await asyncio.sleep(TICK_S)
+        stalls.append(time.perf_counter() - asked - TICK_S)
+
+
+async def run(seed: int, bounded: bool) -> None:
+    rng = random.Random(seed)
+    checker = PiiChecker() if bounded else PiiChecker(work_per_turn=None)
+    for tokens, count in SIZES.items():
+        texts = [prompt(rng, tokens) for _ in range(count)]
+        stalls: list[float] = []
+        stop = asyncio.Event()
+        ticker = asyncio.create_task(_ticker(stalls, stop))
+        await asyncio.sleep(0.01)
+        times = []
+        for text in texts:
+            started = time.perf_counter()
+            await checker.check(text, Stage.INPUT)
+            times.append(time.perf_counter() - started)
+            await asyncio.sleep(0.002)
+        stop.set()
+        await ticker
+        cuts = statistics.quantiles(times, n=100)
+        print(
+            f"{'bounded' if bounded else 'one go':8} {tokens:>6} tokens x{count:<4}"
+            f" p50 {cuts[49] * 1e3:8.2f} ms  p99 {cuts[98] * 1e3:8.2f} ms"
+            f"  stall p99 {statistics.quantiles(stalls, n=100)[98] * 1e3:6.2f} ms"
+            f" longest {max(stalls) * 1e3:7.2f} ms"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args()
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
+    print(f"seed {seed}, uvloop, {CHARS_PER_TOKEN} characters per token, ticker {TICK_S * 1e3} ms")
+    print(f"load average before: {os.getloadavg()}")
+    for bounded in (True, False):
+        uvloop.run(run(seed, bounded))
+
+
+if __name__ == "__main__":
+    main()
