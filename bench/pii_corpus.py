@@ -415,7 +415,8 @@ def main() -> None:
     result = asyncio.run(measure(samples))
     for kind in GENERATORS:
         variants = Counter(sample.variant for sample in samples if sample.kind == kind)
-        print(f"{kind}: " + ", ".join(f"{name} {count}" for name, count in sorted(variants.items())))
+        counts = ", ".join(f"{name} {count}" for name, count in sorted(variants.items()))
+        print(f"{kind}: {counts}")
     near = Counter(sample.variant for sample in samples if sample.kind is None)
     print("clean: " + ", ".join(f"{name} {count}" for name, count in sorted(near.items())))
     for kind, value in result.recall.items():

@@ -13,8 +13,8 @@ it wakes.
 from __future__ import annotations
 
 import argparse
-import os
 import asyncio
+import os
 import random
 import statistics
 import time
