@@ -85,6 +85,38 @@ async def run(seed: int, bounded: bool) -> None:
         )
 
 
+HOSTILE = {
+    "digits and spaces": "1 ",
+    "digits and dashes": "1-",
+    "card groups": "4111 ",
+    "at signs": "a@",
+    "hex and colons": "0:",
+    "dotted digits": "1.",
+    "iban-like": "DE89 ",
+}
+"""Texts built to make a careless pattern backtrack or a validator run on every token."""
+
+
+async def hostile() -> None:
+    checker = PiiChecker()
+    size = 32_000 * CHARS_PER_TOKEN
+    for label, unit in HOSTILE.items():
+        text = unit * (size // len(unit))
+        stalls: list[float] = []
+        stop = asyncio.Event()
+        ticker = asyncio.create_task(_ticker(stalls, stop))
+        await asyncio.sleep(0.01)
+        started = time.perf_counter()
+        await checker.check(text, Stage.INPUT)
+        took = time.perf_counter() - started
+        stop.set()
+        await ticker
+        print(
+            f"hostile  {label:18} {len(text)} chars  {took * 1e3:8.1f} ms"
+            f"  longest stall {max(stalls) * 1e3:7.2f} ms"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=None)
@@ -94,6 +126,7 @@ def main() -> None:
     print(f"load average before: {os.getloadavg()}")
     for bounded in (True, False):
         uvloop.run(run(seed, bounded))
+    uvloop.run(hostile())
 
 
 if __name__ == "__main__":

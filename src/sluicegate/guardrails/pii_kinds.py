@@ -57,6 +57,8 @@ _NOT_PHONE = re.compile(
     r"|\d+\.\d+"  # decimals
 )
 _SPACE = re.compile(r"\s+")
+MAX_TRIMS = 3
+"""Neighbouring groups a candidate may have swallowed at each end."""
 
 # Issuer prefixes (IIN ranges) and lengths of the brands whose numbers are recognised.
 _BRANDS: tuple[tuple[int, int, int, frozenset[int]], ...] = (
@@ -105,15 +107,15 @@ class Kind:
 
 
 def _pieces(candidate: str, trims: bool) -> Iterator[tuple[int, int]]:
-    """The candidate whole, then (when `trims`) shorter by whole space-separated groups
-    from the end, then from the start."""
+    """The candidate whole, then (when `trims`) without up to MAX_TRIMS space-separated
+    groups at its end, then at its start."""
     yield 0, len(candidate)
     if not trims:
         return
     gaps = [(gap.start(), gap.end()) for gap in _SPACE.finditer(candidate)]
-    for gap_start, _ in reversed(gaps):
+    for gap_start, _ in reversed(gaps[-MAX_TRIMS:]):
         yield 0, gap_start
-    for _, gap_end in gaps:
+    for _, gap_end in gaps[:MAX_TRIMS]:
         yield gap_end, len(candidate)
 
 
@@ -123,13 +125,16 @@ def _digits(text: str) -> str:
 
 def _card(candidate: str) -> bool:
     digits = _digits(candidate)
-    separators = {char for char in candidate if not char.isdigit()}
-    if len(separators) > 1 or not luhn.is_valid(digits):
+    if not 12 < len(digits) < 20 or len(set(candidate) - _DIGITS) > 1:
         return False
-    return any(
+    branded = any(
         first <= int(digits[:width]) <= last and len(digits) in lengths
         for width, first, last, lengths in _BRANDS
     )
+    return branded and luhn.is_valid(digits)
+
+
+_DIGITS = frozenset("0123456789")
 
 
 def _iban(candidate: str) -> bool:

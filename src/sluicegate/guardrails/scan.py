@@ -54,7 +54,14 @@ async def scan(
                     work += finder.cost
                 elif found[0] < chunk + CHUNK_CHARS:
                     spans.append(Span(found[0], found[1], finder.name))
-                if work_per_turn is not None and work >= work_per_turn:
-                    await asyncio.sleep(0)
-                    work = 0
+                work = await _turn(work, work_per_turn)
+            work = await _turn(work, work_per_turn)
     return spans
+
+
+async def _turn(work: int, work_per_turn: int | None) -> int:
+    """The work still counted after handing the loop a turn if it is due."""
+    if work_per_turn is None or work < work_per_turn:
+        return work
+    await asyncio.sleep(0)
+    return 0
