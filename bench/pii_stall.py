@@ -1,5 +1,6 @@
 """The PII check's time on 1k, 8k and 32k-token prompts (p50 / p99), and the longest
-stall of the event loop meanwhile, with the scan cut into bounded turns and without.
+stall of the event loop meanwhile, with the scan cut into bounded turns and without;
+then the local checkers (PII, injection, banned terms) on 32k-token hostile texts.
 
 A prompt is sentences of the labelled corpus (bench/pii_corpus.py: one personal item or
 near-miss each) between three times as many plain ones, up to 4 characters per token.
@@ -22,8 +23,10 @@ import time
 import uvloop
 
 from bench.pii_corpus import GENERATORS, clean, positive
-from sluicegate.guardrails.checker import Stage
+from sluicegate.guardrails.checker import Checker, Stage
+from sluicegate.guardrails.injection import InjectionChecker
 from sluicegate.guardrails.pii import PiiChecker
+from sluicegate.guardrails.terms import TermsChecker
 
 SIZES = {1_000: 200, 8_000: 50, 32_000: 20}
 """Tokens per prompt, and how many checks of that size."""
@@ -93,28 +96,37 @@ HOSTILE = {
     "hex and colons": "0:",
     "dotted digits": "1.",
     "iban-like": "DE89 ",
+    "newlines": "\n",
+    "injection words": "ignore the previous words ",
+    "banned term": "acme ",
+    "folding letters": "\u00df",
 }
 """Texts built to make a careless pattern backtrack or a validator run on every token."""
 
 
 async def hostile() -> None:
-    checker = PiiChecker()
+    checkers: dict[str, Checker] = {
+        "pii": PiiChecker(),
+        "injection": InjectionChecker(),
+        "terms": TermsChecker(["acme", "project falcon", "strasse"]),
+    }
     size = 32_000 * CHARS_PER_TOKEN
     for label, unit in HOSTILE.items():
         text = unit * (size // len(unit))
-        stalls: list[float] = []
-        stop = asyncio.Event()
-        ticker = asyncio.create_task(_ticker(stalls, stop))
-        await asyncio.sleep(0.01)
-        started = time.perf_counter()
-        await checker.check(text, Stage.INPUT)
-        took = time.perf_counter() - started
-        stop.set()
-        await ticker
-        print(
-            f"hostile  {label:18} {len(text)} chars  {took * 1e3:8.1f} ms"
-            f"  longest stall {max(stalls) * 1e3:7.2f} ms"
-        )
+        for name, checker in checkers.items():
+            stalls: list[float] = []
+            stop = asyncio.Event()
+            ticker = asyncio.create_task(_ticker(stalls, stop))
+            await asyncio.sleep(0.01)
+            started = time.perf_counter()
+            await checker.check(text, Stage.INPUT)
+            took = time.perf_counter() - started
+            stop.set()
+            await ticker
+            print(
+                f"hostile  {label:18} {name:9} {len(text)} chars  {took * 1e3:8.1f} ms"
+                f"  longest stall {max(stalls) * 1e3:7.2f} ms"
+            )
 
 
 def main() -> None:

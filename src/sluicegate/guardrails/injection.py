@@ -4,7 +4,8 @@ instructions, change its persona, pull out its system prompt or forge a chat tur
 It is a cheap first line, not a classifier: it catches the common, literal attempts
 and nothing paraphrased beyond its patterns; a guard model behind it catches more, at
 a model call's cost. Each pattern allows a few words between its parts, a bounded gap
-of word / non-word runs that cannot overlap, so a scan stays linear in the text.
+of word / non-word runs that cannot overlap, and no run of whitespace that could span
+lines follows a line start, so a scan stays linear in the text.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ FAMILIES: dict[str, str] = {
     ),
     "role_markup": (
         r"<\|im_start\|>\s*system|<\|start_header_id\|>\s*system|\[/?INST\]"
-        r"|<<SYS>>|^\s*#{2,}\s*(?:system|instruction)s?\s*:"
+        r"|<<SYS>>|^[ \t]*#{2,}[ \t]*(?:system|instruction)s?[ \t]*:"
     ),
 }
 """Each family of attempts, by the category it reports."""

@@ -19,7 +19,7 @@ from sluicegate.guardrails.checker import PASSED, Span, Stage, Verdict
 
 MAX_TERMS = 100_000
 MAX_TERM_CHARS = 200
-MATCHES_PER_TURN = 2_000
+MATCHES_PER_TURN = 500
 """Matches handled before the event loop gets a turn."""
 FOLDS_PER_TURN = 16_384
 """Characters folded one by one (a text that folding lengthens) per turn."""
