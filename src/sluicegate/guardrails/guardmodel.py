@@ -52,6 +52,10 @@ class GuardModelChecker:
         self._ask = ask
         self._categories = dict(categories)
         self._block = None if block is None else frozenset(block)
+        known = set(self._categories) | set(self._categories.values())
+        unknown = sorted((self._block or set()) - known)
+        if unknown:
+            raise ValueError(f"guard model block entries {unknown} are not category codes or names")
 
     async def check(self, text: str, stage: Stage) -> Verdict:
         answer = await self._ask(conversation(text, stage))

@@ -49,7 +49,7 @@ async def test_unsafe_categories_are_named_and_only_blocked_ones_flag() -> None:
     checker = GuardModelChecker(Scripted(), block=["S1", "hate"])
     assert (await checker.check("bad: S10", Stage.INPUT)).categories == ("hate",)
     assert (await checker.check("bad: S10", Stage.INPUT)).flagged
-    audited = await checker.check("bad: S7,S99", Stage.INPUT)
+    audited = await checker.check("bad: S7,S99", Stage.INPUT)  # S99: unknown, named as is
     assert (audited.flagged, audited.categories) == (False, ("privacy", "S99"))
 
 
@@ -70,3 +70,8 @@ def test_verdicts_in_llama_guards_format_are_read(answer: str, codes) -> None:
 def test_anything_else_raises(answer: str) -> None:
     with pytest.raises(GuardModelError):
         parse(answer)
+
+
+def test_a_block_entry_that_names_no_category_is_refused() -> None:
+    with pytest.raises(ValueError, match="'violence'"):
+        GuardModelChecker(Scripted(), block=["S1", "violence"])
