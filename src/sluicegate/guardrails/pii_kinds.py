@@ -18,9 +18,12 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-import phonenumbers
-from stdnum import iban, luhn
-from stdnum.us import ssn
+from sluicegate.guardrails.extra import needs_extra
+
+with needs_extra("the PII checker"):
+    import phonenumbers
+    from stdnum import iban, luhn
+    from stdnum.us import ssn
 
 Found = tuple[int, int] | None
 """A span's offsets, or None for one unit of validation work done."""

@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
-import ahocorasick
-
 from sluicegate.guardrails.checker import PASSED, Span, Stage, Verdict
+from sluicegate.guardrails.extra import needs_extra
+
+with needs_extra("the banned-terms checker"):
+    import ahocorasick
 
 MAX_TERMS = 100_000
 MAX_TERM_CHARS = 200
