@@ -23,7 +23,7 @@ MAX_TERMS = 100_000
 MAX_TERM_CHARS = 200
 MATCHES_PER_TURN = 500
 """Matches handled before the event loop gets a turn."""
-FOLDS_PER_TURN = 16_384
+FOLDS_PER_TURN = 4_096
 """Characters folded one by one (a text that folding lengthens) per turn."""
 
 
