@@ -168,7 +168,11 @@ def turns(seed: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--hostile-only", action="store_true")
     args = parser.parse_args()
+    if args.hostile_only:
+        uvloop.run(hostile())
+        return
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     print(f"seed {seed}, uvloop, {CHARS_PER_TOKEN} characters per token, ticker {TICK_S * 1e3} ms")
     print(f"load average before: {os.getloadavg()}")
