@@ -21,6 +21,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--host", metavar="HOST", help="address to listen on (default 127.0.0.1)")
     add("--port", metavar="PORT", help="port to listen on (default 8001)")
     add("--model", metavar="NAME", action="append", help="served model, repeatable (sim-model)")
+    add(
+        "--guard-model",
+        metavar="NAME",
+        action="append",
+        help="served model that answers Llama Guard verdicts, repeatable (see docs/simulator.md)",
+    )
     add("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1 routes")
     add("--seed", metavar="N", help="seed of the fault draws (default 0)")
     add("--metrics-generation", metavar="{current,legacy}", help="vLLM metric names (current)")

@@ -23,6 +23,8 @@ class SimOptions:
     host: str = "127.0.0.1"
     port: int = 8001
     models: tuple[str, ...] = ("sim-model",)
+    guard_models: tuple[str, ...] = ()
+    """Served models that answer as a guard model (`sim/guard.py`)."""
     api_key: str | None = None
     seed: int = 0
     metrics_generation: Generation = "current"
@@ -99,6 +101,7 @@ _TOP: dict[str, Converter] = {
     "host": _text,
     "port": _integer,
     "model": _models,
+    "guard_model": _models,
     "api_key": _nullable(_text),
     "seed": _integer,
     "metrics_generation": _choice("current", "legacy"),
@@ -161,7 +164,13 @@ def load_options(flags: Mapping[str, object], config: str | None = None) -> SimO
     )
     if "model" in top:
         top["models"] = top.pop("model")
-    return replace(SimOptions(engine=EngineSettings(**engine), faults=faults), **top)
+    if "guard_model" in top:
+        top["guard_models"] = top.pop("guard_model")
+    options = replace(SimOptions(engine=EngineSettings(**engine), faults=faults), **top)
+    for name in options.guard_models:
+        if name not in options.models:
+            raise ValueError(f"guard_model {name!r} must also be a served model (model)")
+    return options
 
 
 def _read_yaml(path: str) -> dict[str, object]:

@@ -171,6 +171,11 @@ def _chat_text(payload: dict[str, Any], messages: list[tuple[str, str]]) -> str:
     return text if continues else f"{text}<|assistant|>"
 
 
+def chat_contents(payload: dict[str, Any]) -> list[str]:
+    """The text of each message of a chat completion."""
+    return [content for _, content in _message_texts(payload.get("messages"))]
+
+
 def _message_texts(messages: object) -> list[tuple[str, str]]:
     """Each message's role and text, checked."""
     if not isinstance(messages, list) or not messages:

@@ -40,16 +40,24 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def completion_body(
-    kind: Kind, response_id: str, created: int, model: str, prompt_tokens: int, tokens: int
+    kind: Kind,
+    response_id: str,
+    created: int,
+    model: str,
+    prompt_tokens: int,
+    tokens: int,
+    content: str | None = None,
 ) -> bytes:
-    """A whole non-streamed `chat.completion` or `text_completion`."""
+    """A whole non-streamed `chat.completion` or `text_completion`; `content`, when
+    given, is the whole answer (a scripted one, which stops by itself)."""
     choice: dict[str, object] = {"index": 0}
+    answer = text(tokens) if content is None else content
     if kind == "chat":
-        choice["message"] = {"role": "assistant", "content": text(tokens)}
+        choice["message"] = {"role": "assistant", "content": answer}
     else:
-        choice["text"] = text(tokens)
+        choice["text"] = answer
     choice["logprobs"] = None
-    choice["finish_reason"] = "length"
+    choice["finish_reason"] = "length" if content is None else "stop"
     return orjson.dumps(
         {
             "id": response_id,

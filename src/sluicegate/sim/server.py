@@ -35,6 +35,7 @@ from sluicegate.api.asgi import (
     send_json,
 )
 from sluicegate.core.errors import ErrorType, GatewayError, bad_request, not_found
+from sluicegate.sim import guard
 from sluicegate.sim.anthropic import MessageEvents, MessagesFace
 from sluicegate.sim.engine import Engine, Rejected, Sequence
 from sluicegate.sim.faults import FaultInjector
@@ -43,6 +44,7 @@ from sluicegate.sim.metrics import SimMetrics
 from sluicegate.sim.options import SimOptions
 from sluicegate.sim.protocol import (
     GenerationRequest,
+    chat_contents,
     load_object,
     parse_chat,
     parse_completion,
@@ -178,7 +180,34 @@ class SimServer:
 
     async def _chat(self, payload: Payload, receive: Receive, send: Send) -> None:
         request = parse_chat(payload, self.options.engine.default_max_tokens, self._caching)
+        if request.model in self.options.guard_models:
+            await self._guard(request, chat_contents(payload), receive, send)
+            return
         await self._generate("chat", request, receive, send)
+
+    async def _guard(
+        self, request: GenerationRequest, texts: list[str], receive: Receive, send: Send
+    ) -> None:
+        """A guard model's verdict, timed by the engine as an answer of its length."""
+        if request.stream:
+            raise bad_request("the simulator's guard models answer non-streamed requests only")
+        answer = guard.verdict(texts)
+        tokens = min(request.max_tokens, len(answer.split()))
+        seq = self.engine.submit(
+            request.model, request.prompt_tokens, tokens, priority=request.priority,
+            hang=self.options.faults.hang,
+        )  # fmt: skip
+        response_id = f"chatcmpl-{next(self._ids)}"
+        try:
+            await self._respond(
+                lambda: completion_body(
+                    "chat", response_id, int(time.time()), request.model,
+                    request.prompt_tokens, tokens, answer,
+                ),
+                seq, None, receive, send,
+            )  # fmt: skip
+        finally:
+            self.engine.cancel(seq)
 
     async def _completion(self, payload: Payload, receive: Receive, send: Send) -> None:
         request = parse_completion(payload, self.options.engine.default_max_tokens, self._caching)
