@@ -39,6 +39,7 @@ from sluicegate.core.leases import LEASE_TTL_S, Leases
 from sluicegate.core.limits import LimitStore
 from sluicegate.core.types import (
     Deployment,
+    Endpoint,
     JobPolicy,
     Lane,
     LogPolicy,
@@ -47,7 +48,8 @@ from sluicegate.core.types import (
     Settings,
     TracingPolicy,
 )
-from sluicegate.guardrails.build import Guardrails
+from sluicegate.guardrails.build import AskFor, Guardrails
+from sluicegate.guardrails.guardmodel import Ask, Messages
 from sluicegate.guardrails.plugin import PluginError
 from sluicegate.jobs.clock import UnixClock
 from sluicegate.jobs.postgres import open_postgres
@@ -58,7 +60,7 @@ from sluicegate.observability.metrics import GatewayMetrics
 from sluicegate.observability.siblings import Seat, Siblings
 from sluicegate.observability.status import snapshot, whole_server
 from sluicegate.observability.tracing import Spans
-from sluicegate.pipeline import Pipeline
+from sluicegate.pipeline import Inbound, Pipeline
 from sluicegate.providers.anthropic import AnthropicProvider
 from sluicegate.providers.backend_metrics import MetricsPoller
 from sluicegate.providers.base import Provider
@@ -166,7 +168,8 @@ def build(
     boundary = Boundary(leases, settings.routes, settings.aggregate)
     access = access_log(settings.logs, metrics)
     spans, flush_spans = tracing(settings.tracing)
-    guardrails = guardrails_of(settings, clock, metrics)
+    built: list[Pipeline] = []
+    guardrails = guardrails_of(settings, clock, metrics, guard_calls(settings, clock, built))
     pipeline = Pipeline(
         settings,
         providers,
@@ -179,6 +182,7 @@ def build(
         spans=spans,
         guardrails=guardrails,
     )
+    built.append(pipeline)
     watch = OverloadWatch(
         monitor,
         settings.scheduling,
@@ -354,12 +358,44 @@ def build(
     )
 
 
-def guardrails_of(settings: Settings, clock: Clock, metrics: GatewayMetrics) -> Guardrails:
-    """The configured guardrails; a plug-in that cannot be built is a config error."""
+def guardrails_of(
+    settings: Settings, clock: Clock, metrics: GatewayMetrics, ask_for: AskFor
+) -> Guardrails:
+    """The configured guardrails; a checker that cannot be built is a config error."""
     try:
-        return Guardrails(settings.guardrails, clock, metrics)
+        return Guardrails(settings.guardrails, clock, metrics, ask_for)
     except PluginError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def guard_calls(settings: Settings, clock: Clock, pipeline: list[Pipeline]) -> AskFor:
+    """A guard model's `ask`: a chat request through the gateway's own pipeline (built
+    after the guardrails, hence the list), as the configured tenant in the configured
+    lane. It waits in that lane's queue and takes its deployment's pool permits like any
+    request, passes no guardrail (no recursion), and takes only its tenant's gates, not
+    the route's or the aggregate's (those guard the HTTP edge, which it never crosses).
+    The guardrail's budget bounds the whole call, its wait for a permit included."""
+    tenants = {tenant.name: tenant for tenant in settings.tenants}
+
+    def ask_for(checker: Mapping[str, Any]) -> Ask:
+        tenant, lane = tenants[checker["tenant"]], checker["lane"]
+        body = {"model": checker["model"], "max_tokens": checker["max_tokens"], "temperature": 0}
+
+        async def ask(messages: Messages) -> str:
+            async def payload() -> dict[str, Any]:
+                return {**body, "messages": messages}
+
+            inbound = Inbound(
+                Endpoint.CHAT, tenant, clock.now(), payload, lane=lane, interactive=False,
+                guarded=False,
+            )  # fmt: skip
+            async with pipeline[0].run(inbound) as answer:
+                raw = await answer.read()
+            return str(orjson.loads(raw)["choices"][0]["message"]["content"])
+
+        return ask
+
+    return ask_for
 
 
 def access_log(policy: LogPolicy, metrics: GatewayMetrics) -> AccessLog | None:

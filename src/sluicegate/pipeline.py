@@ -86,7 +86,8 @@ class Inbound(NamedTuple):
     tenant's (the others guard interactive HTTP traffic). A library caller gives its own
     `prompt_tokens` count, and `avoid`, the deployments its earlier attempts used. The
     pipeline marks each stage the request passes on `timeline` (its own when none is
-    given), for a caller that reports them.
+    given), for a caller that reports them. A guard model's call is not `guarded`: it
+    passes no guardrail, so checking a text never asks for another check.
     """
 
     endpoint: Endpoint
@@ -102,6 +103,7 @@ class Inbound(NamedTuple):
     avoid: frozenset[str] = frozenset()
     body_in: Callable[[], bool] = lambda: True
     timeline: Timeline | None = None
+    guarded: bool = True
 
 
 class Pipeline:
@@ -164,7 +166,7 @@ class Pipeline:
                     )
                     timeline.admitted_s = self._clock.now()
                     checks: OutputChecks | None = None
-                    if self._guardrails is not None:
+                    if self._guardrails is not None and inbound.guarded:
                         try:
                             call, checks = await self._guard(call, timeline, permits)
                         except GatewayError:

@@ -9,7 +9,7 @@ from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
 
-from sluicegate.config.schema import GatewayConfig
+from sluicegate.config.schema import CheckerConfig, GatewayConfig
 
 ACROSS = "(across sections)"
 """Where a problem of references between sections is reported."""
@@ -21,7 +21,7 @@ def described(exc: ValidationError) -> list[tuple[tuple[Any, ...], str]]:
     found = []
     for error in exc.errors():
         loc = tuple(error["loc"])
-        where = path(loc) or ACROSS
+        where = path(_untagged(loc)) or ACROSS
         hint = _hint(error["type"], loc)
         message = str(error["msg"]).removeprefix("Value error, ")
         found += [(loc, f"{where}: {line}{hint}") for line in message.splitlines()]
@@ -127,16 +127,49 @@ def _hint(kind: str, loc: tuple[Any, ...]) -> str:
 
 
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The config section at `loc` (list indices skipped), if it is one."""
+    """The config section at `loc` (list indices skipped), if it is one; a checker's
+    section is the one its `kind` tag names."""
     model: type[BaseModel] | None = GatewayConfig
+    annotation: Any = None
     for part in loc:
         if isinstance(part, int):
+            continue
+        kinds = _kinds(annotation)
+        if part in kinds:
+            model = kinds[part]
+            annotation = None
             continue
         field = None if model is None else model.model_fields.get(part)
         if field is None:
             return None
-        model = _model_in(field.annotation)
+        annotation = field.annotation
+        model = _model_in(annotation)
     return model
+
+
+def _kinds(annotation: Any) -> dict[str, type[BaseModel]]:
+    """The sections of a union chosen by `kind`, by their tag."""
+    found = {}
+    for arg in get_args(annotation):
+        if isinstance(arg, type) and issubclass(arg, BaseModel) and "kind" in arg.model_fields:
+            for tag in get_args(arg.model_fields["kind"].annotation):
+                found[tag] = arg
+        else:
+            found |= _kinds(arg)
+    return found
+
+
+_TAGS = frozenset(_kinds(CheckerConfig))
+
+
+def _untagged(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`loc` without the `kind` tag pydantic puts after a checker's key: the field is
+    `checker.terms`, not `checker.banned_terms.terms`."""
+    return tuple(
+        part
+        for i, part in enumerate(loc)
+        if not (i and loc[i - 1] in ("checker", "fallback") and part in _TAGS)
+    )
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:

@@ -533,34 +533,132 @@ class TracingConfig(Strict):
     )
 
 
-class CheckerConfig(Strict):
-    """One checker: `http` posts the text to `url` (docs/guardrails.md has the JSON
-    contract); `plugin` builds the class at `path` (`module:Class`) with `options`."""
-
-    kind: Literal["http", "plugin"]
-    url: HttpUrl | None = Field(default=None, description="http: where the text is posted")
-    headers: dict[str, str] = Field(
-        default_factory=dict, description="http: sent with each check (e.g. authorization)"
-    )
-    path: str | None = Field(
-        default=None,
-        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
-        description="plugin: module:Class",
-    )
-    options: dict[str, Any] = Field(
-        default_factory=dict, description="plugin: keyword arguments of the class"
-    )
+class _Checker(Strict):
     budget_s: Seconds | None = Field(
         default=None, le=60, description="as a fallback: its own budget (default the guardrail's)"
     )
 
+
+class HttpCheckerConfig(_Checker):
+    """Posts the text to `url` (docs/guardrails.md has the JSON contract)."""
+
+    kind: Literal["http"]
+    url: HttpUrl | None = Field(default=None, description="where the text is posted")
+    headers: dict[str, str] = Field(
+        default_factory=dict, description="sent with each check (e.g. authorization)"
+    )
+
     @model_validator(mode="after")
-    def _what_its_kind_needs(self) -> CheckerConfig:
-        if self.kind == "http" and self.url is None:
+    def _needs_url(self) -> HttpCheckerConfig:
+        if self.url is None:
             raise ValueError("an http checker needs a url")
-        if self.kind == "plugin" and self.path is None:
+        return self
+
+
+class PluginCheckerConfig(_Checker):
+    """Builds the class at `path` (`module:Class`) with `options`."""
+
+    kind: Literal["plugin"]
+    path: str | None = Field(
+        default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", description="module:Class"
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="keyword arguments of the class"
+    )
+
+    @model_validator(mode="after")
+    def _needs_path(self) -> PluginCheckerConfig:
+        if self.path is None:
             raise ValueError("a plugin checker needs a path (module:Class)")
         return self
+
+
+PiiKind = Literal["api_key", "email", "iban", "card", "ssn", "ip", "phone"]
+"""The PII checker's kinds (`guardrails.pii_kinds.KINDS`, which a test holds equal)."""
+
+
+class PiiCheckerConfig(_Checker):
+    kind: Literal["pii"]
+    kinds: list[PiiKind] | None = Field(default=None, min_length=1, description="default: all")
+    regions: list[Annotated[str, Field(pattern=r"^[A-Z]{2}$")]] | None = Field(
+        default=None,
+        min_length=1,
+        description="whose national phone formats are read (ISO 3166); default US GB DE FR JP IN",
+    )
+
+
+class TermsCheckerConfig(_Checker):
+    kind: Literal["banned_terms"]
+    terms: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        min_length=1, max_length=100_000, description="literals, matched case-insensitively"
+    )
+    whole_words: bool = True
+
+
+InjectionFamily = Literal["override", "persona", "exfiltration", "role_markup"]
+"""The injection heuristic's families (`guardrails.injection.FAMILIES`, held equal by a test)."""
+
+
+class InjectionCheckerConfig(_Checker):
+    kind: Literal["injection"]
+    families: list[InjectionFamily] | None = Field(
+        default=None, min_length=1, description="default: all"
+    )
+
+
+class SizeCheckerConfig(_Checker):
+    kind: Literal["size"]
+    max_chars: int | None = Field(default=None, ge=1)
+    max_lines: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> SizeCheckerConfig:
+        if self.max_chars is None and self.max_lines is None:
+            raise ValueError("a size checker needs max_chars, max_lines or both")
+        return self
+
+
+class ModerationCheckerConfig(_Checker):
+    """An OpenAI-moderation-compatible endpoint."""
+
+    kind: Literal["moderation"]
+    url: HttpUrl = Field(description="the endpoint, e.g. https://api.openai.com/v1/moderations")
+    model: str | None = Field(default=None, min_length=1)
+    api_key: str | None = Field(default=None, min_length=1, description="sent as a bearer token")
+    block: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        default=None, description="categories that block; default: any hit; others are audited"
+    )
+    thresholds: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(
+        default_factory=dict, description="category -> score from which it is hit"
+    )
+    timeout_s: Seconds = Field(default=5.0, le=60)
+
+
+class GuardModelCheckerConfig(_Checker):
+    """A guard model (Llama Guard) asked through the gateway itself."""
+
+    kind: Literal["guard_model"]
+    model: Name = Field(description="a configured model")
+    lane: Name = Field(description="the lane its calls wait in")
+    tenant: Name = Field(description="the configured tenant its calls are charged to")
+    block: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        default=None, description="category codes or names that block; default: any unsafe"
+    )
+    max_tokens: int = Field(default=16, ge=1, le=256, description="a verdict is two short lines")
+
+
+CheckerConfig = Annotated[
+    HttpCheckerConfig
+    | PluginCheckerConfig
+    | PiiCheckerConfig
+    | TermsCheckerConfig
+    | InjectionCheckerConfig
+    | SizeCheckerConfig
+    | ModerationCheckerConfig
+    | GuardModelCheckerConfig,
+    Field(discriminator="kind"),
+]
+"""One checker, by its `kind` (docs/guardrails.md, docs/guardrails-checkers.md)."""
 
 
 class GuardrailConfig(Strict):
@@ -652,6 +750,39 @@ class GatewayConfig(Strict):
             raise ValueError("\n".join(problems))
         return self
 
+    def _guard_models(self, lanes: set[str], tenants: dict[str, TenantConfig]) -> Iterator[str]:
+        """A guard model's call names a model, a lane and a tenant that exist. Beside or
+        after the model (parallel, post_call), the checked request holds a permit of its
+        deployment's pools while its guard call waits for one: the two may share none."""
+        models = {m.name: m for m in self.models}
+        for i, check in enumerate(self.guardrails.checks):
+            for where, checker in (("checker", check.checker), ("fallback", check.fallback)):
+                if not isinstance(checker, GuardModelCheckerConfig):
+                    continue
+                at = f"guardrails.checks[{i}].{where}"
+                model = models.get(checker.model)
+                if model is None:
+                    close = _close(checker.model, models)
+                    yield f"{at}.model {checker.model!r} is not a model{close}"
+                if checker.lane not in lanes:
+                    yield f"{at}.lane {checker.lane!r} is not a lane{_close(checker.lane, lanes)}"
+                tenant = tenants.get(checker.tenant)
+                if tenant is None:
+                    yield (
+                        f"{at}.tenant {checker.tenant!r} is not a tenant"
+                        f"{_close(checker.tenant, tenants)}"
+                    )
+                elif tenant.models is not None and checker.model not in tenant.models:
+                    yield f"{at}.tenant {tenant.name!r} may not use the model {checker.model!r}"
+                if model is not None and check.placement != "pre_call":
+                    shared = sorted(_pools_of([model]) & _pools_of(self.models, but=model.name))
+                    if shared:
+                        yield (
+                            f"{at}.model {model.name!r}: a {check.placement} guard model may share "
+                            f"no pool with the models it checks (shared: {shared}); "
+                            "give it its own pool or place it pre_call"
+                        )
+
     def _problems(self) -> Iterator[str]:
         if self.store == "redis" and self.redis is None:
             yield "store 'redis' needs a redis section with its url"
@@ -699,7 +830,15 @@ class GatewayConfig(Strict):
                         f"guardrails.apply[{i}] names unknown tenant {tenant_name!r}"
                         f"{_close(tenant_name, tenants)}"
                     )
+        yield from self._guard_models(lanes, {t.name: t for t in self.tenants})
         for tenant in self.tenants:
             unknown = sorted(set(tenant.models or ()) - known)
             if unknown:
                 yield f"tenant {tenant.name!r} names unknown models {unknown}"
+
+
+def _pools_of(models: Iterable[ModelConfig], but: str | None = None) -> set[str]:
+    """The pools of the models' deployments (one that names none is its own)."""
+    return {
+        pool for m in models if m.name != but for d in m.deployments for pool in d.pools or [d.name]
+    }

@@ -1,7 +1,7 @@
 """The configured guardrails, built once at start, and the ones each request gets.
 
-A checker kind is a name in `BUILDERS` (`http`, `plugin`; built-in kinds add theirs),
-each a function from the guardrail's name and the checker's settings to a `Checker`.
+A checker kind is a name in `BUILDERS`, each a function from the guardrail's name, the
+checker's settings and the way to ask a guard model to a `Checker`.
 Which guardrails a request gets depends only on its route, lane and tenant, all from
 config, so the answer is worked out once per combination and kept.
 """
@@ -19,24 +19,86 @@ from sluicegate.core.guarding import CheckerSpec, GuardrailPolicy, GuardrailSpec
 from sluicegate.guardrails.cache import DecisionCache
 from sluicegate.guardrails.checker import Checker
 from sluicegate.guardrails.guard import Counts, Guardrail, Recorder
+from sluicegate.guardrails.guardmodel import Ask, GuardModelChecker
 from sluicegate.guardrails.http import HttpChecker
-from sluicegate.guardrails.plugin import load_plugin
+from sluicegate.guardrails.injection import FAMILIES, InjectionChecker
+from sluicegate.guardrails.moderation import ModerationChecker
+from sluicegate.guardrails.plugin import PluginError, load_plugin
+from sluicegate.guardrails.size import SizeChecker
 from sluicegate.observability.logs import Lines
 
 log = logging.getLogger("sluicegate")
 
-Builder = Callable[[str, Mapping[str, Any]], Checker]
+AskFor = Callable[[Mapping[str, Any]], Ask]
+"""Makes a guard model's `ask` from its checker's settings (model, lane, tenant): the
+gateway's own model call, handed in by the wiring so that this layer needs no pipeline."""
+
+Builder = Callable[[str, Mapping[str, Any], AskFor], Checker]
 
 
-def _http(name: str, settings: Mapping[str, Any]) -> Checker:
+def no_gateway(settings: Mapping[str, Any]) -> Ask:
+    raise PluginError("a guard_model checker asks through the gateway, and none was given")
+
+
+def _http(name: str, settings: Mapping[str, Any], ask_for: AskFor) -> Checker:
     return HttpChecker(name, str(settings["url"]), settings.get("headers") or {})
 
 
-def _plugin(name: str, settings: Mapping[str, Any]) -> Checker:
+def _plugin(name: str, settings: Mapping[str, Any], ask_for: AskFor) -> Checker:
     return load_plugin(str(settings["path"]), settings.get("options") or {}, name)
 
 
-BUILDERS: dict[str, Builder] = {"http": _http, "plugin": _plugin}
+def _pii(name: str, settings: Mapping[str, Any], ask_for: AskFor) -> Checker:
+    from sluicegate.guardrails.pii import DEFAULT_REGIONS, PiiChecker
+    from sluicegate.guardrails.pii_kinds import KINDS
+
+    return PiiChecker(
+        settings.get("kinds") or KINDS, settings.get("regions") or DEFAULT_REGIONS, name
+    )
+
+
+def _terms(name: str, settings: Mapping[str, Any], ask_for: AskFor) -> Checker:
+    from sluicegate.guardrails.terms import TermsChecker
+
+    return TermsChecker(settings["terms"], name, whole_words=settings.get("whole_words", True))
+
+
+def _injection(name: str, settings: Mapping[str, Any], ask_for: AskFor) -> Checker:
+    return InjectionChecker(settings.get("families") or tuple(FAMILIES), name)
+
+
+def _size(name: str, settings: Mapping[str, Any], ask_for: AskFor) -> Checker:
+    return SizeChecker(settings.get("max_chars"), settings.get("max_lines"), name)
+
+
+def _moderation(name: str, settings: Mapping[str, Any], ask_for: AskFor) -> Checker:
+    return ModerationChecker(
+        str(settings["url"]),
+        settings.get("model"),
+        settings.get("api_key"),
+        settings.get("block"),
+        settings.get("thresholds"),
+        settings.get("timeout_s", 5.0),
+        name,
+    )
+
+
+def _guard_model(name: str, settings: Mapping[str, Any], ask_for: AskFor) -> Checker:
+    return GuardModelChecker(ask_for(settings), block=settings.get("block"), name=name)
+
+
+BUILDERS: dict[str, Builder] = {
+    "http": _http,
+    "plugin": _plugin,
+    "pii": _pii,
+    "banned_terms": _terms,
+    "injection": _injection,
+    "size": _size,
+    "moderation": _moderation,
+    "guard_model": _guard_model,
+}
+"""The local checkers needing the `guardrails` extra (PII, banned terms) are imported
+only when configured, so a gateway without the extra runs every other kind."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +143,16 @@ class Reports:
 
 class Guardrails:
     def __init__(
-        self, policy: GuardrailPolicy, clock: Clock, recorder: Counts | None = None
+        self,
+        policy: GuardrailPolicy,
+        clock: Clock,
+        recorder: Counts | None = None,
+        ask_for: AskFor = no_gateway,
     ) -> None:
+        """Raises `PluginError` naming the guardrail and the field when a checker
+        cannot be built from its settings."""
         self._policy = policy
+        self._ask_for = ask_for
         reports = Reports(recorder)
         secret = os.urandom(32)
         self._checkers: list[Checker] = []
@@ -106,7 +175,11 @@ class Guardrails:
         )
 
     def _checker(self, name: str, spec: CheckerSpec) -> Checker:
-        checker = BUILDERS[spec.kind](name, spec.settings)
+        try:
+            checker = BUILDERS[spec.kind](name, spec.settings, self._ask_for)
+        except (ValueError, ModuleNotFoundError) as exc:
+            # Each checker's own message names the setting it refuses.
+            raise PluginError(f"guardrail {name!r}: checker {spec.kind}: {exc}") from None
         self._checkers.append(checker)
         return checker
 
