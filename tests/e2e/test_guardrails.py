@@ -24,6 +24,8 @@ DAVE = "sk-test-dave"
 ERIN = "sk-test-erin"
 FAY = "sk-test-fay"
 GUS = "sk-test-gus"
+HAL = "sk-test-hal"
+IVY = "sk-test-ivy"
 EMAIL = r"[\w.]+@[\w.]+\.\w+"
 
 
@@ -80,6 +82,8 @@ def guarded(sim: Proc, classifier: str, tmp_path_factory: pytest.TempPathFactory
     config["tenants"] += [
         {**tenant("fay", FAY), "limits": {"tokens_per_minute": 300}},
         tenant("gus", GUS),
+        tenant("hal", HAL),
+        tenant("ivy", IVY),
     ]
     config["guardrails"] = {
         "checks": [
@@ -116,6 +120,19 @@ def guarded(sim: Proc, classifier: str, tmp_path_factory: pytest.TempPathFactory
                 "placement": "post_call",
                 "window": 32,
             },
+            {
+                "name": "pii-kinds",
+                "checker": {"kind": "pii", "kinds": ["email", "card"]},
+                "action": "mask",
+                "placement": "pre_call",
+            },
+            {
+                "name": "terms",
+                "checker": {"kind": "banned_terms", "terms": ["Eiusmod"]},
+                "action": "block",
+                "placement": "post_call",
+                "window": 16,
+            },
         ],
         "apply": [
             {"guardrails": ["pii", "secret"], "tenants": ["carol"]},
@@ -123,6 +140,8 @@ def guarded(sim: Proc, classifier: str, tmp_path_factory: pytest.TempPathFactory
             {"guardrails": ["slow-audit", "lorem"], "tenants": ["erin"]},
             {"guardrails": ["secret"], "tenants": ["fay"]},
             {"guardrails": ["par"], "tenants": ["gus"]},
+            {"guardrails": ["pii-kinds"], "tenants": ["hal"]},
+            {"guardrails": ["terms"], "tenants": ["ivy"]},
         ],
     }
     folder = tmp_path_factory.mktemp("guarded")
@@ -165,6 +184,35 @@ async def test_a_masked_address_never_reaches_the_model(
     sent = [b for b in await bodies(http, sim) if marker in orjson.dumps(b).decode()]
     assert len(sent) == 1
     assert sent[0]["messages"][0]["content"] == f"{marker} write to [EMAIL]"
+
+
+async def test_the_built_in_pii_kind_masks_an_address_and_a_card_before_the_model(
+    guarded: Proc, sim: Proc, http: aiohttp.ClientSession
+) -> None:
+    marker = "pii-kind-93be"
+    prompt = f"{marker} mail bob@example.com, card 4111 1111 1111 1111, order 4111 1111"
+    status, _ = await post(http, guarded, HAL, chat(prompt))
+    assert status == 200
+    sent = [b for b in await bodies(http, sim) if marker in orjson.dumps(b).decode()]
+    assert [b["messages"][0]["content"] for b in sent] == [
+        f"{marker} mail [EMAIL], card [CARD], order 4111 1111"
+    ]
+
+
+async def test_the_built_in_banned_terms_kind_cuts_a_stream_before_the_term(
+    guarded: Proc, http: aiohttp.ClientSession
+) -> None:
+    status, raw = await post(http, guarded, IVY, chat("hello", max_tokens=40, stream=True))
+    assert status == 200
+    parsed = [orjson.loads(e[6:]) for e in raw.split(b"\n\n") if e.startswith(b"data: {")]
+    assert parsed[-1]["error"]["code"] == "guardrail_blocked"
+    assert "'terms'" in parsed[-1]["error"]["message"]
+    assert parsed[-2]["choices"][0]["finish_reason"] == "content_filter"
+    assert b"eiusmod" not in raw
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in parsed[:-2])
+    before = " lorem ipsum dolor sit amet consectetur adipiscing elit sed do"
+    assert before.startswith(text)
+    assert len(before) - len(text) <= 16  # never more than the window behind
 
 
 async def test_a_block_refuses_before_the_model_naming_the_guardrail(
