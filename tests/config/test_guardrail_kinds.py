@@ -131,3 +131,11 @@ def test_a_pre_call_guard_model_may_share_its_pool() -> None:
 def test_the_schema_knows_every_pii_kind_and_injection_family() -> None:
     assert set(get_args(PiiKind)) == set(KINDS)
     assert set(get_args(InjectionFamily)) == set(FAMILIES)
+
+
+def test_a_guard_model_tenant_must_be_allowed_its_lane() -> None:
+    lanes = [{"name": "default"}, {"name": "guard", "priority": 5}]
+    raw = guarded(guard_model(lane="guard"), scheduling={"lanes": lanes})
+    assert "tenant 'alice' may not ask for the lane 'guard'" in error_of(raw)
+    raw["tenants"][0]["lanes"] = ["guard"]
+    parse(raw)

@@ -750,6 +750,16 @@ class GatewayConfig(Strict):
             raise ValueError("\n".join(problems))
         return self
 
+    def _may_ask(self, tenant: TenantConfig, lane: str) -> bool:
+        """As a chat request's lane is allowed (`scheduling.lanes.classify`): the tenant's
+        own, one it lists, else one of no higher priority than its own."""
+        lanes = {one.name: one for one in self.scheduling.lanes}
+        own = tenant.lane or self.routes.chat.lane or self.scheduling.default_lane
+        own = own or self.scheduling.lanes[0].name
+        if tenant.lanes is not None:
+            return lane in tenant.lanes or lane == own
+        return own not in lanes or lanes[lane].priority <= lanes[own].priority
+
     def _guard_models(self, lanes: set[str], tenants: dict[str, TenantConfig]) -> Iterator[str]:
         """A guard model's call names a model, a lane and a tenant that exist. Beside or
         after the model (parallel, post_call), the checked request holds a permit of its
@@ -774,6 +784,8 @@ class GatewayConfig(Strict):
                     )
                 elif tenant.models is not None and checker.model not in tenant.models:
                     yield f"{at}.tenant {tenant.name!r} may not use the model {checker.model!r}"
+                elif checker.lane in lanes and not self._may_ask(tenant, checker.lane):
+                    yield f"{at}.tenant {tenant.name!r} may not ask for the lane {checker.lane!r}"
                 if model is not None and check.placement != "pre_call":
                     shared = sorted(_pools_of([model]) & _pools_of(self.models, but=model.name))
                     if shared:
