@@ -129,3 +129,17 @@ def test_check_reports_every_problem_and_exits_2_or_says_valid(tmp_path: Path):
     done = check(good, {"ALICE_KEY": "sk-a", "SIM_URL": "http://127.0.0.1:9/v1"})
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout == f"{good}: valid: 1 models, 1 tenants, lanes default\n"
+
+
+def test_check_reports_a_checker_setting_only_its_library_can_judge(tmp_path: Path):
+    raw = base()
+    raw["guardrails"] = {
+        "checks": [{"name": "g", "checker": {"kind": "pii", "regions": ["XX"]},
+                    "action": "mask", "placement": "pre_call"}]
+    }  # fmt: skip
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    done = check(bad, {"ALICE_KEY": "sk-a", "SIM_URL": "http://127.0.0.1:9/v1"})
+    assert done.returncode == 2
+    assert "guardrail 'g': checker pii: phone regions ['XX']" in done.stderr
+    assert "Traceback" not in done.stderr

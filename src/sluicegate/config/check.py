@@ -7,6 +7,10 @@ import sys
 from pathlib import Path
 
 from sluicegate.config.loader import ConfigError, load_settings
+from sluicegate.core.clock import MonotonicClock
+from sluicegate.guardrails.build import Guardrails
+from sluicegate.guardrails.guardmodel import Messages
+from sluicegate.guardrails.plugin import PluginError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,9 +30,20 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"sluicegate: {exc}", file=sys.stderr)
         return 2
+    try:
+        # Built as `serve` builds them: what only a checker's library knows (a phone
+        # region, an importable plug-in) is checked too. Nothing is asked.
+        Guardrails(settings.guardrails, MonotonicClock(), ask_for=lambda settings: _unasked)
+    except PluginError as exc:
+        print(f"sluicegate: {args.config}: {exc}", file=sys.stderr)
+        return 2
     lanes = ", ".join(lane.name for lane in settings.scheduling.lanes)
     print(
         f"{args.config}: valid: {len(settings.models)} models, "
         f"{len(settings.tenants)} tenants, lanes {lanes}"
     )
     return 0
+
+
+async def _unasked(messages: Messages) -> str:
+    raise AssertionError("check asks no guard model")
