@@ -1,0 +1,59 @@
+"""A guard model's call through the pipeline, on a fake clock: with the guard pool full,
+the checked request ends at the guardrail's budget by its failure mode, and the guard
+call's place in the queue is given up, taking no permit."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+import pytest
+
+from sluicegate.core.errors import GatewayError
+from tests.unit.test_pipeline import config, driven, running
+
+BUDGET_S = 0.25
+
+
+def with_guard_model(queue_size: int) -> dict:
+    raw = config(
+        {"name": "a"}, scheduling={"lanes": [{"name": "default", "queue_size": queue_size}]}
+    )
+    raw["pools"].append({"name": "g", "max_concurrency": 1})
+    deployment = {"name": "g", "base_url": "http://127.0.0.1:9/v1", "model": "m", "pools": ["g"]}
+    raw["models"].append({"name": "guard", "deployments": [deployment]})
+    key = hashlib.sha256(b"sk-guard").hexdigest()
+    raw["tenants"].append({"name": "guard-calls", "keys": [{"sha256": key}]})
+    checker = {"kind": "guard_model", "model": "guard", "lane": "default", "tenant": "guard-calls"}
+    raw["guardrails"] = {
+        "checks": [{"name": "llama", "checker": checker, "action": "block",
+                    "placement": "pre_call", "budget_s": BUDGET_S}],
+        "apply": [{"guardrails": ["llama"], "tenants": ["a"]}],
+    }  # fmt: skip
+    return raw
+
+
+@pytest.mark.parametrize(("queue_size", "waited_s"), [(4, BUDGET_S), (0, 0.0)])
+async def test_a_full_guard_pool_ends_the_checked_request_within_its_budget(
+    queue_size: int, waited_s: float
+) -> None:
+    """A lane with a queue: the guard call waits there until the budget; without one,
+    it is refused at once. Either way the guardrail's failure mode decides."""
+    async with running(with_guard_model(queue_size), {}) as h:
+        settings = h.runtime.pipeline._settings
+        holder = h.inbound(model="guard")._replace(tenant=settings.tenants[1])
+        async with h.runtime.pipeline.run(holder):
+            assert h.active("g") == 1
+            started = h.clock.now()
+            task = asyncio.ensure_future(h.ask(h.inbound()))
+            with pytest.raises(GatewayError) as caught:
+                await driven(h.clock, task, step_s=0.0625)
+            assert (caught.value.status, caught.value.code) == (503, "guardrail_unavailable")
+            assert "'llama'" in caught.value.message
+            assert waited_s <= h.clock.now() - started <= waited_s + 0.0625
+            assert len(h.providers["g"].bodies) == 1, "only the holder reached the guard"
+            assert h.providers["a"].bodies == [], "the checked request was never sent"
+            lane = h.runtime.dispatchers["guard"].view().lanes[0]
+            assert lane.queued == 0, "the guard call left the queue"
+            assert h.active("g") == 1
+        assert h.active("g") == 0
