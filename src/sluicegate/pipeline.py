@@ -577,7 +577,9 @@ class Pipeline:
                 "deployments": trail,
                 **usage,
             }
-            if not inbound.interactive:
+            if not inbound.guarded:
+                fields["guard_call"] = True
+            elif not inbound.interactive:
                 fields["job"] = True
             access.write(fields)
 

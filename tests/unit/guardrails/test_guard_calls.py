@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 
 import pytest
 
@@ -57,3 +58,24 @@ async def test_a_full_guard_pool_ends_the_checked_request_within_its_budget(
             assert lane.queued == 0, "the guard call left the queue"
             assert h.active("g") == 1
         assert h.active("g") == 0
+
+
+async def test_a_guard_call_is_logged_as_one_charged_to_its_tenant(tmp_path) -> None:
+    raw = with_guard_model(0)
+    path = tmp_path / "access.log"
+    raw["logs"] = {"access": "on", "access_path": str(path)}
+    async with running(raw, {}) as h:
+        access = h.runtime.pipeline.access
+        assert access is not None
+        access.start()
+        with pytest.raises(GatewayError):  # the fake guard answers "hi", not a verdict
+            await h.ask(h.inbound())
+        access.close()
+    guard, checked = (json.loads(line) for line in path.read_text().splitlines())
+    assert (guard["model"], guard["tenant"], guard["status"]) == ("guard", "guard-calls", 200)
+    assert guard["guard_call"] is True
+    assert "job" not in guard
+    assert (checked["model"], checked["tenant"], checked["code"]) == (
+        "chat", "a", "guardrail_unavailable",
+    )  # fmt: skip
+    assert "guard_call" not in checked
