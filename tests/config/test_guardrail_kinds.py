@@ -93,7 +93,16 @@ def test_an_unknown_key_of_a_kind_gets_a_did_you_mean() -> None:
 
 def test_a_phone_region_phonenumbers_does_not_know_is_refused_when_built() -> None:
     settings = parse(guarded({"kind": "pii", "regions": ["XX"]}))
-    with pytest.raises(PluginError, match=r"guardrail 'g': checker pii: phone regions \['XX'\]"):
+    named = r"guardrails\.checks\[0\]\.checker \(guardrail 'g', pii\): phone regions \['XX'\]"
+    with pytest.raises(PluginError, match=named):
+        Guardrails(settings.guardrails, FakeClock())
+
+
+def test_a_fallback_that_cannot_be_built_is_named_as_the_fallback() -> None:
+    raw = guarded({"kind": "size", "max_chars": 10})
+    raw["guardrails"]["checks"][0]["fallback"] = {"kind": "pii", "regions": ["XX"]}
+    settings = parse(raw)
+    with pytest.raises(PluginError, match=r"guardrails\.checks\[0\]\.fallback \(guardrail 'g'"):
         Guardrails(settings.guardrails, FakeClock())
 
 

@@ -141,5 +141,5 @@ def test_check_reports_a_checker_setting_only_its_library_can_judge(tmp_path: Pa
     bad.write_text(yaml.safe_dump(raw))
     done = check(bad, {"ALICE_KEY": "sk-a", "SIM_URL": "http://127.0.0.1:9/v1"})
     assert done.returncode == 2
-    assert "guardrail 'g': checker pii: phone regions ['XX']" in done.stderr
+    assert "guardrails.checks[0].checker (guardrail 'g', pii): phone regions ['XX']" in done.stderr
     assert "Traceback" not in done.stderr

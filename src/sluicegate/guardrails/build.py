@@ -169,17 +169,19 @@ class Guardrails:
         cache = DecisionCache(
             clock, secret, spec.name, self._policy.version, spec.cache_ttl_s, spec.cache_size
         )
-        fallback = None if spec.fallback is None else self._checker(spec.name, spec.fallback)
-        return Guardrail(
-            spec, self._checker(spec.name, spec.checker), clock, cache, fallback, recorder
-        )
+        at = f"guardrails.checks[{list(self._policy.guardrails).index(spec.name)}]"
+        fallback = None
+        if spec.fallback is not None:
+            fallback = self._checker(spec.name, spec.fallback, f"{at}.fallback")
+        checker = self._checker(spec.name, spec.checker, f"{at}.checker")
+        return Guardrail(spec, checker, clock, cache, fallback, recorder)
 
-    def _checker(self, name: str, spec: CheckerSpec) -> Checker:
+    def _checker(self, name: str, spec: CheckerSpec, at: str) -> Checker:
         try:
             checker = BUILDERS[spec.kind](name, spec.settings, self._ask_for)
         except (ValueError, ModuleNotFoundError) as exc:
             # Each checker's own message names the setting it refuses.
-            raise PluginError(f"guardrail {name!r}: checker {spec.kind}: {exc}") from None
+            raise PluginError(f"{at} (guardrail {name!r}, {spec.kind}): {exc}") from None
         self._checkers.append(checker)
         return checker
 
