@@ -269,7 +269,9 @@ class Pipeline:
         answers = choices(payload)
         demand = Demand(prompt, output * answers, bool(payload.get("tools")))
         chosen = classify(self._scheduling, inbound.lane, tenant, route, demand)
-        if self._overload.state >= OverloadState.DEGRADED:
+        # A guard call follows the fate of the request it checks, which the ladder has
+        # judged already: refused, moved or trimmed, it would fail or change the check.
+        if inbound.guarded and self._overload.state >= OverloadState.DEGRADED:
             model = self._degrade(chosen, endpoint, model, payload)
             prompt = self._prompt(inbound, payload)
             output = output_tokens(endpoint, payload, route.max_output_tokens)

@@ -148,3 +148,10 @@ def test_a_guard_model_tenant_must_be_allowed_its_lane() -> None:
     assert "tenant 'alice' may not ask for the lane 'guard'" in error_of(raw)
     raw["tenants"][0]["lanes"] = ["guard"]
     parse(raw)
+
+
+def test_a_guard_model_lane_may_not_be_the_one_overload_pauses_first() -> None:
+    lanes = [{"name": "default", "priority": 5}, {"name": "batch"}]
+    raw = guarded(guard_model(lane="batch"), scheduling={"lanes": lanes})
+    assert "checker.lane 'batch' is the lowest-priority lane" in error_of(raw)
+    parse(guarded(guard_model(lane="default"), scheduling={"lanes": lanes}))

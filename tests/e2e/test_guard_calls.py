@@ -43,7 +43,7 @@ def gateway(guard_sim: Proc, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     config = {
         "admin": {"keys": [{"env": "ADMIN_KEY"}]},
         "scheduling": {
-            "lanes": [{"name": "default"}, {"name": "guard", "priority": -1, "queue_size": 8}]
+            "lanes": [{"name": "default"}, {"name": "guard", "priority": 5, "queue_size": 8}]
         },
         "pools": [
             {"name": "chat-pool", "max_concurrency": 8},

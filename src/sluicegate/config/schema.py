@@ -765,6 +765,9 @@ class GatewayConfig(Strict):
         after the model (parallel, post_call), the checked request holds a permit of its
         deployment's pools while its guard call waits for one: the two may share none."""
         models = {m.name: m for m in self.models}
+        low = min(self.scheduling.lanes, key=lambda lane: lane.priority)
+        high = max(self.scheduling.lanes, key=lambda lane: lane.priority)
+        bottom = None if low is high else low.name  # as `Scheduling.bottom` and `.top` pick
         for i, check in enumerate(self.guardrails.checks):
             for where, checker in (("checker", check.checker), ("fallback", check.fallback)):
                 if not isinstance(checker, GuardModelCheckerConfig):
@@ -786,6 +789,11 @@ class GatewayConfig(Strict):
                     yield f"{at}.tenant {tenant.name!r} may not use the model {checker.model!r}"
                 elif checker.lane in lanes and not self._may_ask(tenant, checker.lane):
                     yield f"{at}.tenant {tenant.name!r} may not ask for the lane {checker.lane!r}"
+                if checker.lane == bottom:
+                    yield (
+                        f"{at}.lane {checker.lane!r} is the lowest-priority lane, which overload "
+                        "pauses first, failing every check; give guard calls a higher lane"
+                    )
                 if model is not None and check.placement != "pre_call":
                     shared = sorted(_pools_of([model]) & _pools_of(self.models, but=model.name))
                     if shared:

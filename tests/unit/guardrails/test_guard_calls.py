@@ -11,6 +11,7 @@ import json
 import pytest
 
 from sluicegate.core.errors import GatewayError
+from sluicegate.core.types import OverloadState
 from tests.unit.test_pipeline import config, driven, running
 
 BUDGET_S = 0.25
@@ -79,3 +80,25 @@ async def test_a_guard_call_is_logged_as_one_charged_to_its_tenant(tmp_path) -> 
         "chat", "a", "guardrail_unavailable",
     )  # fmt: skip
     assert "guard_call" not in checked
+
+
+async def test_the_overload_ladder_leaves_a_guard_call_to_its_checked_request() -> None:
+    """At the worst level only the top lane is served; a top-lane request's guard call,
+    in a lower lane, still runs, with the prompt as sent (no trim, no smaller model)."""
+    raw = with_guard_model(0)
+    raw["scheduling"] = {
+        "lanes": [
+            {"name": "default", "priority": 10},
+            {"name": "guard", "priority": 5},
+            {"name": "low", "priority": 0},
+        ],
+        "overload": {"ladder": {"trim_prompt_tokens": 10, "background_model": "chat"}},
+    }
+    raw["guardrails"]["checks"][0]["checker"]["lane"] = "guard"
+    async with running(raw, {}) as h:
+        h.runtime.pipeline._overload.state = OverloadState.INTERACTIVE_ONLY
+        prompt = "x" * 400
+        with pytest.raises(GatewayError):  # the fake guard answers "hi", not a verdict
+            await h.ask(h.inbound(messages=[{"role": "user", "content": prompt}]))
+        (sent,) = h.providers["g"].bodies
+        assert sent["messages"] == [{"role": "user", "content": prompt}]
