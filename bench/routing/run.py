@@ -57,7 +57,7 @@ class Outcome:
 
 
 def gateway_config(
-    scenario: RoutingScenario, sims: Sequence[Child], strategy: str, redis_prefix: str | None
+    scenario: RoutingScenario, sims: Sequence[Child], phase: Phase, redis_prefix: str | None
 ) -> dict[str, Any]:
     """Every replica a deployment of one model, read through its metrics; one lane whose
     gate holds requests at the gateway while a backend's queue is past its target."""
@@ -71,9 +71,10 @@ def gateway_config(
         }
         for sim in sims
     ]
-    model: dict[str, Any] = {"name": MODEL, "strategy": strategy, "deployments": deployments}
-    if scenario.prefix_affinity:
-        model["prefix_affinity"] = dict(scenario.prefix_affinity)
+    model: dict[str, Any] = {"name": MODEL, "strategy": phase.strategy, "deployments": deployments}
+    affinity = {**scenario.prefix_affinity, **phase.prefix_affinity}
+    if affinity:
+        model["prefix_affinity"] = affinity
     config: dict[str, Any] = {
         "models": [model],
         "tenants": [
@@ -116,7 +117,7 @@ def started(
             for i, s in enumerate(slowdowns)
         ]
         path = logs / "gateway.yaml"
-        path.write_text(yaml.safe_dump(gateway_config(scenario, sims, phase.strategy, redis)))
+        path.write_text(yaml.safe_dump(gateway_config(scenario, sims, phase, redis)))
         serve = ["serve", "--config", str(path), "--log-level", "warning"]
         gateways = [
             stack.enter_context(service(f"gateway-{i}", serve, "/ready", logs, env))

@@ -68,6 +68,8 @@ class Phase(Strict):
     gateways: Annotated[int, Field(ge=1, le=4)] = 1
     shared: bool = True
     equal: bool = False
+    prefix_affinity: dict[str, int | float] = Field(default_factory=dict)
+    """Over the scenario's `prefix_affinity`, for this phase alone."""
     label: str | None = None
 
     @property

@@ -33,7 +33,7 @@ def test_every_routing_scenario_loads_and_starts_a_valid_gateway(path, tmp_path)
     ]
     for phase in scenario.phases:
         redis = "r:" if phase.gateways > 1 else None
-        config = gateway_config(scenario, sims, phase.strategy, redis)
+        config = gateway_config(scenario, sims, phase, redis)
         env = {f"ROUTING_KEY_{i}": f"key-{i}" for i in range(len(scenario.tenants))}
         parse_settings(config, str(path), env)
     assert len({phase.name for phase in scenario.phases}) == len(scenario.phases)
