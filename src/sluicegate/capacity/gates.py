@@ -92,7 +92,8 @@ class BackendGate(Protocol):
 @dataclass(frozen=True, slots=True)
 class Load:
     """A backend's requests running and waiting (the last sample's, plus what was sent
-    since less what ended since), its batch when known, and its KV cache in use."""
+    since less what ended since), its batch when known (configured, else the most it
+    was seen running), and its KV cache in use."""
 
     requests: float
     batch: int | None
@@ -163,6 +164,9 @@ class MetricsGate(_Listeners):
         self._tpot_s: float | None = None
         self._sent = 0
         self._done = 0
+        self._most_running = 0.0
+        """The most requests a sample showed running: the backend's batch, or a lower
+        bound of it, where the config does not give `max_num_seqs`."""
         self.prefix_hit_ratio: float | None = None
         """Of the prompt tokens the backend looked up in its prefix cache between its last
         two scrapes with any, the share it found; None before."""
@@ -208,6 +212,7 @@ class MetricsGate(_Listeners):
         if ratio is not None:
             self.prefix_hit_ratio = ratio
         self._sample = sample
+        self._most_running = max(self._most_running, sample.running)
         self._sampled_s = self._clock.now()
         self._sent = self._done = 0
         self._changed()
@@ -260,7 +265,8 @@ class MetricsGate(_Listeners):
         if sample is None or self._stale():
             return None
         requests = max(0.0, sample.running + sample.waiting + self._sent - self._done)
-        return Load(requests, self._spec.max_num_seqs, sample.kv_usage)
+        batch = self._spec.max_num_seqs or math.ceil(self._most_running) or None
+        return Load(requests, batch, sample.kv_usage)
 
     def _stale(self) -> bool:
         return self._clock.now() - self._sampled_s > self._spec.stale_after_s

@@ -149,6 +149,29 @@ def test_least_loaded_counts_its_own_sends_since_the_sample():
     assert sent(routing("least_loaded", [a, b]), attempt()) == "b"
 
 
+def test_with_no_batch_configured_sends_since_the_sample_still_count():
+    """Backends whose batch the config leaves out, behind pools far wider than it: their
+    KV cache in use, as last scraped, must not outweigh the sends made since, or every
+    send between two scrapes goes to the one that was emptiest at the last. The batch
+    is then the most requests the backend was seen running."""
+    clock = FakeClock()
+    targets = {}
+    for name in ("a", "b"):
+        deployment = dataclasses.replace(SPEC, name=name, pools=(name,))
+        pool = Pool(PoolSpec(name, 256), Leases(MemoryLimitStore(clock), clock))
+        gate = MetricsGate(BackendMetrics("http://x/metrics"), clock)
+        targets[name] = Target(deployment, (pool,), gate, Breaker(BreakerPolicy(), clock))
+        sampled(targets[name], 8, kv=0.6)
+    sampled(targets["a"], 4, kv=0.30)
+    sampled(targets["b"], 4, kv=0.25)
+    r = routing("least_loaded", list(targets.values()))
+    went = []
+    for _ in range(4):
+        went.append(sent(r, attempt()))
+        targets[went[-1]].gate.sent()
+    assert sorted(went) == ["a", "a", "b", "b"]
+
+
 def test_without_metrics_or_with_a_stale_sample_the_gateways_own_attempts_count():
     clock = FakeClock()
     a, b = target(clock, "a", metrics=True), target(clock, "b")

@@ -63,7 +63,10 @@ def load_of(target: Target) -> float:
     KV cache in use where that is fuller; without metrics, this gateway's own attempts
     in flight there over its pools' limit. A slower or smaller replica fills up at a
     lower rate of sends, so its metrics steer work away from it without hand-set
-    weights."""
+    weights. The batch is the configured one or else the most the backend was seen
+    running, never the pools' limit: over a limit far wider than the batch, the sends
+    since the scrape would weigh next to nothing beside the scraped KV cache, and every
+    send until the next scrape would go to the backend that was emptiest at the last."""
     load = target.gate.load()
     if load is None:
         return target.breaker.in_flight / target.full
