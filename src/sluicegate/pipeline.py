@@ -28,7 +28,7 @@ from sluicegate.admission.estimate import (
     output_tokens,
     prompt_tokens,
 )
-from sluicegate.core.call import Call, Tally
+from sluicegate.core.call import Bill, Call, Tally
 from sluicegate.core.clock import Clock, sleep_until, timeout_at
 from sluicegate.core.errors import (
     CONTEXT_LENGTH,
@@ -58,6 +58,7 @@ from sluicegate.scheduling.handover import Giver
 from sluicegate.scheduling.ladder import degrade
 from sluicegate.scheduling.lanes import Demand, classify
 from sluicegate.scheduling.overload import OverloadMonitor, TtftWindow
+from sluicegate.spend.gate import SpendGate
 
 REFUSALS = frozenset(Refusal)
 
@@ -109,7 +110,9 @@ class Pipeline:
         tokenizer: Tokenizer = chars_over_four,
         access: AccessLog | None = None,
         spans: Spans | None = None,
+        spend: SpendGate | None = None,
     ) -> None:
+        """`spend` None: nothing is priced and no budget is set, so spend costs nothing."""
         self._settings = settings
         self._models = settings.models
         self._routes = settings.routes
@@ -129,6 +132,7 @@ class Pipeline:
         self.access = access
         self._spans = spans or Spans()
         self._lines = Lines(log)
+        self.spend = spend
 
     @asynccontextmanager
     async def run(self, inbound: Inbound) -> AsyncIterator[Answer]:
@@ -152,6 +156,8 @@ class Pipeline:
                     await self._boundary.admit(
                         call, permits, tally, inbound.interactive, tenant_slot=not arriving
                     )
+                    if self.spend is not None:
+                        await self.spend.admit(call, permits)
                     timeline.admitted_s = self._clock.now()
                     started = await self._first_answer(call, inbound.avoid, trail)
                     timeline.dispatched_s = started.attempt.dispatched_s
@@ -226,6 +232,7 @@ class Pipeline:
             prompt,
             prompt + output,
             inbound.client_retries,
+            bill=None if self.spend is None else Bill(discounted=not inbound.interactive),
         )
 
     def _prompt(self, inbound: Inbound, payload: dict[str, Any]) -> int:
@@ -419,11 +426,18 @@ class Pipeline:
         assert body is not None
         try:
             async with provider.open(attempt.call.endpoint, body, budget_s) as upstream:
+                ended: BaseException | None = None
                 try:
                     yield upstream
+                except BaseException as err:
+                    ended = err
+                    raise
                 finally:
                     attempt.used_tokens = upstream.used_tokens
                     attempt.completion_tokens = upstream.completion_tokens
+                    if self.spend is not None:
+                        attempt.cached_tokens = upstream.cached_tokens
+                        self.spend.attempt_ended(attempt, deployment, ended)
         except GatewayError as err:
             if err.status >= 500:
                 self._metrics.upstream_error(deployment.name, err.code)
@@ -483,6 +497,8 @@ class Pipeline:
             if call.stream and first is not None:
                 tpot = time_per_token(first, now, answer.produced())
             self.slo.answered(route, model, lane, timeline, call.stream, tpot)
+            if call.bill is not None:
+                self.slo.priced(model, lane, call.bill.nanos)
             verdict = judge_answer(call.lane, timeline, now, tpot)
         else:
             verdict = _failed(call, timeline, error, now)
@@ -525,6 +541,17 @@ class Pipeline:
             error.code,
             error.message,
         )
+
+
+async def _counted(chunks: AsyncIterator[bytes], attempt: Attempt) -> AsyncIterator[bytes]:
+    """A priced stream's chunks, its events counted as they pass: its output, should it
+    end without the provider's usage."""
+    try:
+        async for chunk in chunks:
+            attempt.relayed += chunk.count(b"data:")
+            yield chunk
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
 
 
 def _ms(seconds: float) -> float:
@@ -724,7 +751,10 @@ class Answer:
 
     async def prime(self) -> None:
         if self.attempt.call.stream:
-            self._rest = self._upstream.chunks()
+            chunks = self._upstream.chunks()
+            self._rest = (
+                chunks if self.attempt.call.bill is None else _counted(chunks, self.attempt)
+            )
             self._first = await anext(self._rest)
             self.primed_s = self._clock.now()
         else:

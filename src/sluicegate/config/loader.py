@@ -21,16 +21,19 @@ from sluicegate.config.schema import (
     KeyConfig,
     OverloadConfig,
     PoolConfig,
+    PriceConfig,
     QuotaConfig,
     RedisConfig,
     RouteConfig,
     SchedulingConfig,
+    SpendConfig,
 )
 from sluicegate.core.limits import Rate
 from sluicegate.core.types import (
     AdaptiveLimit,
     BackendMetrics,
     BreakerPolicy,
+    Budget,
     DegradedPolicy,
     Deployment,
     EdgeLimits,
@@ -42,19 +45,23 @@ from sluicegate.core.types import (
     MetricsPolicy,
     Model,
     OverloadPolicy,
+    Period,
     PoolSpec,
     PrefixAffinity,
+    Price,
     Quota,
     RedisPolicy,
     RetryPolicy,
     RoutePolicy,
     Scheduling,
     Settings,
+    SpendPolicy,
     Tenant,
     Timeouts,
     TracingPolicy,
     WhenDown,
 )
+from sluicegate.spend.prices import NANOS
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -218,6 +225,7 @@ def _to_settings(
             config.metrics.cache_s,
         ),
         tracing=TracingPolicy(**config.tracing.model_dump()),
+        spend=_spend(config.spend),
     )
 
 
@@ -370,7 +378,23 @@ def _deployment(
         max_cooldown_s=spec.max_cooldown_s,
         max_response_bytes=spec.max_response_bytes,
         context_window=spec.context_window,
+        price=_price(spec.price),
     )
+
+
+def _price(spec: PriceConfig | None) -> Price | None:
+    if spec is None:
+        return None
+    cached = spec.input if spec.cached_input is None else spec.cached_input
+    return Price(spec.input, cached, spec.output, spec.batch_discount)
+
+
+def _spend(spec: SpendConfig) -> SpendPolicy:
+    budgets = tuple(
+        Budget(b.tenant, round(b.amount * NANOS), Period(b.period), b.model, b.soft)
+        for b in spec.budgets
+    )
+    return SpendPolicy(budgets, spec.time_zone, spec.flush_s, WhenDown(spec.when_down))
 
 
 def _key_digest(key: KeyConfig, env: Mapping[str, str], report: Problems) -> bytes | None:

@@ -36,6 +36,7 @@ class Refusal(enum.StrEnum):
     LANE_PACED = "lane_paced"
     LANE_BACKLOGGED = "lane_backlogged"
     STORE_UNAVAILABLE = "limit_store_unavailable"
+    BUDGET = "budget_exceeded"
 
     @property
     def status(self) -> int:
@@ -79,6 +80,7 @@ _STATUS = {
     Refusal.LANE_PACED: 503,
     Refusal.LANE_BACKLOGGED: 503,
     Refusal.STORE_UNAVAILABLE: 503,
+    Refusal.BUDGET: 429,
 }
 _TYPE = {
     429: ErrorType.RATE_LIMIT,
