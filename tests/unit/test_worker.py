@@ -195,7 +195,7 @@ async def test_a_job_over_budget_waits_for_the_period_or_its_deadline(tmp_path):
     submitted = [
         await store.submit(
             Job(tenant="alice", kind=Endpoint.CHAT, body=body, lane="batch", deadline_at=deadline)
-        )  # fmt: skip
+        )
         for deadline in (None, clock.now() + 600.0)
     ]
 
