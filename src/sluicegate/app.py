@@ -318,6 +318,7 @@ def build(
         if spend is not None:
             record = SqlSpendRecord(job_stores[0].database) if job_stores else None
             spend_routes.attach(record)
+            await start_spend(spend, record)
             background.append(asyncio.get_running_loop().create_task(keep_spend(spend, record)))
         if siblings is not None:
             await siblings.start()
@@ -391,17 +392,29 @@ def spending(
     return SpendGate(settings, book, Budgets(policy, store, wall, used))
 
 
+async def start_spend(spend: SpendGate, record: SqlSpendRecord | None) -> None:
+    """Budgets learn where to rebuild their counters from, and build them now if the
+    shared store has none (a new fleet, or Redis restarted while no replica ran), so
+    the first requests are not refused while they are built."""
+    budgets = spend.budgets
+    if budgets is None or record is None:
+        return
+
+    async def spent_rows(first_day: str) -> list[tuple[str, str, str, int]]:
+        await spend.book.flush(record)
+        return await record.since(first_day)
+
+    budgets.attach_record(spent_rows)
+    try:
+        await budgets.rebuild()
+    except Exception as exc:
+        logging.getLogger("sluicegate").warning("budget counters not built at start: %s", exc)
+
+
 async def keep_spend(spend: SpendGate, record: SqlSpendRecord | None) -> None:
     """Write spend to the durable record and pay budgets what they are owed, every
     flush interval, for the process's lifetime."""
     budgets, every_s, clock = spend.budgets, spend.book.flush_s, MonotonicClock()
-    if budgets is not None and record is not None:
-
-        async def spent_rows(first_day: str) -> list[tuple[str, str, str, int]]:
-            await spend.book.flush(record)
-            return await record.since(first_day)
-
-        budgets.attach_record(spent_rows)
     then = None if budgets is None else budgets.pay_owed
     if record is not None:
         await spend.book.run(record, every_s, clock, then)
