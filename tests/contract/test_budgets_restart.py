@@ -2,6 +2,7 @@
 or admitted as declared while it is away, rebuilt from the durable record before they
 are enforced again, and what was spent meanwhile counted once it is back."""
 
+import asyncio
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
@@ -32,7 +33,7 @@ async def budgets_on(url: str, tmp_path, when_down: WhenDown):
     policy = SpendPolicy((DAILY,), when_down=when_down)
     subject = Budgets(policy, store, clock, lambda budget, ratio: heard.append(ratio))
     subject.attach_record(record.since)
-    return subject, record, jobs, heard
+    return subject, record, jobs, heard, clock
 
 
 async def rebuilt(subject: Budgets) -> None:
@@ -42,7 +43,9 @@ async def rebuilt(subject: Budgets) -> None:
 
 async def test_fail_closed_refuses_until_the_counters_are_rebuilt(tmp_path):
     with redis_server(tmp_path / "redis") as server:
-        subject, record, jobs, heard = await budgets_on(server.url, tmp_path, WhenDown.FAIL_CLOSED)
+        subject, record, jobs, heard, _ = await budgets_on(
+            server.url, tmp_path, WhenDown.FAIL_CLOSED
+        )
         try:
             await record.add({("acme", "chat", "2026-12-07"): Amounts(4 * NANOS, 0, 0, 0, 0, 1)})
             with pytest.raises(GatewayError) as refused:
@@ -61,7 +64,9 @@ async def test_fail_closed_refuses_until_the_counters_are_rebuilt(tmp_path):
 
 async def test_fail_open_counts_what_it_admitted_once_redis_is_back(tmp_path):
     with redis_server(tmp_path / "redis") as server:
-        subject, record, jobs, heard = await budgets_on(server.url, tmp_path, WhenDown.FAIL_OPEN)
+        subject, record, jobs, heard, clock = await budgets_on(
+            server.url, tmp_path, WhenDown.FAIL_OPEN
+        )
         try:
             await subject.rebuild()
             held = await subject.reserve((DAILY,), NANOS)
@@ -71,6 +76,7 @@ async def test_fail_open_counts_what_it_admitted_once_redis_is_back(tmp_path):
             await subject.settle(admitted, (DAILY,), 3 * NANOS)
             await record.add({("acme", "chat", "2026-12-07"): Amounts(2 * NANOS, 0, 0, 0, 0, 1)})
             server.start()
+            clock.t += 1.0  # past the time it is taken to be away
             await subject.pay_owed()
             assert subject.owed, "counters not rebuilt yet: nothing is paid into them"
             await subject.reserve((DAILY,), 0)
@@ -85,3 +91,32 @@ async def test_fail_open_counts_what_it_admitted_once_redis_is_back(tmp_path):
         finally:
             await subject.close()
             await jobs.close()
+
+
+async def test_a_redis_that_stops_answering_is_not_asked_again_at_once():
+    """A server that takes every call and answers none (Redis stalled): the first call
+    finds it silent, the next ones decide without it until it is tried again."""
+    received = bytearray()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            received.extend(data)
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    clock = FakeClock(NOW)
+    store = RedisBudgetStore(RespConnection(f"redis://127.0.0.1:{port}", 1.0), "t:", 0.2)
+    subject = Budgets(SpendPolicy((DAILY,), when_down=WhenDown.FAIL_OPEN), store, clock)
+    try:
+        for _ in range(3):
+            await subject.reserve((DAILY,), NANOS)
+        await asyncio.sleep(0.05)
+        assert received.count(b"EVALSHA") == 1
+        clock.t += 0.5
+        await subject.reserve((DAILY,), NANOS)
+        await asyncio.sleep(0.05)
+        assert received.count(b"EVALSHA") == 2
+    finally:
+        await subject.close()
+        server.close()

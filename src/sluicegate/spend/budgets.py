@@ -39,6 +39,10 @@ KEPT_AFTER_S = 7 * 86_400.0
 """How long a period's counter outlives the period in a shared store: settles of the
 requests still running when it ended land there, and `/admin/status` reads it."""
 
+AWAY_S = 0.5
+"""How long budgets decide without the shared store once a call to it failed, before a
+call tries it again: while it is away, no request waits for its timeout."""
+
 SpentRows = Callable[[str], Awaitable[Iterable[tuple[str, str, str, int]]]]
 """The durable record's (tenant, model, day, nanodollars) rows from a day on."""
 
@@ -74,6 +78,8 @@ class Budgets:
         self._owed: dict[tuple[Line, str], tuple[int, int]] = {}
         """Per line and epoch, reservations and spend the store has not been told of."""
         self.rebuilding: asyncio.Task[None] | None = None
+        self._away_until = 0.0
+        """Until when the store is taken to be away (wall seconds)."""
         self._spent_rows: SpentRows | None = None
 
     def applying(self, tenant: str, model: str) -> tuple[Budget, ...]:
@@ -104,9 +110,13 @@ class Budgets:
         """Reserve `nanos` on every budget in `budgets` at once, or refuse."""
         now = self._wall.now()
         lines = self._lines(budgets, now)
+        if now < self._away_until:
+            return self._without_store(lines, None)
         try:
             decision = await self._store.reserve(lines, nanos)
         except StoreUnavailable as exc:
+            if not isinstance(exc, Unbuilt):
+                self._away_until = self._wall.now() + AWAY_S
             return self._without_store(lines, exc)
         self._heard(budgets, lines, decision.totals, now)
         if decision.refused is None:
@@ -114,7 +124,7 @@ class Budgets:
         budget = budgets[decision.refused]
         raise exceeded(budget, nanos, self.window(budget.period, now), now)
 
-    def _without_store(self, lines: tuple[Line, ...], exc: StoreUnavailable) -> Hold:
+    def _without_store(self, lines: tuple[Line, ...], exc: StoreUnavailable | None) -> Hold:
         if isinstance(exc, Unbuilt):
             self._start_rebuild()
         if self._policy.when_down is WhenDown.FAIL_OPEN:
@@ -127,9 +137,14 @@ class Budgets:
         """Count what the request cost (`spent`) in place of its reservation."""
         if spent == hold.nanos:
             return
+        if self._wall.now() < self._away_until:
+            self.owe(hold.lines, spent, hold.nanos, hold.epoch)
+            return
         try:
             totals = await self._store.settle(hold.lines, hold.nanos, spent, hold.epoch)
-        except StoreUnavailable:
+        except StoreUnavailable as exc:
+            if not isinstance(exc, Unbuilt):
+                self._away_until = self._wall.now() + AWAY_S
             self.owe(hold.lines, spent, hold.nanos, hold.epoch)
             return
         self._heard(budgets, hold.lines, totals, self._wall.now())
