@@ -13,7 +13,7 @@ from typing import Any
 from sluicegate.core.clock import Clock
 from sluicegate.core.slo import LoadHistory, RecentOutcomes, Timeline, Verdict, figures
 from sluicegate.observability.metrics import GatewayMetrics
-from sluicegate.spend.prices import NANOS
+from sluicegate.spend.prices import NANOS, cost_per_success
 
 UNKNOWN = "-"
 """The model or lane of a request refused before either was known."""
@@ -98,7 +98,9 @@ class SloAccounts:
             into.setdefault(name, {})[lane] = figures(tally, window_s)
         for (model, lane), (count, nanos) in self._costs.items():
             shown = lanes.setdefault(model, {}).setdefault(lane, {})
-            shown["cost_per_success_dollars"] = round(nanos / count / NANOS, 9)
+            shown["priced_successes"] = count
+            shown["success_nanos"] = nanos
+            shown["cost_per_success_dollars"] = cost_per_success(nanos, count)
         return {"window_s": window_s, "models": lanes, "tenants": tenants}
 
     def history(self) -> dict[str, Any]:

@@ -102,13 +102,14 @@ class SpendBook:
                 await then()
 
     def view(self, models: Mapping[str, Model]) -> dict[str, Any]:
-        """This process's spend since it started, per tenant and model, in dollars; and
-        the deployments without a price, whose answers cost nothing."""
+        """This process's spend since it started, per tenant and model, in nanodollars
+        (whole numbers, which the workers' documents add up exactly); and the
+        deployments without a price, whose answers cost nothing."""
         tenants: dict[str, dict[str, Any]] = {}
         for (tenant, model), a in sorted(self._totals.items()):
             tenants.setdefault(tenant, {})[model] = {
-                "dollars": a.nanos / NANOS,
-                "estimated_dollars": a.estimated_nanos / NANOS,
+                "nanos": a.nanos,
+                "estimated_nanos": a.estimated_nanos,
                 "prompt_tokens": a.prompt_tokens,
                 "cached_tokens": a.cached_tokens,
                 "output_tokens": a.output_tokens,

@@ -59,6 +59,11 @@ def most_per_token(model: Model) -> tuple[float, float]:
     return max(p.input for p in prices), max(p.output for p in prices)
 
 
+def cost_per_success(nanos: int, successes: int) -> float | None:
+    """Dollars per successful request, from their total cost; None before any."""
+    return round(nanos / successes / NANOS, 9) if successes else None
+
+
 def estimate_nanos(rates: tuple[float, float], prompt: int, output: int) -> int:
     """A reservation: `prompt` and `output` tokens at `rates` (input, output)."""
     return math.ceil((prompt * rates[0] + output * rates[1]) * 1000)
