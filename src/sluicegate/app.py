@@ -268,6 +268,13 @@ def build(
 
     scrapes: list[aiohttp.ClientSession] = []
     job_stores: list[SqlJobStore] = []
+    records: list[SqlSpendRecord] = []
+
+    async def job_store() -> SqlJobStore:
+        """The jobs database, opened once for whichever needs it first (jobs, spend)."""
+        if not job_stores:
+            job_stores.append(await open_job_store(settings.jobs, wall))
+        return job_stores[0]
 
     async def start_policies() -> None:
         """Everything the policies need running: providers, dispatchers, watchers, the
@@ -288,6 +295,13 @@ def build(
         if pollers:
             scrapes.append(aiohttp.ClientSession())
             background.extend(loop.create_task(p.run(scrapes[0])) for p in pollers)
+        if spend is not None:
+            if settings.jobs.enabled:
+                records.append(SqlSpendRecord((await job_store()).database))
+            record = records[0] if records else None
+            spend_routes.attach(record)
+            await start_spend(spend, record)
+            background.append(loop.create_task(keep_spend(spend, record)))
         for task in background:
             task.add_done_callback(_report_crash)
 
@@ -308,18 +322,17 @@ def build(
             await asyncio.to_thread(access.close)
         if flush_spans is not None:
             await asyncio.to_thread(flush_spans)
+        if spend is not None:
+            await last_flush(spend, records[0] if records else None)
+        while job_stores:
+            await job_stores.pop().close()
 
     async def startup() -> None:
         await start_policies()
         if settings.jobs.enabled:
-            job_stores.append(await open_job_store(settings.jobs, wall))
-            intake.attach(job_stores[0])
-            workers.start(job_stores[0], ledger.job_finished)
-        if spend is not None:
-            record = SqlSpendRecord(job_stores[0].database) if job_stores else None
-            spend_routes.attach(record)
-            await start_spend(spend, record)
-            background.append(asyncio.get_running_loop().create_task(keep_spend(spend, record)))
+            jobs = await job_store()
+            intake.attach(jobs)
+            workers.start(jobs, ledger.job_finished)
         if siblings is not None:
             await siblings.start()
         gc.collect()
@@ -334,10 +347,6 @@ def build(
         if job_stores:
             await workers.stop()
         await stop_policies()
-        if spend is not None and job_stores:
-            await last_flush(spend, SqlSpendRecord(job_stores[0].database))
-        for job_store in job_stores:
-            await job_store.close()
 
     router = gateway.routes(
         Router(on_startup=[startup], on_shutdown=[shutdown]),
@@ -422,13 +431,14 @@ async def keep_spend(spend: SpendGate, record: SqlSpendRecord | None) -> None:
         await budgets.run(every_s, clock)
 
 
-async def last_flush(spend: SpendGate, record: SqlSpendRecord) -> None:
+async def last_flush(spend: SpendGate, record: SqlSpendRecord | None) -> None:
     """At a stop, what is still unwritten goes to the durable record: a rolling restart
     (a price change) loses no spend."""
-    try:
-        await spend.book.flush(record)
-    except Exception as exc:
-        logging.getLogger("sluicegate").error("spend not written at stop: %s", exc)
+    if record is not None:
+        try:
+            await spend.book.flush(record)
+        except Exception as exc:
+            logging.getLogger("sluicegate").error("spend not written at stop: %s", exc)
     if spend.budgets is not None:
         await spend.budgets.pay_owed()
         await spend.budgets.close()
