@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import signal
 import time
 import uuid
@@ -40,14 +41,22 @@ def cost(usage: dict) -> float:
     return (prompt * PRICE["input"] + output * PRICE["output"]) / 1e6
 
 
-def spend_config(sim_url: str, redis_url: str, prefix: str, schema: str, budget: float) -> dict:
-    """Calls to Redis may take 1 s before they count as unanswered, as in test_fleet."""
+def spend_config(
+    sim_url: str, redis_url: str, prefix: str, schema: str, budget: float, hedge_s: float = 0
+) -> dict:
+    """Calls to Redis may take 1 s before they count as unanswered, as in test_fleet.
+    With `hedge_s`, a second deployment on the same simulator takes hedged attempts."""
+    route: dict = {"retry": {"max_attempts": 1}}
+    deployments = ["sim"]
+    if hedge_s:
+        route["hedge_after_s"] = hedge_s
+        deployments.append("sim-hedge")
     return {
         "store": "redis",
         "redis": {"url": redis_url, "key_prefix": prefix, "timeout_s": 1.0, "probe_s": 0.2},
         "jobs": {"store": "postgres", "postgres_dsn": POSTGRES_DSN, "postgres_schema": schema},
         "admin": {"keys": [{"env": "ADMIN_KEY"}]},
-        "routes": {"chat": {"retry": {"max_attempts": 1}}},
+        "routes": {"chat": route},
         "spend": {
             "flush_s": FLUSH_S,
             "budgets": [{"tenant": "t", "amount": budget, "period": "daily"}],
@@ -57,12 +66,13 @@ def spend_config(sim_url: str, redis_url: str, prefix: str, schema: str, budget:
                 "name": "chat",
                 "deployments": [
                     {
-                        "name": "sim",
+                        "name": name,
                         "base_url": f"{sim_url}/v1",
                         "model": "sim-model",
                         "api_key_env": "SIM_KEY",
                         "price": PRICE,
                     }
+                    for name in deployments
                 ],
             }
         ],
@@ -77,6 +87,7 @@ class Spenders:
         self.folder, self.config = folder, config
         self.replicas: list[Proc] = []
         self.answers: list[tuple[int, int, float, float]] = []
+        self.stream = False
 
     def start(self, count: int) -> None:
         path = self.folder / "spend.yaml"
@@ -107,9 +118,14 @@ class Spenders:
     async def ask(self, http, index: int) -> tuple[int, int, float, float]:
         url = f"{self.replicas[index].url}/v1/chat/completions"
         body = {"model": "chat", "messages": MESSAGES, "max_tokens": MAX_TOKENS}
+        if self.stream:
+            body |= {"stream": True, "stream_options": {"include_usage": True}}
         headers = {"Authorization": f"Bearer {KEY}"}
         try:
             async with http.post(url, json=body, headers=headers) as resp:
+                if resp.status == 200 and self.stream:
+                    usage = _streamed_usage(await resp.read())
+                    return index, 200, time.monotonic(), cost(usage)
                 answer = await resp.json()
                 spent = cost(answer["usage"]) if resp.status == 200 else 0.0
                 status = resp.status if resp.status != 429 else _code(answer)
@@ -127,19 +143,28 @@ class Spenders:
             assert resp.status == 200, await resp.text()
             return await resp.json()
 
-    async def metric(self, http, index: int, name: str) -> float:
+    async def metric(self, http, index: int, name: str, **labels: str) -> float:
         async with http.get(f"{self.replicas[index].url}/metrics") as resp:
             text = await resp.text()
         return sum(
             sample.value
             for family in text_string_to_metric_families(text)
             for sample in family.samples
-            if sample.name == name
+            if sample.name == name and labels.items() <= sample.labels.items()
         )
 
 
 def _code(answer: dict) -> int | str:
     return answer["error"]["code"]
+
+
+def _streamed_usage(body: bytes) -> dict:
+    for line in body.splitlines():
+        if line.startswith(b"data: {") and b'"usage": {' in line.replace(b'":{', b'": {'):
+            usage = json.loads(line[6:]).get("usage")
+            if usage:
+                return usage
+    raise AssertionError(f"no usage in {body[-300:]!r}")
 
 
 @pytest.fixture
@@ -166,10 +191,12 @@ async def test_three_replicas_never_spend_past_a_budget(sim, http, tmp_path, sch
             assert codes == {200, "budget_exceeded"}, codes
             answered = [a for a in fleet.answers if a[1] == 200]
             assert 8 <= len(answered) <= 12
-            # Each replica writes its unwritten spend before it answers the route.
-            for index in range(3):
-                record = await fleet.record(http, index)
             metrics = [await fleet.metric(http, i, SPENT) for i in range(3)]
+            # A stop (SIGTERM, as in a rolling restart) writes what is unwritten; a
+            # replica answering the route writes its own first.
+            fleet.replicas[2].stop()
+            for index in range(2):
+                record = await fleet.record(http, index)
         finally:
             fleet.stop()
     assert record["total_dollars"] <= budget
@@ -217,3 +244,37 @@ async def test_spend_survives_a_redis_restart_and_a_killed_replica(sim, http, tm
     # The counters were rebuilt from the record after Redis came back empty: they hold
     # at least what was spent before it went away.
     assert ratio * budget >= before["total_dollars"]
+
+
+async def test_with_hedging_a_budget_is_passed_by_at_most_the_hedges_cost(
+    sim, http, tmp_path, schema
+):
+    """Streams hedged after 5 ms (the simulator's first token takes a step, about 8 ms):
+    most requests run two attempts, and the second one's cost is beyond the request's
+    reservation. The budget is passed by at most that: the hedges sent (the replicas'
+    own count) times the most one attempt can cost."""
+    budget = 0.0003
+    config = spend_config(sim.url, REDIS_URL, "", schema, budget, hedge_s=0.005)
+    async with redis_or_skip() as (_, prefix):
+        config["redis"]["key_prefix"] = prefix
+        fleet = Spenders(tmp_path, config)
+        fleet.stream = True
+        try:
+            fleet.start(3)
+            await fleet.load(http, 2.0, 12, [0, 1, 2])
+            for index in range(3):
+                record = await fleet.record(http, index)
+            hedges = [
+                await fleet.metric(http, i, "sluicegate_hedges_total", outcome="sent")
+                for i in range(3)
+            ]
+        finally:
+            fleet.stop()
+    sent = sum(hedges)
+    answered = [a for a in fleet.answers if a[1] == 200]
+    most = cost({"prompt_tokens": 32, "completion_tokens": MAX_TOKENS})
+    print(f"hedged: {len(answered)} answered, record ${record['total_dollars']:.9f} of a "
+          f"${budget} budget, {sent:g} hedges sent")  # fmt: skip
+    assert answered
+    assert sent > 0, "no hedge fired: the test proves nothing"
+    assert record["total_dollars"] <= budget + sent * most
