@@ -154,6 +154,16 @@ class Spenders:
         )
 
 
+async def refusal(http, replica: Proc) -> tuple[int, str, str, int]:
+    """Status, code, x-should-retry and Retry-After of one more request."""
+    url = f"{replica.url}/v1/chat/completions"
+    body = {"model": "chat", "messages": MESSAGES, "max_tokens": MAX_TOKENS}
+    async with http.post(url, json=body, headers={"Authorization": f"Bearer {KEY}"}) as resp:
+        answer = await resp.json()
+        retry = int(resp.headers.get("retry-after", "0"))
+        return resp.status, _code(answer), resp.headers.get("x-should-retry"), retry
+
+
 def _code(answer: dict) -> int | str:
     return answer["error"]["code"]
 
@@ -191,6 +201,7 @@ async def test_three_replicas_never_spend_past_a_budget(sim, http, tmp_path, sch
             assert codes == {200, "budget_exceeded"}, codes
             answered = [a for a in fleet.answers if a[1] == 200]
             assert 8 <= len(answered) <= 12
+            refused = await refusal(http, fleet.replicas[1])
             metrics = [await fleet.metric(http, i, SPENT) for i in range(3)]
             # A stop (SIGTERM, as in a rolling restart) writes what is unwritten; a
             # replica answering the route writes its own first.
@@ -200,6 +211,9 @@ async def test_three_replicas_never_spend_past_a_budget(sim, http, tmp_path, sch
         finally:
             fleet.stop()
     assert record["total_dollars"] <= budget
+    status, code, should_retry, retry_after = refused
+    assert (status, code, should_retry) == (429, "budget_exceeded", "false")
+    assert 0 < retry_after <= 86400, "to the end of the day"
     assert record["total_dollars"] == pytest.approx(fleet.spent(), abs=1e-9 * len(answered))
     assert sum(metrics) == pytest.approx(record["total_dollars"], abs=1e-12)
 
