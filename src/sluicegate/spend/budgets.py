@@ -43,6 +43,9 @@ AWAY_S = 0.5
 """How long budgets decide without the shared store once a call to it failed, before a
 call tries it again: while it is away, no request waits for its timeout."""
 
+MADE_KEPT = 10_000
+"""Budget lines kept made at most: one per budget and period, so a few per budget."""
+
 SpentRows = Callable[[str], Awaitable[Iterable[tuple[str, str, str, int]]]]
 """The durable record's (tenant, model, day, nanodollars) rows from a day on."""
 
@@ -74,6 +77,7 @@ class Budgets:
         self._used = used
         self._of: dict[tuple[str, str], tuple[Budget, ...]] = {}
         self._windows: dict[Period, Window] = {}
+        self._made: dict[tuple[Budget, str], Line] = {}
         self._warned: set[tuple[Budget, str]] = set()
         self._owed: dict[tuple[Line, str], tuple[int, int]] = {}
         """Per line and epoch, reservations and spend the store has not been told of."""
@@ -99,7 +103,18 @@ class Budgets:
         return current
 
     def _lines(self, budgets: Sequence[Budget], now_s: float) -> tuple[Line, ...]:
-        return tuple(self._line(b, self.window(b.period, now_s)) for b in budgets)
+        """The counters of `budgets` in their current periods, made once per period."""
+        made = self._made
+        lines = []
+        for budget in budgets:
+            current = self.window(budget.period, now_s)
+            line = made.get((budget, current.name))
+            if line is None:
+                if len(made) > MADE_KEPT:
+                    made.clear()
+                line = made[(budget, current.name)] = self._line(budget, current)
+            lines.append(line)
+        return tuple(lines)
 
     @staticmethod
     def _line(budget: Budget, current: Window) -> Line:
