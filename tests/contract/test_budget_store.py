@@ -12,8 +12,8 @@ from sluicegate.stores.resp import RespConnection
 from tests.support.redis import REDIS_URL, redis_or_skip
 
 EXPIRE_AT = 4_102_444_800.0
-A = Line("spend:acme:*:daily:2026-12-07", 100, EXPIRE_AT)
-B = Line("spend:acme:big:daily:2026-12-07", 50, EXPIRE_AT)
+A = Line("spend:acme|*|daily|2026-12-07", 100, EXPIRE_AT)
+B = Line("spend:acme|big|daily|2026-12-07", 50, EXPIRE_AT)
 
 
 @pytest.fixture(params=["memory", "redis"])

@@ -118,7 +118,10 @@ class Budgets:
 
     @staticmethod
     def _line(budget: Budget, current: Window) -> Line:
-        key = f"spend:{budget.tenant}:{budget.model or '*'}:{budget.period.value}:{current.name}"
+        """Its key's parts are joined by `|`, which no name may hold (a tenant or model
+        name may hold `:`), and `*`, which no model may be called, stands for all."""
+        parts = (budget.tenant, budget.model or "*", budget.period.value, current.name)
+        key = "spend:" + "|".join(parts)
         return Line(key, budget.amount_nanos, current.end_s + KEPT_AFTER_S)
 
     async def reserve(self, budgets: Sequence[Budget], nanos: int) -> Hold:

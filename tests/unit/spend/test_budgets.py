@@ -127,3 +127,12 @@ async def test_spend_owed_while_the_store_was_away_is_paid_later():
     assert subject.owed == 0
     await subject.settle(hold, (daily,), 0)
     assert heard[-1] == (daily, 0.3)
+
+
+async def test_names_holding_colons_never_share_a_counter():
+    clock = FakeClock(at(UTC, 2026, 12, 7, 12))
+    one = Budget("a", DOLLAR, Period.DAILY, model="b:c")
+    other = Budget("a:b", DOLLAR, Period.DAILY, model="c")
+    subject, _ = budgets(clock, one, other)
+    await subject.reserve((one,), DOLLAR)
+    await subject.reserve((other,), DOLLAR)
