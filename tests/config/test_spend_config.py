@@ -10,6 +10,8 @@ from tests.config.test_config import base, parse
 def with_spend(**spend) -> dict:
     raw = base()
     raw["models"][0]["deployments"][0]["price"] = {"input": 2.5, "output": 10}
+    unpriced = {"name": "sim-e", "base_url": "${SIM_URL}", "model": "e"}
+    raw["models"].append({"name": "embed", "deployments": [unpriced]})
     return raw | {"spend": spend}
 
 
@@ -28,6 +30,13 @@ def test_prices_and_budgets_are_parsed_once_into_nanodollars():
     assert settings.spend.time_zone == "Europe/Paris"
     assert settings.spend.when_down is WhenDown.FAIL_CLOSED
     assert settings.spend.priced(settings.models)
+
+
+def test_a_budget_without_any_price_counts_nothing_and_is_refused():
+    raw = base() | {"spend": {"budgets": [ALICE]}}
+    with pytest.raises(ConfigError) as info:
+        parse(raw)
+    assert "spend.budgets[0]: no price is set on any deployment" in str(info.value)
 
 
 def test_nothing_priced_and_no_budget_means_nothing_to_count():
@@ -56,6 +65,10 @@ ALICE = {"tenant": "alice", "amount": 1}
         ({"budgets": [{**ALICE, "soft": 1.5}]}, "spend.budgets[0].soft"),
         ({"budgets": [ALICE, ALICE]}, "spend.budgets[1]: a second monthly budget"),
         ({"when_down": "local_share"}, "spend.when_down"),
+        (
+            {"budgets": [{**ALICE, "model": "embed"}]},
+            "spend.budgets[0]: no price is set on its model's deployments",
+        ),
     ],
 )
 def test_each_bad_spend_field_is_named(spend, expected):

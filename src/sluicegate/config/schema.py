@@ -668,6 +668,12 @@ class GatewayConfig(Strict):
                 yield f"{where} names unknown tenant {budget.tenant!r}{close}"
             if budget.model is not None and budget.model not in models:
                 yield f"{where} names unknown model {budget.model!r}{_close(budget.model, models)}"
+            priced = {
+                m.name for m in self.models if any(d.price is not None for d in m.deployments)
+            }
+            if (budget.model in models and budget.model not in priced) or not priced:
+                what = "its model's deployments" if budget.model else "any deployment"
+                yield f"{where}: no price is set on {what}, so it would count nothing"
             key = (budget.tenant, budget.model, budget.period)
             if key in seen:
                 yield f"{where}: a second {budget.period} budget for the same tenant and model"
