@@ -235,7 +235,11 @@ class Budgets:
         now = self._wall.now()
         budgets = self._policy.budgets
         windows = [self.window(b.period, now) for b in budgets]
-        rows = list(await spent_rows(min(w.name for w in windows)))
+        try:
+            rows = list(await spent_rows(min(w.name for w in windows)))
+        except Exception as exc:
+            log.warning("budget counters not rebuilt: the durable record is unreadable (%s)", exc)
+            return
         totals: dict[Line, int] = {}
         for budget, current in zip(budgets, windows, strict=True):
             totals[self._line(budget, current)] = sum(
