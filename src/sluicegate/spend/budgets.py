@@ -6,8 +6,8 @@ the period holding now in the policy's time zone. The estimate is its prompt plu
 output allowance at the highest prices among the deployments that may serve it, so a
 request that fits its reservation can never take a budget past its amount: spend stays
 within the budget whatever the concurrency, except by what an attempt costs beyond its
-request's reservation (a hedge, a retry after a billed attempt, an upstream that
-overran `max_tokens`). Refused, the caller gets 429 `budget_exceeded` with a
+request's reservation (a hedge, a retry after a billed attempt, a prompt the provider
+counts longer than the gateway's estimate). Refused, the caller gets 429 `budget_exceeded` with a
 `Retry-After` to the end of the period that refused it.
 
 While the store cannot decide, the policy's `when_down` applies: `fail_closed` refuses
