@@ -157,7 +157,7 @@ class Pipeline:
                         call, permits, tally, inbound.interactive, tenant_slot=not arriving
                     )
                     if self.spend is not None:
-                        await self.spend.admit(call, permits)
+                        await self.spend.admit(call, permits, tally)
                     timeline.admitted_s = self._clock.now()
                     started = await self._first_answer(call, inbound.avoid, trail)
                     timeline.dispatched_s = started.attempt.dispatched_s

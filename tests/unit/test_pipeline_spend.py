@@ -79,3 +79,19 @@ async def test_a_stream_cut_before_its_usage_counts_its_prompt_and_what_was_rela
         row = spent(h)["tenants"]["a"]["chat"]
         assert row["output_tokens"] == 1
         assert row["estimated_nanos"] == row["nanos"] > 0
+
+
+async def test_a_request_refused_over_budget_gives_its_token_reservations_back():
+    """The aggregate's tokens per minute (400) hold about four requests' reservations
+    (about 105 tokens each) at once: were refusals to keep theirs, other tenants would
+    soon be refused for capacity."""
+    budget = {"budgets": [{"tenant": "a", "amount": 0.001, "period": "daily"}]}
+    raw = config({"name": "a", "price": PRICE}, spend=budget)
+    raw["aggregate"] = {"tokens_per_minute": 400}
+    async with running(raw, {}) as h:
+        codes = []
+        for _ in range(8):
+            with pytest.raises(GatewayError) as refused:
+                await h.ask(h.inbound(max_tokens=100))
+            codes.append(refused.value.code)
+        assert codes == ["budget_exceeded"] * 8

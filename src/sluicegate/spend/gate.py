@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
-from sluicegate.core.call import Call
+from sluicegate.core.call import Call, Tally
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.types import Deployment, Settings
 from sluicegate.scheduling.attempt import Attempt
@@ -26,9 +26,11 @@ class SpendGate:
         self.budgets = budgets
         self._rates = {name: most_per_token(model) for name, model in settings.models.items()}
 
-    async def admit(self, call: Call, permits: AsyncExitStack) -> None:
+    async def admit(self, call: Call, permits: AsyncExitStack, tally: Tally) -> None:
         """Reserve the request's estimate on its budgets (refused: `budget_exceeded`);
-        the settlement is left on `permits`, which end after every attempt has."""
+        the settlement is left on `permits`, which end after every attempt has. A
+        request refused here used no tokens: its token quotas, the aggregate's among
+        them, get their whole reservation back (`tally`)."""
         budgets = self.budgets
         bill = call.bill
         if budgets is None or bill is None:
@@ -38,7 +40,11 @@ class SpendGate:
             return
         rates = self._rates[call.model.name]
         nanos = estimate_nanos(rates, call.prompt_tokens, call.reserved_tokens - call.prompt_tokens)
-        hold = await budgets.reserve(applying, nanos)
+        try:
+            hold = await budgets.reserve(applying, nanos)
+        except GatewayError:
+            tally.used_tokens = 0
+            raise
 
         async def settle() -> None:
             bill.late = lambda nanos: budgets.owe(hold.lines, nanos)
