@@ -750,12 +750,16 @@ class Answer:
         return self._upstream
 
     async def prime(self) -> None:
-        if self.attempt.call.stream:
+        attempt = self.attempt
+        if attempt.call.stream:
             chunks = self._upstream.chunks()
-            self._rest = (
-                chunks if self.attempt.call.bill is None else _counted(chunks, self.attempt)
-            )
+            priced = attempt.call.bill is not None
+            # A stream that may be handed over is relayed through `Relay`: counted by a
+            # layer of its own; any other is counted where `chunks` relays it.
+            self._rest = _counted(chunks, attempt) if priced and self.giver else chunks
             self._first = await anext(self._rest)
+            if priced and not self.giver:
+                attempt.relayed += self._first.count(b"data:")
             self.primed_s = self._clock.now()
         else:
             self._body = await self._upstream.read()
@@ -780,7 +784,13 @@ class Answer:
             if first:
                 yield first
             if giver is None:
+                attempt = self.attempt
+                if attempt.call.bill is None:
+                    async for chunk in rest:
+                        yield chunk
+                    return
                 async for chunk in rest:
+                    attempt.relayed += chunk.count(b"data:")
                     yield chunk
                 return
             relay = Relay(giver, first)
