@@ -446,7 +446,9 @@ async def last_flush(spend: SpendGate, record: SqlSpendRecord | None) -> None:
 
 def spend_view(settings: Settings, spend: SpendGate | None) -> dict[str, Any]:
     if spend is None:
-        unpriced = sorted(d.name for m in settings.models.values() for d in m.deployments)
+        unpriced = ", ".join(
+            sorted(d.name for m in settings.models.values() for d in m.deployments)
+        )
         return {"tenants": {}, "unpriced_deployments": unpriced}
     view = spend.book.view(settings.models)
     if spend.budgets is not None:

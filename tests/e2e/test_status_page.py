@@ -163,7 +163,7 @@ def derived(document: dict[str, Any]) -> dict[str, str]:
                 nanos = figures[name]
                 label = name.replace("nanos", "dollars")
                 found[key(label, tenant, model)] = f"{nanos // 10**9}.{nanos % 10**9:09d}"
-    found[key("unpriced")] = ", ".join(spend["unpriced_deployments"]) or "none"
+    found[key("unpriced")] = spend["unpriced_deployments"] or "none"
     return found
 
 

@@ -27,7 +27,7 @@ async def test_an_answer_costs_its_usage_at_its_deployments_price():
         await h.ask(h.inbound())
         view = spent(h)
         assert view["tenants"]["a"]["chat"]["nanos"] == ANSWER
-        assert view["unpriced_deployments"] == ["b"]
+        assert view["unpriced_deployments"] == "b"
         lanes = h.runtime.pipeline.slo.view()["models"]["chat"]
         assert lanes["default"]["cost_per_success_dollars"] == ANSWER / NANOS
 

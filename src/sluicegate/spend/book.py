@@ -104,7 +104,8 @@ class SpendBook:
     def view(self, models: Mapping[str, Model]) -> dict[str, Any]:
         """This process's spend since it started, per tenant and model, in nanodollars
         (whole numbers, which the workers' documents add up exactly); and the
-        deployments without a price, whose answers cost nothing."""
+        deployments without a price, whose answers cost nothing (names joined by commas:
+        one string, which the workers' documents agree on)."""
         tenants: dict[str, dict[str, Any]] = {}
         for (tenant, model), a in sorted(self._totals.items()):
             tenants.setdefault(tenant, {})[model] = {
@@ -115,7 +116,9 @@ class SpendBook:
                 "output_tokens": a.output_tokens,
                 "attempts": a.attempts,
             }
-        unpriced = sorted(d.name for m in models.values() for d in m.deployments if d.price is None)
+        unpriced = ", ".join(
+            sorted(d.name for m in models.values() for d in m.deployments if d.price is None)
+        )
         return {
             "tenants": tenants,
             "unpriced_deployments": unpriced,

@@ -125,7 +125,7 @@ function spend(doc) {
     }
   }
   fill("spend", rows);
-  const unpriced = (spent.unpriced_deployments || []).join(", ") || "none";
+  const unpriced = spent.unpriced_deployments || "none";
   document.getElementById("unpriced").replaceChildren(derived(JSON.stringify(["unpriced"]), unpriced, "span"));
 }
 

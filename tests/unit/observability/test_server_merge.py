@@ -227,3 +227,9 @@ def test_cost_per_successful_request_is_a_ratio_of_the_workers_sums():
     server = whole_server(0, 2, {0: doc(1, 9_000), 1: doc(3, 3_000)})["server"]
     assert server["slo"]["models"]["m"]["l"]["cost_per_success_dollars"] == 3e-6
     assert server["spend"]["tenants"]["t"]["m"]["nanos"] == 12_000
+
+
+def test_the_deployments_without_a_price_read_the_same_in_the_servers_document():
+    doc = {"spend": {"tenants": {}, "unpriced_deployments": "a, b"}}
+    server = whole_server(0, 2, {0: doc, 1: doc})["server"]
+    assert server["spend"]["unpriced_deployments"] == "a, b"
