@@ -14,7 +14,8 @@ commit in /tmp/start and this checkout (see docs/benchmarks.md):
 
 usage: gateway_instructions.py SRC MODE N1 N2   (MODE: plain | stream)
 SIM_TIME_SCALE=1 paces the simulator (events arrive apart, as from a real deployment;
-default 0: no latency, a short answer arrives in one or two reads).
+default 0: no latency, a short answer arrives in one or two reads). SPEND=1 prices the
+deployment and gives the tenant a budget (in memory): the cost of spend accounting.
 """
 
 from __future__ import annotations
@@ -47,6 +48,14 @@ tenants:
   - name: bench
     keys: [{env: SLUICEGATE_BENCH_KEY}]
 """
+if os.environ.get("SPEND") == "1":
+    CONFIG = (
+        CONFIG.replace(
+            "        max_connections: 256\n",
+            "        max_connections: 256\n        price: {input: 1.0, output: 2.0}\n",
+        )
+        + "spend: {budgets: [{tenant: bench, amount: 1000000}]}\n"
+    )
 
 
 def free_port() -> int:

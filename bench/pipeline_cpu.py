@@ -15,6 +15,8 @@ checked out as a worktree in /tmp/start against the working tree:
     done
 
 It works with the pipeline entry of before and after `Pipeline.run` existed.
+`PIPELINE_CPU_SPEND=1` prices the deployment and gives the tenant a budget (in memory),
+for the cost of spend accounting on the request path.
 """
 
 from __future__ import annotations
@@ -53,12 +55,16 @@ CONFIG = {
         }
     ],
 }
+if os.environ.get("PIPELINE_CPU_SPEND") == "1":
+    CONFIG["models"][0]["deployments"][0]["price"] = {"input": 1.0, "output": 2.0}  # type: ignore[index]
+    CONFIG["spend"] = {"budgets": [{"tenant": "a", "amount": 1e6}]}
 PAYLOAD = {"model": "chat", "messages": [{"role": "user", "content": "x" * 400}], "max_tokens": 16}
 
 
 class Reply:
     used_tokens: int | None = None
     completion_tokens: int | None = None
+    cached_tokens: int | None = None
 
     async def read(self) -> bytes:
         self.used_tokens, self.completion_tokens = 12, 2

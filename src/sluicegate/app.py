@@ -27,6 +27,7 @@ from sluicegate.api.jobs import JobRoutes
 from sluicegate.api.ledger import BatchLedger
 from sluicegate.api.login import Logins
 from sluicegate.api.requestids import with_request_ids
+from sluicegate.api.spend import SpendRoutes
 from sluicegate.api.statuspage import StatusPage
 from sluicegate.capacity.breaker import Breaker
 from sluicegate.capacity.fleet_breaker import BreakerSync, FleetBreaker
@@ -37,7 +38,9 @@ from sluicegate.core import keys
 from sluicegate.core.clock import Clock, MonotonicClock
 from sluicegate.core.leases import LEASE_TTL_S, Leases
 from sluicegate.core.limits import LimitStore
+from sluicegate.core.spend import BudgetStore
 from sluicegate.core.types import (
+    Budget,
     Deployment,
     Endpoint,
     JobPolicy,
@@ -53,8 +56,9 @@ from sluicegate.guardrails.guardmodel import Ask, Messages
 from sluicegate.guardrails.plugin import PluginError
 from sluicegate.jobs.clock import UnixClock
 from sluicegate.jobs.postgres import open_postgres
+from sluicegate.jobs.spend import SqlSpendRecord
 from sluicegate.jobs.sqlite import open_sqlite
-from sluicegate.jobs.store import JobStore
+from sluicegate.jobs.sqlstore import SqlJobStore
 from sluicegate.observability.access import AccessLog
 from sluicegate.observability.metrics import GatewayMetrics
 from sluicegate.observability.siblings import Seat, Siblings
@@ -71,6 +75,11 @@ from sluicegate.scheduling.fairness import Fairness, RoundRobin, VirtualTokenCou
 from sluicegate.scheduling.fleet_fairness import FairnessSync, FleetVirtualTokenCounter, Queued
 from sluicegate.scheduling.overload import OverloadMonitor, OverloadWatch
 from sluicegate.scheduling.routing import placement_for
+from sluicegate.spend.book import SpendBook
+from sluicegate.spend.budgets import Budgets
+from sluicegate.spend.gate import SpendGate
+from sluicegate.stores.budget_memory import MemoryBudgetStore
+from sluicegate.stores.budgets import RedisBudgetStore
 from sluicegate.stores.failover import FailoverStore
 from sluicegate.stores.memory import MemoryLimitStore
 from sluicegate.stores.redis import RedisLimitStore, listener
@@ -170,6 +179,8 @@ def build(
     spans, flush_spans = tracing(settings.tracing)
     built: list[Pipeline] = []
     guardrails = guardrails_of(settings, clock, metrics, guard_calls(settings, clock, built))
+    wall = UnixClock()
+    spend = spending(settings, metrics, wall, policy)
     pipeline = Pipeline(
         settings,
         providers,
@@ -181,6 +192,7 @@ def build(
         access=access,
         spans=spans,
         guardrails=guardrails,
+        spend=spend,
     )
     built.append(pipeline)
     watch = OverloadWatch(
@@ -196,6 +208,7 @@ def build(
         document = snapshot(monitor, dispatchers.values(), gates, pools.values())
         document["slo"] = pipeline.slo.view()
         document["history"] = pipeline.slo.history()
+        document["spend"] = spend_view(settings, spend)
         if seat is not None:
             document["answered"] = metrics.answered_total()
         return document
@@ -221,7 +234,6 @@ def build(
         return whole_server(seat.index, seat.count, documents)
 
     gateway = Gateway(settings, pipeline, metrics, clock, status)
-    wall = UnixClock()
     workers = Workers(settings, pipeline, metrics, clock, wall)
     intake = Intake(settings, wall, workers.wake, pace_clock=clock)
     page = StatusPage(
@@ -233,6 +245,7 @@ def build(
         lambda: gateway.ready,
     )
     ledger = BatchLedger(intake)
+    spend_routes = SpendRoutes(spend, settings.admin_keys)
     background: list[asyncio.Task[None]] = []
     listeners: list[Redis] = []
 
@@ -262,7 +275,14 @@ def build(
         yield redis.watch_releases(listeners[0], freed, policy.when_down.probe_s)
 
     scrapes: list[aiohttp.ClientSession] = []
-    job_stores: list[JobStore] = []
+    job_stores: list[SqlJobStore] = []
+    records: list[SqlSpendRecord] = []
+
+    async def job_store() -> SqlJobStore:
+        """The jobs database, opened once for whichever needs it first (jobs, spend)."""
+        if not job_stores:
+            job_stores.append(await open_job_store(settings.jobs, wall))
+        return job_stores[0]
 
     async def start_policies() -> None:
         """Everything the policies need running: providers, dispatchers, watchers, the
@@ -283,6 +303,13 @@ def build(
         if pollers:
             scrapes.append(aiohttp.ClientSession())
             background.extend(loop.create_task(p.run(scrapes[0])) for p in pollers)
+        if spend is not None:
+            if settings.jobs.enabled:
+                records.append(SqlSpendRecord((await job_store()).database))
+            record = records[0] if records else None
+            spend_routes.attach(record)
+            await start_spend(spend, record)
+            background.append(loop.create_task(keep_spend(spend, record)))
         for task in background:
             task.add_done_callback(_report_crash)
 
@@ -304,13 +331,17 @@ def build(
             await asyncio.to_thread(access.close)
         if flush_spans is not None:
             await asyncio.to_thread(flush_spans)
+        if spend is not None:
+            await last_flush(spend, records[0] if records else None)
+        while job_stores:
+            await job_stores.pop().close()
 
     async def startup() -> None:
         await start_policies()
         if settings.jobs.enabled:
-            job_stores.append(await open_job_store(settings.jobs, wall))
-            intake.attach(job_stores[0])
-            workers.start(job_stores[0], ledger.job_finished)
+            jobs = await job_store()
+            intake.attach(jobs)
+            workers.start(jobs, ledger.job_finished)
         if siblings is not None:
             await siblings.start()
         gc.collect()
@@ -325,8 +356,6 @@ def build(
         if job_stores:
             await workers.stop()
         await stop_policies()
-        for job_store in job_stores:
-            await job_store.close()
 
     router = gateway.routes(
         Router(on_startup=[startup], on_shutdown=[shutdown]),
@@ -335,6 +364,7 @@ def build(
     page.routes(router)
     JobRoutes(intake).routes(router)
     BatchRoutes(intake, ledger).routes(router)
+    spend_routes.routes(router)
     app: Handler = BodyBudget(router, settings.edge.max_body_bytes_in_flight)
     if shared is not None:
         app = mark_degraded(app, lambda: shared.degraded)
@@ -396,6 +426,83 @@ def guard_calls(settings: Settings, clock: Clock, pipeline: list[Pipeline]) -> A
         return ask
 
     return ask_for
+
+
+def spending(
+    settings: Settings, metrics: GatewayMetrics, wall: Clock, redis: RedisPolicy | None
+) -> SpendGate | None:
+    """None when no deployment has a price and no budget is set: requests then pay
+    nothing for spend."""
+    policy = settings.spend
+    if not policy.priced(settings.models):
+        return None
+    book = SpendBook(policy, wall, metrics.spent)
+    if not policy.budgets:
+        return SpendGate(settings, book, None)
+    store: BudgetStore = MemoryBudgetStore()
+    if redis is not None:
+        connection = RespConnection(redis.url, redis.connect_timeout_s)
+        store = RedisBudgetStore(connection, redis.key_prefix, redis.timeout_s)
+
+    def used(budget: Budget, ratio: float) -> None:
+        metrics.budget_used(budget.tenant, budget.model, budget.period.value, ratio, budget.soft)
+
+    return SpendGate(settings, book, Budgets(policy, store, wall, used))
+
+
+async def start_spend(spend: SpendGate, record: SqlSpendRecord | None) -> None:
+    """Budgets learn where to rebuild their counters from, and build them now if the
+    shared store has none (a new fleet, or Redis restarted while no replica ran), so
+    the first requests are not refused while they are built."""
+    budgets = spend.budgets
+    if budgets is None or record is None:
+        return
+
+    async def spent_rows(first_day: str) -> list[tuple[str, str, str, int]]:
+        await spend.book.flush(record)
+        return await record.since(first_day)
+
+    budgets.attach_record(spent_rows)
+    try:
+        await budgets.rebuild()
+    except Exception as exc:
+        logging.getLogger("sluicegate").warning("budget counters not built at start: %s", exc)
+
+
+async def keep_spend(spend: SpendGate, record: SqlSpendRecord | None) -> None:
+    """Write spend to the durable record and pay budgets what they are owed, every
+    flush interval, for the process's lifetime."""
+    budgets, every_s, clock = spend.budgets, spend.book.flush_s, MonotonicClock()
+    then = None if budgets is None else budgets.pay_owed
+    if record is not None:
+        await spend.book.run(record, every_s, clock, then)
+    elif budgets is not None:
+        await budgets.run(every_s, clock)
+
+
+async def last_flush(spend: SpendGate, record: SqlSpendRecord | None) -> None:
+    """At a stop, what is still unwritten goes to the durable record: a rolling restart
+    (a price change) loses no spend."""
+    if record is not None:
+        try:
+            await spend.book.flush(record)
+        except Exception as exc:
+            logging.getLogger("sluicegate").error("spend not written at stop: %s", exc)
+    if spend.budgets is not None:
+        await spend.budgets.pay_owed()
+        await spend.budgets.close()
+
+
+def spend_view(settings: Settings, spend: SpendGate | None) -> dict[str, Any]:
+    if spend is None:
+        unpriced = ", ".join(
+            sorted(d.name for m in settings.models.values() for d in m.deployments)
+        )
+        return {"tenants": {}, "unpriced_deployments": unpriced}
+    view = spend.book.view(settings.models)
+    if spend.budgets is not None:
+        view["budgets_owed"] = spend.budgets.owed
+    return view
 
 
 def access_log(policy: LogPolicy, metrics: GatewayMetrics) -> AccessLog | None:
@@ -470,7 +577,7 @@ def _report_crash(task: asyncio.Task[None]) -> None:
         )
 
 
-async def open_job_store(policy: JobPolicy, clock: Clock) -> JobStore:
+async def open_job_store(policy: JobPolicy, clock: Clock) -> SqlJobStore:
     if policy.store == "postgres":
         assert policy.postgres_dsn is not None, "config validation requires it"
         return await open_postgres(

@@ -206,11 +206,14 @@ class Grant:
             failover=True,
         )
 
-    def report(self, prompt_tokens: int, completion_tokens: int) -> None:
+    def report(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> None:
         """The provider's usage: settles the token reservations as the proxy does with a
-        usage it reads. Without it the reservation stands (counted as unsettled)."""
+        usage it reads, and is what the attempt costs at its deployment's price (of the
+        prompt, `cached_tokens` read from the provider's cache). Without it the
+        reservation stands (counted as unsettled)."""
         self._usage.used_tokens = prompt_tokens + completion_tokens
         self._usage.completion_tokens = completion_tokens
+        self._usage.cached_tokens = cached_tokens
 
 
 def caller_failed(deployment: str, err: Exception) -> GatewayError:
@@ -222,11 +225,12 @@ class Reported:
     """The upstream answer of an attempt whose caller makes the call: nothing to read
     here, and the usage is what the caller reports."""
 
-    __slots__ = ("completion_tokens", "used_tokens")
+    __slots__ = ("cached_tokens", "completion_tokens", "used_tokens")
 
     def __init__(self) -> None:
         self.used_tokens: int | None = None
         self.completion_tokens: int | None = None
+        self.cached_tokens: int | None = None
 
     async def read(self) -> bytes:
         return b""

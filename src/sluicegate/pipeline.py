@@ -31,7 +31,7 @@ from sluicegate.admission.estimate import (
     output_tokens,
     prompt_tokens,
 )
-from sluicegate.core.call import Call, Tally
+from sluicegate.core.call import Bill, Call, Tally
 from sluicegate.core.clock import Clock, sleep_until, timeout_at
 from sluicegate.core.errors import (
     CONTEXT_LENGTH,
@@ -66,6 +66,7 @@ from sluicegate.scheduling.handover import Giver
 from sluicegate.scheduling.ladder import degrade
 from sluicegate.scheduling.lanes import Demand, classify
 from sluicegate.scheduling.overload import OverloadMonitor, TtftWindow
+from sluicegate.spend.gate import SpendGate
 
 REFUSALS = frozenset(Refusal)
 
@@ -120,7 +121,9 @@ class Pipeline:
         access: AccessLog | None = None,
         spans: Spans | None = None,
         guardrails: Guardrails | None = None,
+        spend: SpendGate | None = None,
     ) -> None:
+        """`spend` None: nothing is priced and no budget is set, so spend costs nothing."""
         self._settings = settings
         self._guardrails = guardrails if guardrails is not None and guardrails.on else None
         self._models = settings.models
@@ -141,6 +144,7 @@ class Pipeline:
         self.access = access
         self._spans = spans or Spans()
         self._lines = Lines(log)
+        self.spend = spend
 
     @asynccontextmanager
     async def run(self, inbound: Inbound) -> AsyncIterator[Answer]:
@@ -164,6 +168,8 @@ class Pipeline:
                     await self._boundary.admit(
                         call, permits, tally, inbound.interactive, tenant_slot=not arriving
                     )
+                    if self.spend is not None:
+                        await self.spend.admit(call, permits, tally)
                     timeline.admitted_s = self._clock.now()
                     checks: OutputChecks | None = None
                     if self._guardrails is not None and inbound.guarded:
@@ -290,6 +296,7 @@ class Pipeline:
             prompt,
             prompt + output,
             inbound.client_retries,
+            bill=None if self.spend is None else Bill(discounted=not inbound.interactive),
         )
 
     def _prompt(self, inbound: Inbound, payload: dict[str, Any]) -> int:
@@ -483,11 +490,18 @@ class Pipeline:
         assert body is not None
         try:
             async with provider.open(attempt.call.endpoint, body, budget_s) as upstream:
+                ended: BaseException | None = None
                 try:
                     yield upstream
+                except BaseException as err:
+                    ended = err
+                    raise
                 finally:
                     attempt.used_tokens = upstream.used_tokens
                     attempt.completion_tokens = upstream.completion_tokens
+                    if self.spend is not None:
+                        attempt.cached_tokens = upstream.cached_tokens
+                        self.spend.attempt_ended(attempt, deployment, ended)
         except GatewayError as err:
             if err.status >= 500:
                 self._metrics.upstream_error(deployment.name, err.code)
@@ -550,6 +564,8 @@ class Pipeline:
             if call.stream and first is not None:
                 tpot = time_per_token(first, now, answer.produced())
             self.slo.answered(route, model, lane, timeline, call.stream, tpot)
+            if call.bill is not None:
+                self.slo.priced(model, lane, call.bill.nanos)
             verdict = judge_answer(call.lane, timeline, now, tpot)
         else:
             verdict = _failed(call, timeline, error, now)
@@ -600,6 +616,17 @@ def _retrieved(task: asyncio.Task[Any]) -> None:
     """A parallel check nobody waited for (the attempt failed first) raises nothing later."""
     if not task.cancelled():
         task.exception()
+
+
+async def _counted(chunks: AsyncIterator[bytes], attempt: Attempt) -> AsyncIterator[bytes]:
+    """A priced stream's chunks, its events counted as they pass: its output, should it
+    end without the provider's usage."""
+    try:
+        async for chunk in chunks:
+            attempt.relayed += chunk.count(b"data:")
+            yield chunk
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
 
 
 def _ms(seconds: float) -> float:
@@ -810,9 +837,16 @@ class Answer:
         return self._upstream
 
     async def prime(self) -> None:
-        if self.attempt.call.stream:
-            self._rest = self._upstream.chunks()
+        attempt = self.attempt
+        if attempt.call.stream:
+            chunks = self._upstream.chunks()
+            priced = attempt.call.bill is not None
+            # A stream that may be handed over is relayed through `Relay`: counted by a
+            # layer of its own; any other is counted where `chunks` relays it.
+            self._rest = _counted(chunks, attempt) if priced and self.giver else chunks
             self._first = await anext(self._rest)
+            if priced and not self.giver:
+                attempt.relayed += self._first.count(b"data:")
             self.primed_s = self._clock.now()
         else:
             self._body = await self._upstream.read()
@@ -849,7 +883,13 @@ class Answer:
             if first:
                 yield first
             if giver is None:
+                attempt = self.attempt
+                if attempt.call.bill is None:
+                    async for chunk in rest:
+                        yield chunk
+                    return
                 async for chunk in rest:
+                    attempt.relayed += chunk.count(b"data:")
                     yield chunk
                 return
             relay = Relay(giver, first)

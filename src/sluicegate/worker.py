@@ -338,10 +338,22 @@ class Workers:
         error = _error(err)
         if err.code == Refusal.DEADLINE:
             await self._end(job, JobState.EXPIRED, error=error)
+        elif err.code == Refusal.BUDGET:
+            await self._store.release(self.owner, job.id, self._over_budget_s(job, err), error)
         elif _worth_retrying(err) and job.attempts < self._policy.max_attempts:
             await self._store.release(self.owner, job.id, self._backoff_s(job, err), error)
         else:
             await self._end(job, JobState.FAILED, error=error)
+
+    def _over_budget_s(self, job: Job, err: GatewayError) -> float:
+        """A job over its tenant's budget stays queued until the budget's period ends
+        (the refusal's Retry-After), whatever its attempts: it is no failure of its own.
+        Due later than its deadline, it waits past it, for the expiry sweep to end it
+        with this refusal as its error."""
+        wait_s = err.retry_after_s or self._policy.backoff_cap_s
+        if job.deadline_at is not None:
+            wait_s = min(wait_s, max(0.0, job.deadline_at - self._wall.now()) + PAST_DEADLINE_S)
+        return wait_s
 
     def _backoff_s(self, job: Job, err: GatewayError) -> float:
         """Full jitter on an exponential cap, but never sooner than the refusal's Retry-After."""
@@ -365,6 +377,11 @@ class Workers:
             await self._on_final(self._store, job)
         except Exception:
             log.exception("batch %s: settling failed; its next poll settles it", job.batch_id)
+
+
+PAST_DEADLINE_S = 1.0
+"""How long past its deadline a job over budget is held back, so that the expiry sweep
+ends it before a claim could run it."""
 
 
 def _worth_retrying(err: GatewayError) -> bool:

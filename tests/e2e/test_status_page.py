@@ -62,6 +62,7 @@ def config(sim_url: str) -> dict[str, Any]:
                         "api_key_env": "SIM_KEY",
                         "pools": ["sim"],
                         "metrics": {"interval_s": 0.25, "max_num_seqs": 32},
+                        "price": {"input": 0.3, "output": 1.7},
                     }
                 ],
             }
@@ -147,6 +148,22 @@ def derived(document: dict[str, Any]) -> dict[str, str]:
             total = sum(t[lane]["accepted"] for t in tenants.values() if lane in t)
             share = fixed3(figures["accepted"] / total) if total else NOTHING
             found[key("share", tenant, lane)] = share
+    for model, entry in document["models"].items():
+        for lane in entry["lanes"]:
+            figures = at(document, ["slo", "models", model, lane]) or {}
+            priced = figures.get("priced_successes")
+            micro = figures["success_nanos"] / priced / 1000 if priced else None
+            found[key("micro_per_success", model, lane)] = (
+                NOTHING if micro is None else fixed3(micro)
+            )
+    spend = document["spend"]
+    for tenant, models in spend["tenants"].items():
+        for model, figures in models.items():
+            for name in ("nanos", "estimated_nanos"):
+                nanos = figures[name]
+                label = name.replace("nanos", "dollars")
+                found[key(label, tenant, model)] = f"{nanos // 10**9}.{nanos % 10**9:09d}"
+    found[key("unpriced")] = spend["unpriced_deployments"] or "none"
     return found
 
 
@@ -288,6 +305,8 @@ async def test_every_figure_on_the_live_page_equals_the_gateways_own(gateway: Pr
             assert figures[key("slo", "tenants", "alice", "interactive", "met")] == "12"
             assert figures[key("slo", "tenants", "bob", "batch", "met")] == "6"
             assert figures[key("pools", "sim", "limit")] == "8"
+            assert figures[key("spend", "tenants", "alice", "chat", "attempts")] == "12"
+            assert (await page_figures(page, "derived"))[key("dollars", "bob", "chat")] > "0.0"
             assert (await page_figures(page, "derived"))[key("history", "offered")] == "19"
 
             for _ in range(SETTLE_TRIES):

@@ -37,6 +37,7 @@ class FakeResponse:
         self._chunks = chunks
         self.used_tokens: int | None = None
         self.completion_tokens: int | None = None
+        self.cached_tokens: int | None = None
 
     async def read(self) -> bytes:
         self.used_tokens = self._reported

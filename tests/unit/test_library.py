@@ -127,3 +127,25 @@ async def test_a_reported_throttle_cools_the_pool_for_every_caller(tmp_path):
                 raise AssertionError("the block must not run")
         assert cooling.value.code == "pool_cooling_down"
         assert 25 < cooling.value.retry_after_s <= 30
+
+
+async def test_a_library_caller_spends_what_it_reports_and_its_budget_holds(tmp_path):
+    path = write(tmp_path)
+    config = yaml.safe_load(path.read_text())
+    for deployment in config["models"][0]["deployments"]:
+        deployment["price"] = {"input": 1000, "cached_input": 500, "output": 2000}
+    config["spend"] = {"budgets": [{"tenant": "t", "amount": 0.05, "period": "daily"}]}
+    path.write_text(yaml.safe_dump(config))
+    async with Governor.from_config(path, {"KEY": "sk-key"}) as g:
+        # Reserves 10 in and 10 out at $0.001 and $0.002 a token: $0.03.
+        async with g.attempt(model="chat", tenant="t", prompt_tokens=10, max_tokens=10) as grant:
+            grant.report(10, 2, cached_tokens=4)
+        spend = g._runtime.pipeline.spend
+        assert (
+            spend.book.view({})["tenants"]["t"]["chat"]["nanos"]
+            == 6_000_000 + 2_000_000 + 4_000_000
+        )
+        with pytest.raises(GatewayError) as refused:
+            async with g.attempt(model="chat", tenant="t", prompt_tokens=10, max_tokens=20):
+                pass
+        assert refused.value.code == "budget_exceeded"

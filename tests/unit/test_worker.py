@@ -9,6 +9,7 @@ from typing import Any, cast
 
 import orjson
 
+from sluicegate.core.refusals import Refusal
 from sluicegate.core.types import Endpoint
 from sluicegate.jobs.model import Job, JobState
 from sluicegate.jobs.sqlite import open_sqlite
@@ -158,3 +159,61 @@ async def test_a_job_whose_lease_lapsed_while_it_waited_for_a_worker_is_not_run_
         await store.close()
     assert ("wait", True) in pipeline.leased
     assert ("wait", False) not in pipeline.leased
+
+
+class OverBudgetPipeline:
+    """Every run refused as the budgets refuse: over budget until the period's end."""
+
+    def __init__(self, retry_after_s: float) -> None:
+        self.retry_after_s = retry_after_s
+        self.runs = 0
+
+    @asynccontextmanager
+    async def run(self, inbound: Any):
+        self.runs += 1
+        err = Refusal.BUDGET.error("tenant alice's daily budget has no room")
+        err.retry_after_s, err.should_retry = self.retry_after_s, False
+        raise err
+        yield
+
+
+async def queued_again(store: Any, job_id: str) -> Job:
+    async with asyncio.timeout(10):
+        while (found := await store.get("alice", job_id)).error is None:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+    return found
+
+
+async def test_a_job_over_budget_waits_for_the_period_or_its_deadline(tmp_path):
+    jobs = {"max_attempts": 1, "poll_s": 0.02, "lease_s": 600.0}
+    settings = parse(base() | {"jobs": jobs})
+    clock = FakeClock(1_700_000_000.0)
+    store = await open_sqlite(tmp_path / "jobs.db", clock)
+    pipeline = OverBudgetPipeline(retry_after_s=3600.0)
+    workers = Workers(settings, cast(Pipeline, pipeline), GatewayMetrics(), clock, clock)
+    body = b'{"model": "chat", "messages": [{"role": "user", "content": "hi"}]}'
+    submitted = [
+        await store.submit(
+            Job(tenant="alice", kind=Endpoint.CHAT, body=body, lane="batch", deadline_at=deadline)
+        )
+        for deadline in (None, clock.now() + 600.0)
+    ]
+
+    async def on_final(ended_in: Any, job: Job) -> None:
+        """Not a batch job: never called."""
+
+    workers.start(store, on_final)
+    try:
+        waiting, short = [await queued_again(store, job.id) for job in submitted]
+    finally:
+        await workers.stop()
+    try:
+        assert (waiting.state, waiting.not_before) == (JobState.QUEUED, clock.now() + 3600.0)
+        assert waiting.error["code"] == "budget_exceeded"
+        assert short.not_before == clock.now() + 601.0
+        clock.advance(600.0)
+        assert await store.expire_due() == 1
+        ended = await store.get("alice", short.id)
+        assert (ended.state, ended.error["code"]) == (JobState.EXPIRED, "budget_exceeded")
+    finally:
+        await store.close()

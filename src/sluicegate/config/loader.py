@@ -23,10 +23,12 @@ from sluicegate.config.schema import (
     KeyConfig,
     OverloadConfig,
     PoolConfig,
+    PriceConfig,
     QuotaConfig,
     RedisConfig,
     RouteConfig,
     SchedulingConfig,
+    SpendConfig,
 )
 from sluicegate.core.guarding import (
     Action,
@@ -43,6 +45,7 @@ from sluicegate.core.types import (
     AdaptiveLimit,
     BackendMetrics,
     BreakerPolicy,
+    Budget,
     DegradedPolicy,
     Deployment,
     EdgeLimits,
@@ -54,19 +57,23 @@ from sluicegate.core.types import (
     MetricsPolicy,
     Model,
     OverloadPolicy,
+    Period,
     PoolSpec,
     PrefixAffinity,
+    Price,
     Quota,
     RedisPolicy,
     RetryPolicy,
     RoutePolicy,
     Scheduling,
     Settings,
+    SpendPolicy,
     Tenant,
     Timeouts,
     TracingPolicy,
     WhenDown,
 )
+from sluicegate.spend.prices import NANOS
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -231,6 +238,7 @@ def _to_settings(
         ),
         tracing=TracingPolicy(**config.tracing.model_dump()),
         guardrails=_guardrails(config.guardrails),
+        spend=_spend(config.spend),
     )
 
 
@@ -418,7 +426,23 @@ def _deployment(
         max_cooldown_s=spec.max_cooldown_s,
         max_response_bytes=spec.max_response_bytes,
         context_window=spec.context_window,
+        price=_price(spec.price),
     )
+
+
+def _price(spec: PriceConfig | None) -> Price | None:
+    if spec is None:
+        return None
+    cached = spec.input if spec.cached_input is None else spec.cached_input
+    return Price(spec.input, cached, spec.output, spec.batch_discount)
+
+
+def _spend(spec: SpendConfig) -> SpendPolicy:
+    budgets = tuple(
+        Budget(b.tenant, round(b.amount * NANOS), Period(b.period), b.model, b.soft)
+        for b in spec.budgets
+    )
+    return SpendPolicy(budgets, spec.time_zone, spec.flush_s, WhenDown(spec.when_down))
 
 
 def _key_digest(key: KeyConfig, env: Mapping[str, str], report: Problems) -> bytes | None:

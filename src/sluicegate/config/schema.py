@@ -6,6 +6,7 @@ import difflib
 import re
 from collections.abc import Iterable, Iterator
 from typing import Annotated, Any, ClassVar, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
 
@@ -253,6 +254,22 @@ class TimeoutsConfig(Strict):
     )
 
 
+Dollars = Annotated[float, Field(ge=0, le=1_000_000, allow_inf_nan=False)]
+
+
+class PriceConfig(Strict):
+    """Dollars per million tokens, as the provider bills them."""
+
+    input: Dollars
+    cached_input: Dollars | None = Field(
+        default=None, description="prompt tokens read from the prefix cache; default input"
+    )
+    output: Dollars
+    batch_discount: float = Field(
+        default=0.0, ge=0, lt=1, description="the share jobs and batches do not pay"
+    )
+
+
 class DeploymentConfig(Strict):
     name: Name
     provider: Literal["openai", "anthropic"] = "openai"
@@ -305,6 +322,7 @@ class DeploymentConfig(Strict):
     pools: list[str] = Field(
         default_factory=list, description="pools gating this deployment; default: its own"
     )
+    price: PriceConfig | None = Field(default=None, description="none: its answers cost 0")
 
     @model_validator(mode="after")
     def _resumable_speaks_openai(self) -> DeploymentConfig:
@@ -721,6 +739,42 @@ class GuardrailsConfig(Strict):
         return self
 
 
+class BudgetConfig(Strict):
+    tenant: str
+    model: str | None = Field(default=None, description="one model's spend; default all")
+    amount: float = Field(gt=0, le=1e9, allow_inf_nan=False, description="dollars per period")
+    period: Literal["daily", "monthly"] = "monthly"
+    soft: float | None = Field(
+        default=0.8, gt=0, lt=1, description="share of the amount past which it warns"
+    )
+
+
+class SpendConfig(Strict):
+    """Budgets, and how spend is kept; prices are set per deployment."""
+
+    time_zone: str = Field(default="UTC", description="an IANA zone: periods and days align to it")
+    budgets: list[BudgetConfig] = Field(default_factory=list)
+    flush_s: Seconds = Field(
+        default=1.0, le=60, description="how often spend is written to the durable record"
+    )
+    when_down: Literal["fail_closed", "fail_open"] = Field(
+        default="fail_closed",
+        description="budgets while the shared store cannot decide: refuse (503), or admit "
+        "and count the spend there once it is back",
+    )
+
+    @field_validator("time_zone")
+    @classmethod
+    def _known_zone(cls, zone: str) -> str:
+        try:
+            ZoneInfo(zone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(
+                f"unknown time zone {zone!r} (an IANA name such as 'Europe/Paris')"
+            ) from None
+        return zone
+
+
 class GatewayConfig(Strict):
     server: ServerConfig = ServerConfig()
     routes: RoutesConfig = RoutesConfig()
@@ -739,6 +793,7 @@ class GatewayConfig(Strict):
         default="memory", description="where limits and shared state live"
     )
     redis: RedisConfig | None = None
+    spend: SpendConfig = SpendConfig()
     models: list[ModelConfig] = Field(min_length=1)
     tenants: list[TenantConfig] = Field(min_length=1)
 
@@ -855,6 +910,34 @@ class GatewayConfig(Strict):
             unknown = sorted(set(tenant.models or ()) - known)
             if unknown:
                 yield f"tenant {tenant.name!r} names unknown models {unknown}"
+
+        yield from self._budget_problems(known)
+
+    def _budget_problems(self, models: set[str]) -> Iterator[str]:
+        tenants = {t.name for t in self.tenants}
+        seen: set[tuple[str, str | None, str]] = set()
+        for i, budget in enumerate(self.spend.budgets):
+            where = f"spend.budgets[{i}]"
+            if budget.tenant not in tenants:
+                close = _close(budget.tenant, tenants)
+                yield f"{where} names unknown tenant {budget.tenant!r}{close}"
+            if budget.model is not None and budget.model not in models:
+                yield f"{where} names unknown model {budget.model!r}{_close(budget.model, models)}"
+            priced = {
+                m.name for m in self.models if any(d.price is not None for d in m.deployments)
+            }
+            if (budget.model in models and budget.model not in priced) or not priced:
+                what = "its model's deployments" if budget.model else "any deployment"
+                yield f"{where}: no price is set on {what}, so it would count nothing"
+            key = (budget.tenant, budget.model, budget.period)
+            if key in seen:
+                yield f"{where}: a second {budget.period} budget for the same tenant and model"
+            seen.add(key)
+        if self.spend.budgets and self.store == "redis" and self.jobs is None:
+            yield (
+                "spend.budgets with store 'redis' need a jobs section: its database keeps the "
+                "durable record the fleet's counters are rebuilt from"
+            )
 
 
 def _pools_of(models: Iterable[ModelConfig], but: str | None = None) -> set[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from sluicegate.core.types import Endpoint, Lane, Model, RoutePolicy, Tenant
@@ -35,6 +36,23 @@ class Call(NamedTuple):
     """The rest of an answer whose stream gave its slot away (`handover.Giver`): its
     caller has its first tokens, so it waits for a slot ahead of other work, bounded by
     its deadline alone, and is judged by no promise."""
+    bill: Bill | None = None
+    """What its attempts cost, shared by all its parts; None when nothing is priced."""
+
+
+class Bill:
+    """One request's spend over all its attempts (nanodollars), which its budgets
+    settle against; `discounted` for jobs and batches, `estimated` once an attempt's
+    usage had to be estimated. `late`, once its budgets are settled, counts there the
+    cost of an attempt that ends after (a lost hedge let go in the background)."""
+
+    __slots__ = ("discounted", "estimated", "late", "nanos")
+
+    def __init__(self, discounted: bool = False) -> None:
+        self.discounted = discounted
+        self.nanos = 0
+        self.estimated = False
+        self.late: Callable[[int], None] | None = None
 
 
 class Tally:

@@ -38,6 +38,7 @@ class Refusal(enum.StrEnum):
     STORE_UNAVAILABLE = "limit_store_unavailable"
     GUARDRAIL_BLOCKED = "guardrail_blocked"
     GUARDRAIL_UNAVAILABLE = "guardrail_unavailable"
+    BUDGET = "budget_exceeded"
 
     @property
     def status(self) -> int:
@@ -83,6 +84,7 @@ _STATUS = {
     Refusal.STORE_UNAVAILABLE: 503,
     Refusal.GUARDRAIL_BLOCKED: 400,
     Refusal.GUARDRAIL_UNAVAILABLE: 503,
+    Refusal.BUDGET: 429,
 }
 _TYPE = {
     429: ErrorType.RATE_LIMIT,

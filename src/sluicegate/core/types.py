@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -101,6 +102,18 @@ class BreakerPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class Price:
+    """What a deployment's provider bills, in dollars per million tokens: prompt tokens
+    read from its prefix cache at `cached_input`, the rest at `input`, output at
+    `output`; jobs and batches pay `1 - batch_discount` of that."""
+
+    input: float
+    cached_input: float
+    output: float
+    batch_discount: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class Deployment:
     name: str
     provider: str
@@ -124,6 +137,8 @@ class Deployment:
     max_cooldown_s: float = 300.0
     max_response_bytes: int = 64 * 1024 * 1024
     context_window: int | None = None
+    price: Price | None = None
+    """None: its answers cost nothing, which `/admin/status` says."""
 
     def __repr__(self) -> str:
         return f"Deployment({self.name!r}, {self.provider}, {self.base_url})"
@@ -481,6 +496,43 @@ class EdgeLimits:
     """On a stop signal, how long requests in flight may still take before they are cut."""
 
 
+class Period(enum.StrEnum):
+    """A budget's period, aligned to the calendar in the spend policy's time zone."""
+
+    DAILY = "daily"
+    MONTHLY = "monthly"
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """`amount_nanos` (billionths of a dollar) per `period` for `tenant`, on one `model`
+    or (None) on all of them; `soft` is the share of it past which the gateway warns."""
+
+    tenant: str
+    amount_nanos: int
+    period: Period = Period.MONTHLY
+    model: str | None = None
+    soft: float | None = 0.8
+
+
+@dataclass(frozen=True, slots=True)
+class SpendPolicy:
+    """Budgets and where spend is kept: `time_zone` aligns periods and days; the durable
+    record is written every `flush_s`; `when_down` says what a budget does while the
+    shared store cannot decide (`fail_open` counts the spend there once it is back)."""
+
+    budgets: tuple[Budget, ...] = ()
+    time_zone: str = "UTC"
+    flush_s: float = 1.0
+    when_down: WhenDown = WhenDown.FAIL_CLOSED
+
+    def priced(self, models: Mapping[str, Model]) -> bool:
+        """Whether anything is to be counted: a price anywhere, or a budget."""
+        return bool(self.budgets) or any(
+            d.price is not None for m in models.values() for d in m.deployments
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     """Everything the gateway needs at run time; `keys` maps sha256(key) to its tenant."""
@@ -517,3 +569,4 @@ class Settings:
     metrics: MetricsPolicy = MetricsPolicy()
     tracing: TracingPolicy = TracingPolicy()
     guardrails: GuardrailPolicy = field(default_factory=GuardrailPolicy)
+    spend: SpendPolicy = SpendPolicy()

@@ -140,6 +140,24 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     Migration(5, ("ALTER TABLE jobs ADD COLUMN request_id TEXT",)),
+    Migration(
+        6,
+        (
+            """CREATE TABLE spend (
+                tenant TEXT NOT NULL,
+                model TEXT NOT NULL,
+                day TEXT NOT NULL,
+                nanos {bigint} NOT NULL,
+                estimated_nanos {bigint} NOT NULL,
+                prompt_tokens {bigint} NOT NULL,
+                cached_tokens {bigint} NOT NULL,
+                output_tokens {bigint} NOT NULL,
+                attempts {bigint} NOT NULL,
+                PRIMARY KEY (tenant, model, day)
+            )""",
+            "CREATE INDEX spend_day ON spend (day)",
+        ),
+    ),
 )
 """Version 3 keeps a file's content as 1 MiB chunks, `file_chunks` keyed by (file, seq),
 moving each stored file's content there; `files.size` is NULL while a file is written.
@@ -148,7 +166,8 @@ the counts, the live probe, cancels and retention, in place of `jobs_batch` and
 `jobs_batch_state`. Version 4 keeps each tenant's stored bytes (whole files, job bodies
 and results) as one counter, `tenant_bytes`, counted from what is stored: a quota check
 reads one row, however much the tenant keeps. Version 5 keeps the id of the request that
-submitted each job."""
+submitted each job. Version 6 keeps spend per tenant, model and day (`jobs/spend.py`),
+added to in batches."""
 
 _CREATE_VERSIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (
     version INTEGER PRIMARY KEY,

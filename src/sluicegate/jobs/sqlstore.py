@@ -71,6 +71,11 @@ class SqlJobStore:
     async def close(self) -> None:
         await self._db.close()
 
+    @property
+    def database(self) -> Database:
+        """The database, for the records kept beside the jobs (spend)."""
+        return self._db
+
     async def submit(self, job: Job, quota_bytes: int | None = None) -> Job:
         async with self._db.write() as session:
             return await self._submit(session, job, self._clock.now(), quota_bytes)

@@ -427,6 +427,42 @@ class GatewayMetrics:
             CounterChild,
             r,
         )
+        self._spend = PlainFamily(
+            "sluicegate_spend_dollars",
+            "What the deployments billed, at their configured prices, per tenant and model: "
+            "every attempt, retries, hedges and jobs included.",
+            "counter",
+            ("tenant", "model"),
+            CounterChild,
+            r,
+        )
+        self._success_cost = PlainFamily(
+            "sluicegate_successful_request_cost_dollars",
+            "What successful requests cost, all their attempts included: over their count "
+            "(sluicegate_request_outcomes, kind met or missed), the cost per successful "
+            "request.",
+            "counter",
+            ("model", "lane"),
+            CounterChild,
+            r,
+        )
+        self._budget_used = PlainFamily(
+            "sluicegate_budget_used_ratio",
+            "Each budget's current period: spend and reservations over its amount, as last "
+            "seen by this process (`model` * for a budget on all models).",
+            "gauge",
+            ("tenant", "model", "period"),
+            GaugeChild,
+            r,
+        )
+        self._budget_soft = PlainFamily(
+            "sluicegate_budget_soft_reached",
+            "1 while a budget's current period is past its soft threshold, else 0.",
+            "gauge",
+            ("tenant", "model", "period"),
+            GaugeChild,
+            r,
+        )
         self._lanes: dict[tuple[str, str, str], LaneMetrics] = {}
         self._verdicts: dict[tuple[str, str, str, str, str], CounterChild] = {}
         self._tenant_verdicts: dict[tuple[str, str, str], CounterChild] = {}
@@ -509,6 +545,19 @@ class GatewayMetrics:
 
     def guardrail_cached(self, guardrail: str) -> None:
         self._guardrail_cached.labels(guardrail).inc()
+
+    def spent(self, tenant: str, model: str, dollars: float) -> None:
+        self._spend.labels(tenant, model).inc(dollars)
+
+    def success_cost(self, model: str, lane: str, dollars: float) -> None:
+        self._success_cost.labels(model, lane).inc(dollars)
+
+    def budget_used(
+        self, tenant: str, model: str | None, period: str, ratio: float, soft: float | None
+    ) -> None:
+        labels = (tenant, model or "*", period)
+        self._budget_used.labels(*labels).value = ratio
+        self._budget_soft.labels(*labels).value = float(soft is not None and ratio >= soft)
 
     def in_flight(self, route: str) -> GaugeChild:
         return self._in_flight.labels(route)
@@ -707,6 +756,8 @@ TAKES_MAX = frozenset(
         "sluicegate_dispatch_gate",
         "sluicegate_circuit",
         "sluicegate_store_degraded",
+        "sluicegate_budget_used_ratio",
+        "sluicegate_budget_soft_reached",
         "sluicegate_store_live_replicas",
         "sluicegate_job_backlog",
         "sluicegate_job_backlog_oldest_age_seconds",

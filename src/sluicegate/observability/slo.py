@@ -13,6 +13,7 @@ from typing import Any
 from sluicegate.core.clock import Clock
 from sluicegate.core.slo import LoadHistory, RecentOutcomes, Timeline, Verdict, figures
 from sluicegate.observability.metrics import GatewayMetrics
+from sluicegate.spend.prices import NANOS, cost_per_success
 
 UNKNOWN = "-"
 """The model or lane of a request refused before either was known."""
@@ -27,6 +28,8 @@ class SloAccounts:
         self._clock = clock
         self._recent = RecentOutcomes(window_s)
         self._history = LoadHistory()
+        self._costs: dict[tuple[str, str], list[int]] = {}
+        """Per model and lane: successful requests priced, and their cost (nanodollars)."""
 
     def finished(
         self, route: str, model: str, lane: str, tenant: str | None, verdict: Verdict
@@ -75,14 +78,29 @@ class SloAccounts:
         bound.prompt_tokens.inc(max(used_tokens - completion, 0))
         bound.completion_tokens.inc(completion)
 
+    def priced(self, model: str, lane: str, nanos: int) -> None:
+        """A successful request's cost, all its attempts included."""
+        self._metrics.success_cost(model, lane, nanos / NANOS)
+        tally = self._costs.get((model, lane))
+        if tally is None:
+            tally = self._costs[(model, lane)] = [0, 0]
+        tally[0] += 1
+        tally[1] += nanos
+
     def view(self) -> dict[str, Any]:
-        """Outcomes over the window, per lane of each model and per tenant and lane."""
+        """Outcomes over the window, per lane of each model and per tenant and lane; next
+        to each lane's goodput, its cost per successful request since the start."""
         window_s = self._recent.window_s
         lanes: dict[str, dict[str, Any]] = {}
         tenants: dict[str, dict[str, Any]] = {}
         for (scope, name, lane), tally in self._recent.totals(self._clock.now()).items():
             into = lanes if scope == "lane" else tenants
             into.setdefault(name, {})[lane] = figures(tally, window_s)
+        for (model, lane), (count, nanos) in self._costs.items():
+            shown = lanes.setdefault(model, {}).setdefault(lane, {})
+            shown["priced_successes"] = count
+            shown["success_nanos"] = nanos
+            shown["cost_per_success_dollars"] = cost_per_success(nanos, count)
         return {"window_s": window_s, "models": lanes, "tenants": tenants}
 
     def history(self) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from sluicegate.capacity.pools import Pool
 from sluicegate.core.slo import attainment
 from sluicegate.scheduling.dispatcher import Dispatcher
 from sluicegate.scheduling.overload import OverloadMonitor
+from sluicegate.spend.prices import cost_per_success
 
 
 def snapshot(
@@ -156,10 +157,14 @@ def _merge(values: list[Any], key: str = "") -> Any:
 
 def _rated(document: Any) -> Any:
     """`document` with every attainment worked out again from its merged counts: a
-    ratio of sums, not a sum of ratios."""
+    ratio of sums, not a sum of ratios; so is every cost per successful request."""
     if isinstance(document, dict):
         if "attainment" in document:
             document["attainment"] = attainment(document["met"], document["accepted"])
+        if "cost_per_success_dollars" in document:
+            document["cost_per_success_dollars"] = cost_per_success(
+                document["success_nanos"], document["priced_successes"]
+            )
         for value in document.values():
             _rated(value)
     return document

@@ -16,7 +16,7 @@ import orjson
 from sluicegate.core.types import Deployment, Endpoint
 from sluicegate.providers.anthropic_errors import classify, unsupported
 from sluicegate.providers.anthropic_request import include_usage, messages_request
-from sluicegate.providers.anthropic_response import chat_completion
+from sluicegate.providers.anthropic_response import cached_tokens, chat_completion
 from sluicegate.providers.anthropic_stream import StreamBroken, StreamTranslator
 from sluicegate.providers.base import interrupted, malformed
 from sluicegate.providers.transport import AdapterResponse, HttpProvider, UpstreamBody
@@ -37,11 +37,13 @@ class AnthropicResponse(AdapterResponse):
     async def read(self) -> bytes:
         body = await self._body.read()
         try:
-            reply = chat_completion(orjson.loads(body), int(time.time()))
+            message = orjson.loads(body)
+            reply = chat_completion(message, int(time.time()))
         except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError):
             raise malformed(self._deployment) from None
         self.used_tokens = reply["usage"]["total_tokens"]
         self.completion_tokens = reply["usage"]["completion_tokens"]
+        self.cached_tokens = cached_tokens(message["usage"])
         return orjson.dumps(reply)
 
     async def chunks(self) -> AsyncIterator[bytes]:
@@ -59,6 +61,7 @@ class AnthropicResponse(AdapterResponse):
             raise interrupted(self._deployment, exc) from exc
         self.used_tokens = translator.used_tokens
         self.completion_tokens = translator.completion_tokens
+        self.cached_tokens = translator.cached_tokens
 
 
 class AnthropicProvider(HttpProvider):

@@ -31,6 +31,12 @@ def prompt_tokens(usage: dict[str, Any]) -> int:
     return sum(usage.get(name) or 0 for name in _PROMPT_FIELDS)
 
 
+def cached_tokens(usage: dict[str, Any]) -> int | None:
+    """Input tokens read from Anthropic's prompt cache (billed at its cached price)."""
+    read = usage.get("cache_read_input_tokens")
+    return read if isinstance(read, int) else None
+
+
 def openai_usage(prompt: int, completion: int) -> dict[str, int]:
     return {
         "prompt_tokens": prompt,

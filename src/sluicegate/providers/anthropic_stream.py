@@ -15,7 +15,12 @@ from typing import Any
 
 import orjson
 
-from sluicegate.providers.anthropic_response import finish_reason, openai_usage, prompt_tokens
+from sluicegate.providers.anthropic_response import (
+    cached_tokens,
+    finish_reason,
+    openai_usage,
+    prompt_tokens,
+)
 from sluicegate.providers.sse import EventSplitter, EventTooLarge, events
 
 _ROLE = b'{"role":"assistant","content":""}'
@@ -45,6 +50,7 @@ class StreamTranslator:
         "_role",
         "_stop_reason",
         "_tools",
+        "cached_tokens",
         "completion_tokens",
         "used_tokens",
     )
@@ -62,6 +68,8 @@ class StreamTranslator:
         self.used_tokens: int | None = None
         """Prompt + completion, set by `message_stop`: only a complete answer has it."""
         self.completion_tokens: int | None = None
+        self.cached_tokens: int | None = None
+        """Prompt tokens read from Anthropic's cache, as `message_start` reported them."""
 
     def feed(self, data: bytes) -> bytes:
         try:
@@ -113,6 +121,7 @@ class StreamTranslator:
         self._head = b"data: " + orjson.dumps(head)[:-1]
         usage = message["usage"]
         self._prompt = prompt_tokens(usage)
+        self.cached_tokens = cached_tokens(usage)
         self._completion = usage.get("output_tokens") or 0
         self._role = self._chunk(_ROLE)
         return b""

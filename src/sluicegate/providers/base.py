@@ -23,6 +23,8 @@ class UpstreamResponse(Protocol):
 
     used_tokens: int | None
     completion_tokens: int | None
+    cached_tokens: int | None
+    """Prompt tokens read from the provider's prefix cache, when it reported them."""
 
     async def read(self) -> bytes: ...
 

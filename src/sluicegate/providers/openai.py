@@ -18,21 +18,21 @@ _DONE = b"data: [DONE]"
 _USAGE = re.compile(rb'"usage":\s*\{[^}]*')
 _TOTAL = re.compile(rb'"total_tokens":\s*(\d+)')
 _COMPLETION = re.compile(rb'"completion_tokens":\s*(\d+)')
+_CACHED = re.compile(rb'"cached_tokens":\s*(\d+)')
 _TAIL_BYTES = 4096
 """Enough of a stream's end to hold its usage event and `[DONE]` however it was cut."""
 _NO_CHOICES = re.compile(rb'"choices":\s*\[\]')
 
 
-def _usage(data: bytes) -> tuple[int | None, int | None]:
-    """The total and completion tokens of the last usage object in `data`, if any."""
+def _usage(data: bytes) -> tuple[int | None, int | None, int | None]:
+    """The total, completion and cached prompt tokens of the last usage object in
+    `data`, if any."""
     objects = _USAGE.findall(data)
     if not objects:
-        return None, None
-    total, completion = _TOTAL.search(objects[-1]), _COMPLETION.search(objects[-1])
-    return (
-        None if total is None else int(total.group(1)),
-        None if completion is None else int(completion.group(1)),
-    )
+        return None, None, None
+    found = (pattern.search(objects[-1]) for pattern in (_TOTAL, _COMPLETION, _CACHED))
+    total, completion, cached = (None if m is None else int(m.group(1)) for m in found)
+    return total, completion, cached
 
 
 class OpenAIResponse(AdapterResponse):
@@ -103,7 +103,7 @@ class OpenAIResponse(AdapterResponse):
         return b"".join(kept)
 
     def _read_usage(self, data: bytes) -> None:
-        self.used_tokens, self.completion_tokens = _usage(data)
+        self.used_tokens, self.completion_tokens, self.cached_tokens = _usage(data)
 
 
 class OpenAIProvider(HttpProvider):

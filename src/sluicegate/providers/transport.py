@@ -202,13 +202,14 @@ class Transport:
 class AdapterResponse:
     """What every adapter's answer shares: the raw body, and the usage once reported."""
 
-    __slots__ = ("_body", "_deployment", "completion_tokens", "used_tokens")
+    __slots__ = ("_body", "_deployment", "cached_tokens", "completion_tokens", "used_tokens")
 
     def __init__(self, body: UpstreamBody, deployment: str) -> None:
         self._body = body
         self._deployment = deployment
         self.used_tokens: int | None = None
         self.completion_tokens: int | None = None
+        self.cached_tokens: int | None = None
 
     @property
     def ended(self) -> bool:

@@ -94,6 +94,11 @@ class Attempt:
     used_tokens: int | None = None
     """Prompt + completion, as the provider reported them; None when it did not."""
     completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    """Prompt tokens the provider read from its prefix cache, when it said."""
+    relayed: int = 0
+    """Stream events handed on, counted only for a priced request: its output when the
+    stream is cut before the provider's usage arrives."""
     outcome: Outcome | None = None
 
     @property

@@ -66,6 +66,7 @@ function lanes(doc) {
         figure(doc, [...base, "in_flight"]),
         figure(doc, [...slo, "offered"]), figure(doc, [...slo, "accepted"]),
         figure(doc, [...slo, "met"]), figure(doc, [...slo, "attainment"]),
+        derived(JSON.stringify(["micro_per_success", model, lane]), microPerSuccess(at(doc, slo))),
         counters,
       ]));
     }
@@ -96,6 +97,36 @@ function tenants(doc) {
     }
   }
   fill("tenants", rows);
+}
+
+function microPerSuccess(figures) {
+  if (!figures || !figures.priced_successes) return null;
+  return (figures.success_nanos / figures.priced_successes / 1000).toFixed(3);
+}
+
+// Whole nanodollars as exact dollars: no float rounding on the way.
+function dollars(nanos) {
+  return `${Math.floor(nanos / 1e9)}.${String(nanos % 1e9).padStart(9, "0")}`;
+}
+
+function spend(doc) {
+  const rows = [];
+  const spent = doc.spend || { tenants: {} };
+  for (const [tenant, models] of Object.entries(spent.tenants)) {
+    for (const [model, figures] of Object.entries(models)) {
+      const base = ["spend", "tenants", tenant, model];
+      rows.push(row([
+        cell(tenant), cell(model),
+        derived(JSON.stringify(["dollars", tenant, model]), dollars(figures.nanos)),
+        derived(JSON.stringify(["estimated_dollars", tenant, model]), dollars(figures.estimated_nanos)),
+        figure(doc, [...base, "prompt_tokens"]), figure(doc, [...base, "output_tokens"]),
+        figure(doc, [...base, "attempts"]),
+      ]));
+    }
+  }
+  fill("spend", rows);
+  const unpriced = spent.unpriced_deployments || "none";
+  document.getElementById("unpriced").replaceChildren(derived(JSON.stringify(["unpriced"]), unpriced, "span"));
 }
 
 function pools(doc) {
@@ -198,6 +229,7 @@ function render(document_) {
   chart(doc.history);
   lanes(doc);
   tenants(doc);
+  spend(doc);
   pools(doc);
   deployments(doc);
   document.getElementById("window").textContent = fmt(doc.slo.window_s);

@@ -212,3 +212,24 @@ def test_the_pool_cooldown_and_backend_scrape_gauges_take_the_largest_value():
     deployment = (("deployment", "d"),)
     assert page["sluicegate_backend_running", deployment] == 5.0
     assert page["sluicegate_pool_cooldown_seconds", deployment] == 2.0
+
+
+def test_cost_per_successful_request_is_a_ratio_of_the_workers_sums():
+    def doc(successes: int, nanos: int) -> dict:
+        lane = {
+            "priced_successes": successes,
+            "success_nanos": nanos,
+            "cost_per_success_dollars": nanos / successes / 1e9,
+        }
+        spend = {"tenants": {"t": {"m": {"nanos": nanos}}}}
+        return {"slo": {"models": {"m": {"l": lane}}}, "spend": spend}
+
+    server = whole_server(0, 2, {0: doc(1, 9_000), 1: doc(3, 3_000)})["server"]
+    assert server["slo"]["models"]["m"]["l"]["cost_per_success_dollars"] == 3e-6
+    assert server["spend"]["tenants"]["t"]["m"]["nanos"] == 12_000
+
+
+def test_the_deployments_without_a_price_read_the_same_in_the_servers_document():
+    doc = {"spend": {"tenants": {}, "unpriced_deployments": "a, b"}}
+    server = whole_server(0, 2, {0: doc, 1: doc})["server"]
+    assert server["spend"]["unpriced_deployments"] == "a, b"

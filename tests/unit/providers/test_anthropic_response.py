@@ -4,7 +4,7 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletion
 
-from sluicegate.providers.anthropic_response import chat_completion, finish_reason
+from sluicegate.providers.anthropic_response import cached_tokens, chat_completion, finish_reason
 
 
 def message(content: list[dict], stop_reason: str = "end_turn", **usage: int) -> dict:
@@ -71,6 +71,8 @@ def test_cached_input_tokens_count_as_prompt_tokens():
         message([], cache_creation_input_tokens=5, cache_read_input_tokens=20), 0
     )
     assert reply["usage"] == {"prompt_tokens": 35, "completion_tokens": 4, "total_tokens": 39}
+    assert cached_tokens({"cache_read_input_tokens": 20}) == 20
+    assert cached_tokens({"input_tokens": 20}) is None
 
 
 @pytest.mark.parametrize(

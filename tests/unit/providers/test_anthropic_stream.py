@@ -89,6 +89,7 @@ def test_text_stream_becomes_role_content_and_finish_chunks():
     assert "".join(c.choices[0].delta.content or "" for c in parsed) == "Hello"
     assert [c.choices[0].finish_reason for c in parsed] == [None, None, None, "stop"]
     assert (translator.used_tokens, translator.completion_tokens) == (15 + 5, 5)
+    assert translator.cached_tokens == 3, "priced at the deployment's cached_input"
 
 
 def test_usage_chunk_only_when_asked_for():

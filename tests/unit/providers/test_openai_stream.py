@@ -53,3 +53,14 @@ async def test_only_the_usage_event_leaves_a_block_with_stray_blank_lines():
     relayed = b"".join([chunk async for chunk in response.chunks()])
     assert relayed == stream.replace(USAGE + b"\n\n", b"")
     assert (response.used_tokens, response.completion_tokens) == (8, 3)
+
+
+async def test_the_cached_prompt_tokens_of_the_usage_are_read():
+    usage = (
+        b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,'
+        b'"total_tokens":8,"prompt_tokens_details":{"cached_tokens":4}}}'
+    )
+    stream = b"".join(line + b"\n\n" for line in (CHUNK, usage, DONE))
+    response = OpenAIResponse(Body(stream, 64), "d", hide_usage=True)
+    assert [chunk async for chunk in response.chunks()]
+    assert (response.used_tokens, response.completion_tokens, response.cached_tokens) == (8, 3, 4)

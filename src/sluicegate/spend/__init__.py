@@ -1,0 +1,1 @@
+"""Spend as governance: prices, what each request cost, budgets and where spend is kept."""
