@@ -13,6 +13,7 @@ validation costs in characters of scanning, as measured (docs/benchmarks.md).
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -22,6 +23,7 @@ from sluicegate.guardrails.extra import needs_extra
 
 with needs_extra("the PII checker"):
     import phonenumbers
+    from phonenumbers import re_util
     from stdnum import iban, luhn
     from stdnum.us import ssn
 
@@ -192,9 +194,26 @@ def phone_validator(regions: Sequence[str]) -> Callable[[str], bool]:
             return False
         return any(_valid_national(candidate, digits, region) for region in regions)
 
-    for region in regions:  # loads each region's metadata now rather than mid-scan
-        phonenumbers.example_number(region)
+    _warm_every_country()
     return valid
+
+
+@functools.cache
+def _warm_every_country() -> None:
+    """Validate an example number of every country, written both ways, once per
+    process at start: phonenumbers reads a country's metadata and compiles its patterns
+    the first time a number of it turns up, which would otherwise happen on the event
+    loop mid-scan (a `+` number may be of any country). The compiled patterns are kept:
+    there are more of them than the `re` module's own cache holds."""
+    re_util.enable_pattern_cache()
+    for region in phonenumbers.SUPPORTED_REGIONS:
+        example = phonenumbers.example_number(region)
+        if example is not None:
+            _valid_number(
+                phonenumbers.format_number(example, phonenumbers.PhoneNumberFormat.E164), None
+            )
+            national = phonenumbers.format_number(example, phonenumbers.PhoneNumberFormat.NATIONAL)
+            _valid_national(national, _digits(national), region)
 
 
 def _parsed(candidate: str, region: str | None) -> phonenumbers.PhoneNumber | None:

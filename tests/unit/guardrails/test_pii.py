@@ -161,3 +161,21 @@ def test_unknown_kinds_and_regions_are_refused_by_name() -> None:
         PiiChecker(regions=("US", "XX"))
     with pytest.raises(ValueError, match="none"):
         PiiChecker(())
+
+
+async def test_numbers_of_any_country_compile_nothing_on_the_loop() -> None:
+    """Every country's metadata and patterns are ready once a checker is built, so the
+    first number of a country met mid-scan compiles no pattern on the event loop."""
+    from phonenumbers import re_util
+
+    checker = PiiChecker()
+    compiled = re_util._COMPILED_PATTERNS
+    assert compiled is not None
+    before = len(compiled)
+    text = (
+        "+81 3-1234-5678, +55 11 91234-5678, +7 495 123-45-67, +27 21 123 4567, "
+        "+354 551 2345, +679 331 2345, +998 71 123 45 67"
+    )
+    verdict = await checker.check(text, Stage.INPUT)
+    assert [span.kind for span in verdict.spans] == ["phone"] * 7
+    assert len(compiled) == before
