@@ -11,10 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
-from sluicegate.bench.scenario import ScenarioError, describe
+from sluicegate.bench.scenario import load_as
 from sluicegate.config.schema import Name, Strict
 
 Strategy = Literal["round_robin", "least_loaded", "prefix_affinity", "fallback"]
@@ -146,13 +145,4 @@ class RoutingScenario(Strict):
 
 
 def load(path: Path) -> RoutingScenario:
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ScenarioError(f"{path}: not valid YAML: {exc}") from None
-    try:
-        return RoutingScenario.model_validate(raw)
-    except ValidationError as exc:
-        raise ScenarioError(describe(str(path), exc)) from None
+    return load_as(path, RoutingScenario)

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BeforeValidator, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError, model_validator
 
 from sluicegate.bench.arrivals import Arrival, Burst, Poisson
 from sluicegate.bench.dists import Dist, Fixed
 from sluicegate.bench.retry import NoRetry, Retry
 from sluicegate.config.schema import Name, Strict
+
+M = TypeVar("M", bound=BaseModel)
 
 MAX_DURATION_S = 3600.0
 Positive = Annotated[float, Field(gt=0)]
@@ -151,6 +153,11 @@ class Scenario(Strict):
 
 
 def load(path: Path) -> Scenario:
+    return load_as(path, Scenario)
+
+
+def load_as(path: Path, model: type[M]) -> M:
+    """The YAML file at `path` as a `model`; any fault is one `ScenarioError` line."""
     try:
         raw = yaml.safe_load(path.read_text())
     except OSError as exc:
@@ -158,7 +165,7 @@ def load(path: Path) -> Scenario:
     except yaml.YAMLError as exc:
         raise ScenarioError(f"{path}: not valid YAML: {exc}") from None
     try:
-        return Scenario.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as exc:
         raise ScenarioError(describe(str(path), exc)) from None
 

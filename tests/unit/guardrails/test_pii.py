@@ -11,6 +11,7 @@ from sluicegate.guardrails.checker import Stage, mask
 from sluicegate.guardrails.pii import PiiChecker
 from sluicegate.guardrails.scan import CHUNK_CHARS
 from tests.unit.guardrails.contract import check_contract
+from tests.unit.guardrails.turns import turns_during
 
 FOUND = [
     ("write to jane.doe+news@example.co.uk today", "jane.doe+news@example.co.uk", "email"),
@@ -129,29 +130,10 @@ def test_an_item_in_two_chunk_windows_is_reported_once() -> None:
     assert len(asyncio.run(PiiChecker(("email",)).check(text, Stage.INPUT)).spans) == 1
 
 
-async def _turns_during(checker: PiiChecker, text: str) -> int:
-    turns = 0
-    done = False
-
-    async def count() -> None:
-        nonlocal turns
-        while not done:
-            turns += 1
-            await asyncio.sleep(0)
-
-    counter = asyncio.create_task(count())
-    await asyncio.sleep(0)
-    turns = 0
-    await checker.check(text, Stage.INPUT)
-    done = True
-    await counter
-    return turns
-
-
 async def test_a_long_scan_hands_the_loop_back_between_bounded_pieces_of_work() -> None:
     text = "call +44 20 7946 0958 or 4111 1111 1111 1111. " * 300
-    assert await _turns_during(PiiChecker(), text) > 10
-    assert await _turns_during(PiiChecker(work_per_turn=None), text) == 0
+    assert await turns_during(PiiChecker().check(text, Stage.INPUT)) > 10
+    assert await turns_during(PiiChecker(work_per_turn=None).check(text, Stage.INPUT)) == 0
 
 
 def test_unknown_kinds_and_regions_are_refused_by_name() -> None:

@@ -3,11 +3,11 @@ nothing is found."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Iterator
 
 from sluicegate.guardrails.scan import CHUNK_CHARS, WORK_PER_TURN, scan
+from tests.unit.guardrails.turns import turns_during
 
 
 class Pattern:
@@ -22,28 +22,9 @@ class Pattern:
             yield match.span()
 
 
-async def _turns(text: str, finder: Pattern) -> int:
-    turns = 0
-    done = False
-
-    async def count() -> None:
-        nonlocal turns
-        while not done:
-            turns += 1
-            await asyncio.sleep(0)
-
-    counter = asyncio.create_task(count())
-    await asyncio.sleep(0)
-    turns = 0
-    await scan(text, [finder])
-    done = True
-    await counter
-    return turns
-
-
 async def test_a_scan_that_finds_nothing_still_hands_the_loop_turns() -> None:
     text = "a@" * (WORK_PER_TURN * 4)
-    assert await _turns(text, Pattern(r"zz")) >= 4
+    assert await turns_during(scan(text, [Pattern(r"zz")])) >= 4
 
 
 async def test_each_match_is_found_once_and_whole_across_chunks() -> None:
