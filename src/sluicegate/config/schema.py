@@ -347,7 +347,10 @@ class PrefixAffinityConfig(Strict):
         "/ (block_bytes / 4)",
     )
     max_load_ratio: float = Field(
-        default=1.25, gt=1, description="an affine deployment fuller than this x the mean gives way"
+        default=1.25,
+        gt=1,
+        description="an affine deployment fuller than this x the mean, and more than one "
+        "request's share of its batch above the mean, gives way",
     )
 
 

@@ -149,7 +149,8 @@ class PrefixAffinity:
     """How `prefix_affinity` cuts prompts and how much it remembers: blocks of
     `block_bytes` rendered bytes (about a quarter as many tokens), at most
     `index_blocks` per deployment (about its KV cache in tokens / (block_bytes / 4)),
-    and a deployment fuller than `max_load_ratio` x the mean gives way."""
+    and a deployment fuller than `max_load_ratio` x the mean, and more than one request's
+    share of its batch above the mean, gives way."""
 
     block_bytes: int = 512
     index_blocks: int = 8192

@@ -247,6 +247,49 @@ def test_affinity_gives_way_to_a_deployment_loaded_beyond_the_others():
     assert b.placed.reason is Reason.OVERRIDE
 
 
+def test_one_request_above_the_others_is_not_beyond_the_bound():
+    """With a batch of 8, one request more than the others passes 1.25x the mean; the
+    home deployment keeps the turn. Two more are beyond the ratio and beyond one
+    request's share of the batch: the turn goes to the least loaded."""
+    clock = FakeClock()
+    targets = [target(clock, name, metrics=True) for name in ("a", "b", "c", "d")]
+    r = routing("prefix_affinity", targets)
+    for t in targets:
+        sampled(t, 2)
+    home = next(t for t in targets if t.deployment.name == sent(r, attempt("a question")))
+    others = [t for t in targets if t is not home]
+    sampled(home, 3)
+    for t in others:
+        sampled(t, 2)
+    assert load_of(home) > 1.25 * sum(load_of(t) for t in targets) / len(targets)
+    a = attempt("a question", "a follow-up")
+    assert sent(r, a) == home.deployment.name
+    assert a.placed is not None
+    assert a.placed.reason is Reason.AFFINITY
+    sampled(home, 4)
+    for t in others:
+        sampled(t, 2)
+    b = attempt("a question", "a follow-up", "another")
+    assert sent(r, b) != home.deployment.name
+    assert b.placed is not None
+    assert b.placed.reason is Reason.OVERRIDE
+
+
+def test_without_metrics_one_attempt_above_the_others_is_not_beyond_the_bound():
+    """The gateway's own attempts in flight over the pools' limit: the same rule."""
+    clock = FakeClock()
+    targets = [target(clock, name) for name in ("a", "b", "c", "d")]
+    r = routing("prefix_affinity", targets)
+    home = next(t for t in targets if t.deployment.name == sent(r, attempt("a question")))
+    for t in targets:
+        t.breaker.in_flight = 3 if t is home else 2
+    a = attempt("a question", "a follow-up")
+    assert sent(r, a) == home.deployment.name
+    home.breaker.in_flight = 4
+    b = attempt("a question", "a follow-up", "another")
+    assert sent(r, b) != home.deployment.name
+
+
 def test_affinity_holds_while_every_deployment_has_room():
     """Two in flight on the home deployment and none elsewhere is far beyond the mean,
     but the home one starts the request at once and holds its prefix."""

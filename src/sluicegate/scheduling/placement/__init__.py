@@ -72,3 +72,13 @@ def load_of(target: Target) -> float:
         return target.breaker.in_flight / target.full
     per_slot = load.requests / (load.batch or target.full)
     return per_slot if load.kv_usage is None else max(per_slot, load.kv_usage)
+
+
+def slot_of(target: Target) -> float:
+    """How much one request adds to `load_of(target)`: one slot of the batch that load
+    is counted in. Loads move in these steps, so a bound on load means something only
+    when it is wider than one of them."""
+    load = target.gate.load()
+    if load is None:
+        return 1 / target.full
+    return 1 / (load.batch or target.full)

@@ -22,9 +22,19 @@ worker computes alike: a fleet sends a new conversation to one place and then fi
 there, without sharing its indexes.
 
 Affinity yields to load: when the chosen deployment is fuller than `max_load_ratio`
-times the mean (`load_of`), the least loaded one comes first instead; below a quarter
-of a batch on average (`QUIET`) every deployment starts a request at once, and the held
-prefix is worth more than any spread.
+times the mean (`load_of`) and also more than one request's share of its batch above
+that mean (`slot_of`), the least loaded one comes first instead. Both, because load is
+counted in batch slots and moves a whole slot per request: on a small batch, or on a
+fleet whose mean is low, a ratio alone is crossed by a deployment one request above
+the others, which is the ordinary jitter of arrivals and of sends since the last
+scrape, not an imbalance. Yielding there moves a turn away from the only deployment
+that holds its conversation, so it pays the whole prefill of the conversation to save
+the wait for one request's share of a batch step: the wrong trade, made most often at
+the loads where affinity matters most. A ratio still governs a full fleet, where its
+slack is many requests wide; the slot governs where it is not. The slack grows as the
+batch shrinks, without a second setting to tune. Below a quarter of a batch on average
+(`QUIET`) every deployment starts a request at once, and the held prefix is worth more
+than any spread.
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ import orjson
 from sluicegate.core.types import Endpoint
 from sluicegate.core.types import PrefixAffinity as Spec
 from sluicegate.scheduling.attempt import Attempt, Target
-from sluicegate.scheduling.placement import Placed, Reason, load_of
+from sluicegate.scheduling.placement import Placed, Reason, load_of, slot_of
 
 QUIET = 0.25
 """The mean load below which affinity never yields: the deployments have room."""
@@ -96,7 +106,7 @@ class PrefixAffinity:
             chosen = max(targets, key=lambda t: self._weight(opening, t.deployment.name))
             reason = Reason.HASH
         mean = max(QUIET, sum(loads.values()) / len(loads))
-        if loads[chosen.deployment.name] > self._spec.max_load_ratio * mean:
+        if self._beyond(loads[chosen.deployment.name], mean, slot_of(chosen)):
             ordered = sorted(targets, key=lambda t: loads[t.deployment.name])
             reason = Reason.OVERRIDE
         else:
@@ -129,6 +139,11 @@ class PrefixAffinity:
             "estimated_hit_ratio": self._blocks_held / sent if sent else None,
             "blocks_sent": sent,
         }
+
+    def _beyond(self, load: float, mean: float, slot: float) -> bool:
+        """Whether a deployment at `load` is loaded beyond the bound over a fleet at
+        `mean`: past the ratio, and by more than one request's share of its batch."""
+        return load > self._spec.max_load_ratio * mean and load - mean > slot
 
     def _held(self, name: str, blocks: list[bytes]) -> int:
         """How many leading blocks of the prompt `name` was sent lately."""
