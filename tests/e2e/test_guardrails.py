@@ -18,6 +18,7 @@ from aiohttp import web
 
 from tests.e2e.conftest import SIM_KEY, gateway_config
 from tests.support.processes import Proc, start
+from tests.support.webapp import serving
 
 CAROL = "sk-test-carol"
 DAVE = "sk-test-dave"
@@ -52,13 +53,8 @@ async def classifier() -> AsyncIterator[str]:
     app.router.add_post("/pii", pii)
     app.router.add_post("/down", down)
     app.router.add_post("/slow", slow)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}"
-    await runner.cleanup()
+    async with serving(app) as url:
+        yield url
 
 
 def tenant(name: str, key: str) -> dict:

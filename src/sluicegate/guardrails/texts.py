@@ -26,17 +26,7 @@ def request_places(route: str, payload: dict[str, Any]) -> list[Place]:
 
 
 def answer_places(body: dict[str, Any]) -> list[Place]:
-    found: list[Place] = []
-    choices = body.get("choices")
-    for choice in choices if isinstance(choices, list) else ():
-        if not isinstance(choice, dict):
-            continue
-        found += _string_places(choice, "text")
-        message = choice.get("message")
-        if isinstance(message, dict):
-            found += _string_places(message, "content")
-            found += _tool_places(message.get("tool_calls"))
-    return found
+    return _choice_places(body, "message")
 
 
 def texts(places: list[Place]) -> list[str]:
@@ -87,14 +77,20 @@ def _string_places(container: dict[str, Any], field: str) -> Iterator[Place]:
 def delta_places(event: dict[str, Any]) -> list[Place]:
     """The texts of one streamed event: each choice's content delta (or text) and its
     tool calls' argument deltas."""
+    return _choice_places(event, "delta")
+
+
+def _choice_places(body: dict[str, Any], inner: str) -> list[Place]:
+    """Each choice's text, and the content and tool-call arguments of its `inner` object
+    (`message` in a body, `delta` in a streamed event)."""
     found: list[Place] = []
-    choices = event.get("choices")
+    choices = body.get("choices")
     for choice in choices if isinstance(choices, list) else ():
         if not isinstance(choice, dict):
             continue
         found += _string_places(choice, "text")
-        delta = choice.get("delta")
-        if isinstance(delta, dict):
-            found += _string_places(delta, "content")
-            found += _tool_places(delta.get("tool_calls"))
+        part = choice.get(inner)
+        if isinstance(part, dict):
+            found += _string_places(part, "content")
+            found += _tool_places(part.get("tool_calls"))
     return found

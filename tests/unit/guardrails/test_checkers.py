@@ -25,6 +25,7 @@ from sluicegate.guardrails.http import CheckerFailed, HttpChecker, verdict_of
 from sluicegate.guardrails.patterns import Patterns
 from sluicegate.guardrails.plugin import PluginError, load_plugin
 from tests.support.clock import FakeClock
+from tests.support.webapp import serving
 from tests.unit.guardrails.contract import check_contract
 
 EMAIL = r"[\w.]+@[\w.]+\.\w+"
@@ -87,13 +88,8 @@ async def classifier() -> AsyncIterator[str]:
     app.router.add_post("/stalled", stalled)
     app.router.add_post("/huge", huge)
     app.router.add_post("/pieces", in_pieces)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}"
-    await runner.cleanup()
+    async with serving(app) as url:
+        yield url
 
 
 async def test_the_http_checker_passes_the_checker_contract(classifier: str) -> None:

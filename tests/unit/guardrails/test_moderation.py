@@ -11,6 +11,7 @@ from aiohttp import web
 
 from sluicegate.guardrails.checker import Stage
 from sluicegate.guardrails.moderation import MAX_ANSWER_BYTES, ModerationChecker, ModerationError
+from tests.support.webapp import serving
 from tests.unit.guardrails.contract import check_contract
 
 CATEGORIES = ("harassment", "hate", "self-harm", "sexual", "violence")
@@ -52,14 +53,9 @@ async def endpoint() -> AsyncIterator[tuple[Endpoint, str]]:
     scripted = Endpoint()
     app = web.Application()
     app.router.add_post("/v1/moderations", scripted.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield scripted, f"http://127.0.0.1:{port}/v1/moderations"
-    scripted.release.set()
-    await runner.cleanup()
+    async with serving(app) as url:
+        yield scripted, f"{url}/v1/moderations"
+        scripted.release.set()
 
 
 async def test_the_moderation_checker_keeps_the_checkers_promises(endpoint) -> None:
