@@ -108,11 +108,12 @@ def services(
     *,
     extra_config: str = "",
     serve_args: Sequence[str] = (),
+    extra_env: Mapping[str, str] | None = None,
 ) -> Iterator[Services]:
     """Start the zero-latency simulator, then a gateway in front of it; stop both after.
 
     `tenant_limits` are the bench tenant's `limits`, for scenarios that need refusals;
-    `extra_config` (top-level YAML) and `serve_args` change the gateway itself.
+    `extra_config` (top-level YAML), `serve_args` and `extra_env` change the gateway itself.
     """
     limits = ""
     if tenant_limits:
@@ -126,7 +127,8 @@ def services(
         limits=limits,
     )
     config += extra_config
-    with stack(["--time-scale", "0"], config, {KEY_ENV: key}, serve_args=serve_args) as (
+    env = {**(extra_env or {}), KEY_ENV: key}
+    with stack(["--time-scale", "0"], config, env, serve_args=serve_args) as (
         sim,
         gateway,
     ):
