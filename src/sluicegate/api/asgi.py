@@ -60,6 +60,10 @@ class Connection(Protocol):
         """Drop the connection now: an answer cut short after its start must not look
         complete, and closing would wait for unsent bytes to drain."""
 
+    def watch(self, on_lost: Callable[[], None] | None) -> None:
+        """Call `on_lost` once when the client goes away (at once if it has gone);
+        None stops watching."""
+
 
 class ClientDisconnected(CallerGone):
     """The HTTP client disconnected."""
@@ -193,18 +197,26 @@ class DisconnectWatcher:
     upstream call (and the provider's work) running until it finishes. Servers also
     answer `receive()` with a disconnect once the response is complete, so the
     response's final message must be sent after the watched block.
+
+    Given the server's `Connection`, the watcher registers with it and costs no task:
+    the connection calls back when it is lost. Without one (another ASGI server), a
+    task waits on `receive()`.
     """
 
-    __slots__ = ("_fired", "_owner", "_receive", "_task")
+    __slots__ = ("_connection", "_fired", "_owner", "_receive", "_task")
 
-    def __init__(self, receive: Receive) -> None:
+    def __init__(self, receive: Receive, connection: Connection | None = None) -> None:
         self._receive = receive
+        self._connection = connection
         self._fired = False
         self._owner: asyncio.Task[Any] | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> DisconnectWatcher:
         self._owner = asyncio.current_task()
+        if self._connection is not None:
+            self._connection.watch(self._lost)
+            return self
         self._task = asyncio.get_running_loop().create_task(self._watch())
         self._task.add_done_callback(_retrieve)
         return self
@@ -212,6 +224,9 @@ class DisconnectWatcher:
     async def _watch(self) -> None:
         while (await self._receive())["type"] != "http.disconnect":
             pass
+        self._lost()
+
+    def _lost(self) -> None:
         self._fired = True
         if self._owner is not None:
             self._owner.cancel()
@@ -221,6 +236,8 @@ class DisconnectWatcher:
         # watch frame -> self -> task, which would leave each request's garbage to the
         # slow full collections.
         task, owner, self._task, self._owner = self._task, self._owner, None, None
+        if self._connection is not None:
+            self._connection.watch(None)
         if task is not None:
             task.cancel()
         if not self._fired or owner is None:

@@ -230,7 +230,7 @@ class Gateway:
             _timeout_s(headers, route.max_timeout_s),
             _lane(headers),
             _client_retries(headers),
-            watch=lambda: DisconnectWatcher(receive),
+            watch=lambda: DisconnectWatcher(receive, connection),
             body_in=_whole_not_known if connection is None else connection.body_complete,
             timeline=timeline,
         )

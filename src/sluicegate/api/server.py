@@ -19,7 +19,7 @@ import math
 import resource
 import signal
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import NoReturn, Protocol
 
@@ -165,13 +165,16 @@ def server_config(
     app: Handler, limits: EdgeLimits, log_level: str = "warning", graceful_s: float = 5.0
 ) -> uvicorn.Config:
     """uvicorn leaves logging alone (`observability.logs` configures it): its records
-    reach the process's handler like every other."""
+    reach the process's handler like every other. Nothing reads a request's client
+    address or scheme, so uvicorn's rewriting of them from `X-Forwarded-*` headers,
+    a wrapper around every request, is off."""
     return uvicorn.Config(
         app,
         loop="uvloop",
         http=guarded(limits),
         lifespan="on",
         access_log=False,
+        proxy_headers=False,
         log_config=None,
         log_level=log_level,
         backlog=BACKLOG,
@@ -217,6 +220,7 @@ class GuardedHttp(HttpToolsProtocol):
     _body_late = False
     _stalled_at = NEVER
     _sends_due = NEVER
+    _on_lost: Callable[[], None] | None = None
     _extensions: dict[str, object]
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -234,6 +238,9 @@ class GuardedHttp(HttpToolsProtocol):
             self._timer.cancel()
             self._timer = None
         super().connection_lost(exc)
+        on_lost, self._on_lost = self._on_lost, None
+        if on_lost is not None:
+            on_lost()
 
     def on_message_begin(self) -> None:
         HttpToolsProtocol.on_message_begin(self)
@@ -320,6 +327,16 @@ class GuardedHttp(HttpToolsProtocol):
 
     def abort(self) -> None:
         self.transport.abort()
+
+    def watch(self, on_lost: Callable[[], None] | None) -> None:
+        """Reading goes on while a request is watched, as a `receive()` waiting for the
+        disconnect would have it: a paused transport would not see the client leave."""
+        if on_lost is not None and (self.transport.is_closing() or self.cycle.disconnected):
+            on_lost()
+            return
+        self._on_lost = on_lost
+        if on_lost is not None:
+            self.flow.resume_reading()
 
     def bound_sends(self, left_s: float | None) -> None:
         self._sends_due = NEVER if left_s is None else self.loop.time() + left_s

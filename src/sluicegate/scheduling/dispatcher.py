@@ -136,7 +136,16 @@ class Dispatcher:
                 pool.on_release(self.kick)
 
     def kick(self) -> None:
-        self._kicked.set()
+        """Have the pump look again, when someone waits for it: a release, a gate or a
+        pool's change with every queue empty gives it nothing to do, and each wake-up
+        costs a turn of the loop on the path of the request that caused it."""
+        if self._waiting():
+            self._kicked.set()
+
+    def _waiting(self) -> bool:
+        return any(queue.size for queue in self.queues.values()) or bool(
+            self.handover and self.handover.rests.count
+        )
 
     async def run(self) -> None:
         while True:
@@ -388,9 +397,7 @@ class Dispatcher:
     ) -> None:
         """The attempt is the caller's now: tell the observers."""
         attempt.dispatched_s = self.clock.now()
-        queued = any(queue.size for queue in self.queues.values()) or bool(
-            self.handover and self.handover.rests.count
-        )
+        queued = self._waiting()
         how = Dispatch(wait_s, predicted_s, backlogged_since_s, within_share, handed_over, queued)
         for dispatched in self._on_dispatch:
             dispatched(attempt, how)

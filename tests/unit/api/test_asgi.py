@@ -114,6 +114,58 @@ async def test_disconnect_watcher_cancels_the_owner_and_reports_it():
         await asyncio.wait_for(owner(), 2)
 
 
+class WatchedConnection:
+    """The part of the server's `Connection` a watcher uses: it calls back once lost."""
+
+    def __init__(self, lost: bool = False) -> None:
+        self.lost = lost
+        self.on_lost = None
+
+    def watch(self, on_lost):
+        if on_lost is not None and self.lost:
+            on_lost()
+            return
+        self.on_lost = on_lost
+
+    def lose(self) -> None:
+        self.lost = True
+        if self.on_lost is not None:
+            self.on_lost()
+
+
+async def test_a_watcher_given_the_connection_cancels_on_its_loss_without_a_task():
+    connection = WatchedConnection()
+    before = len(asyncio.all_tasks())
+
+    async def owner():
+        async with DisconnectWatcher(receiver(), connection):
+            assert len(asyncio.all_tasks()) == before + 1  # the owner alone
+            asyncio.get_running_loop().call_soon(connection.lose)
+            await asyncio.sleep(5)
+
+    with pytest.raises(ClientDisconnected):
+        await asyncio.wait_for(asyncio.create_task(owner()), 2)
+    assert connection.on_lost is None
+
+
+async def test_a_watcher_entered_after_the_loss_cancels_at_once():
+    async def owner():
+        async with DisconnectWatcher(receiver(), WatchedConnection(lost=True)):
+            await asyncio.sleep(5)
+
+    with pytest.raises(ClientDisconnected):
+        await asyncio.wait_for(owner(), 2)
+
+
+async def test_a_watcher_stops_watching_the_connection_when_its_block_ends():
+    connection = WatchedConnection()
+    async with DisconnectWatcher(receiver(), connection):
+        assert connection.on_lost is not None
+    assert connection.on_lost is None
+    connection.lose()
+    await asyncio.sleep(0)
+
+
 async def test_disconnect_watcher_is_silent_when_the_client_stays():
     async with DisconnectWatcher(receiver()):
         await asyncio.sleep(0)

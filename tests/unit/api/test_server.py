@@ -187,6 +187,33 @@ def test_a_deadline_set_while_paused_applies_and_lifting_it_leaves_the_write_tim
 PARTIAL = b"POST /v1/x HTTP/1.1\r\nhost: gw\r\ncontent-length: 2\r\n\r\n{"
 
 
+def test_a_watched_request_hears_once_that_its_connection_is_lost(loop):
+    protocol, _ = connect(loop)
+    protocol.data_received(REQUEST)
+    lost: list[int] = []
+    protocol.watch(lambda: lost.append(1))
+    protocol.connection_lost(None)
+    protocol.connection_lost(None)
+    assert lost == [1]
+
+
+def test_a_watch_begun_on_a_lost_connection_hears_at_once_and_one_ended_hears_nothing(loop):
+    protocol, transport = connect(loop)
+    protocol.data_received(REQUEST)
+    lost: list[str] = []
+    protocol.watch(lambda: lost.append("ended"))
+    protocol.watch(None)
+    transport.close()
+    protocol.watch(lambda: lost.append("late"))
+    protocol.connection_lost(None)
+    assert lost == ["late"]
+
+
+def test_uvicorn_rewrites_no_client_address_from_forwarded_headers(loop):
+    """Nothing reads it, and the rewrite is a wrapper around every request."""
+    assert server_config(answer_at_once, LIMITS).proxy_headers is False
+
+
 def test_a_body_is_complete_only_once_its_last_byte_is_in(loop):
     protocol, _ = connect(loop)
     protocol.data_received(PARTIAL)

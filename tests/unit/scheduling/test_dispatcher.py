@@ -183,6 +183,20 @@ async def test_an_idle_system_dispatches_at_once_and_release_frees_the_pool(setu
     assert pool.counters.active == 0
 
 
+async def test_with_every_queue_empty_a_release_does_not_wake_the_pump(clock):
+    pool = Pool(PoolSpec("p", 1), leases(clock))
+    dispatcher = dispatcher_for([INTERACTIVE], pool, clock)
+    grant = await granted(dispatcher, attempt(clock))
+    await dispatcher.release(grant)
+    assert not dispatcher._kicked.is_set()
+    grant = await granted(dispatcher, attempt(clock))
+    waiter = asyncio.create_task(granted(dispatcher, attempt(clock)))
+    await settle()
+    assert dispatcher._kicked.is_set()  # someone waits: the pump must look
+    waiter.cancel()
+    await dispatcher.release(grant)
+
+
 async def test_a_lane_without_a_queue_refuses_at_once(clock):
     now = Lane("now", priority=100)
     dispatcher = dispatcher_for([now], Pool(PoolSpec("p", 1), leases(clock)), clock)
