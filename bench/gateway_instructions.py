@@ -16,6 +16,8 @@ usage: gateway_instructions.py SRC MODE N1 N2   (MODE: plain | stream)
 SIM_TIME_SCALE=1 paces the simulator (events arrive apart, as from a real deployment;
 default 0: no latency, a short answer arrives in one or two reads). SPEND=1 prices the
 deployment and gives the tenant a budget (in memory): the cost of spend accounting.
+FLOOR=edge or FLOOR=proxy runs bench/floor_app.py in place of the gateway: the same
+server with no rules behind it, answering at once or relaying through aiohttp.
 """
 
 from __future__ import annotations
@@ -99,6 +101,15 @@ def send(conn: http.client.HTTPConnection, payload: bytes) -> None:
     assert response.status == 200, response.status
 
 
+def served(config: str, port: int) -> list[str]:
+    """The gateway's command line after the interpreter, or the floor's (FLOOR)."""
+    floor = os.environ.get("FLOOR")
+    if floor:
+        return [os.path.join(os.path.dirname(__file__), "floor_app.py"), floor, str(port)]
+    args = ["--config", config, "--host", "127.0.0.1", "--port", str(port)]
+    return ["-m", "sluicegate", "serve", *args, "--log-level", "warning"]
+
+
 def instrument(pid: int, state: str) -> None:
     """Switch callgrind's instrumentation of process `pid` on or off."""
     subprocess.run(["callgrind_control", "-i", state, str(pid)], check=True, capture_output=True)
@@ -123,17 +134,7 @@ def collected(src: str, stream: bool, n: int, sim_url: str, work: str) -> int:
             "--instr-atstart=no",
             "--callgrind-out-file=/dev/null",
             PY,
-            "-m",
-            "sluicegate",
-            "serve",
-            "--config",
-            config,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
+            *served(config, port),
         ],
         env=env,
         stdout=log,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
+from types import TracebackType
 from typing import Protocol
 
 
@@ -84,20 +84,41 @@ async def sleep_until(clock: Clock, when_s: float) -> None:
         timer.cancel()
 
 
-@asynccontextmanager
-async def timeout_at(clock: Clock, when_s: float | None) -> AsyncIterator[None]:
+def timeout_at(clock: Clock, when_s: float | None) -> Deadline:
     """`asyncio.timeout` driven by `clock`: the block raises TimeoutError once the clock
     reads `when_s` (None: no limit)."""
-    async with asyncio.timeout(None) as scope:
-        if when_s is None:
-            yield
-            return
-        loop = asyncio.get_running_loop()
-        timer = clock.call_at(when_s, lambda: scope.reschedule(loop.time()))
-        try:
-            yield
-        finally:
-            timer.cancel()
+    return Deadline(clock, when_s)
+
+
+class Deadline:
+    """What `timeout_at` returns: a class, not a generator, since every upstream attempt
+    enters one."""
+
+    __slots__ = ("_clock", "_scope", "_timer", "_when_s")
+
+    def __init__(self, clock: Clock, when_s: float | None) -> None:
+        self._clock = clock
+        self._when_s = when_s
+        self._scope = asyncio.timeout(None)
+        self._timer: Timer | None = None
+
+    async def __aenter__(self) -> None:
+        await self._scope.__aenter__()
+        if self._when_s is not None:
+            self._timer = self._clock.call_at(self._when_s, self._expire)
+
+    def _expire(self) -> None:
+        self._scope.reschedule(asyncio.get_running_loop().time())
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool | None:
+        if self._timer is not None:
+            self._timer.cancel()
+        return await self._scope.__aexit__(exc_type, exc, traceback)
 
 
 async def repeat(clock: Clock, every_s: float, step: Callable[[], Awaitable[None]]) -> None:
