@@ -20,6 +20,7 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any, NamedTuple
 
 from sluicegate.admission.boundary import Boundary, check_prompt
@@ -418,13 +419,17 @@ class Pipeline:
         try:
             async with timeout_at(self._clock, None if wait is None else started + wait):
                 upstream = await stack.enter_async_context(
-                    self._open(attempt, deployment, self._budget_s(call))
+                    _Opened(self, attempt, deployment, self._budget_s(call))
                 )
                 gives = not call.resumed and resumable(call, deployment)
                 answer = Answer(
                     upstream, attempt, self._clock, self._first_token, self._resume, gives
                 )
-                await answer.prime()
+                try:
+                    await answer.prime()
+                except GatewayError as err:
+                    self._upstream_failed(deployment, err)
+                    raise
         except TimeoutError:
             raise timed_out(deployment.name) from None
         except GatewayError as err:
@@ -481,39 +486,18 @@ class Pipeline:
             raise failure
         await sleep_until(self._clock, now + delay)
 
-    @asynccontextmanager
-    async def _open(
-        self, attempt: Attempt, deployment: Deployment, budget_s: float
-    ) -> AsyncIterator[UpstreamResponse]:
-        provider = self._providers[deployment.name]
-        body = attempt.body
-        assert body is not None
-        try:
-            async with provider.open(attempt.call.endpoint, body, budget_s) as upstream:
-                ended: BaseException | None = None
-                try:
-                    yield upstream
-                except BaseException as err:
-                    ended = err
-                    raise
-                finally:
-                    attempt.used_tokens = upstream.used_tokens
-                    attempt.completion_tokens = upstream.completion_tokens
-                    if self.spend is not None:
-                        attempt.cached_tokens = upstream.cached_tokens
-                        self.spend.attempt_ended(attempt, deployment, ended)
-        except GatewayError as err:
-            if err.status >= 500:
-                self._metrics.upstream_error(deployment.name, err.code)
-            if err.status >= 500 or err.code == Upstream.THROTTLED:
-                self._lines.warning(
-                    ("upstream", deployment.name, err.code),
-                    "deployment %s failed: %s (%s)",
-                    deployment.name,
-                    err.code,
-                    err.message,
-                )
-            raise
+    def _upstream_failed(self, deployment: Deployment, err: GatewayError) -> None:
+        """A deployment's failure, counted and logged (throttling logged only)."""
+        if err.status >= 500:
+            self._metrics.upstream_error(deployment.name, err.code)
+        if err.status >= 500 or err.code == Upstream.THROTTLED:
+            self._lines.warning(
+                ("upstream", deployment.name, err.code),
+                "deployment %s failed: %s (%s)",
+                deployment.name,
+                err.code,
+                err.message,
+            )
 
     def _budget_s(self, call: Call) -> float:
         """The time left for the attempt; refuses when it cannot cover the minimum."""
@@ -750,6 +734,57 @@ class _Started:
         """Nobody will read this answer (a hedge that lost): end it as abandoned."""
         self.attempt.end(asyncio.CancelledError())
         await self.stack.aclose()
+
+
+class _Opened:
+    """An attempt's upstream call, held on the attempt's exit stack: when it ends, the
+    attempt takes the tokens the deployment reported (spend settles them), and a
+    failure of the deployment, at the start or while the answer is read, is counted.
+    A class rather than a generator-based context manager: every attempt enters one."""
+
+    __slots__ = ("_attempt", "_deployment", "_opening", "_pipeline", "_upstream")
+
+    def __init__(
+        self, pipeline: Pipeline, attempt: Attempt, deployment: Deployment, budget_s: float
+    ) -> None:
+        body = attempt.body
+        assert body is not None
+        provider = pipeline._providers[deployment.name]
+        self._pipeline = pipeline
+        self._attempt = attempt
+        self._deployment = deployment
+        self._opening = provider.open(attempt.call.endpoint, body, budget_s)
+        self._upstream: UpstreamResponse | None = None
+
+    async def __aenter__(self) -> UpstreamResponse:
+        try:
+            self._upstream = upstream = await self._opening.__aenter__()
+        except GatewayError as err:
+            self._pipeline._upstream_failed(self._deployment, err)
+            raise
+        return upstream
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool | None:
+        upstream, attempt, pipeline = self._upstream, self._attempt, self._pipeline
+        assert upstream is not None
+        attempt.used_tokens = upstream.used_tokens
+        attempt.completion_tokens = upstream.completion_tokens
+        if pipeline.spend is not None:
+            attempt.cached_tokens = upstream.cached_tokens
+            pipeline.spend.attempt_ended(attempt, self._deployment, exc)
+        try:
+            suppressed = await self._opening.__aexit__(exc_type, exc, traceback)
+        except GatewayError as err:
+            pipeline._upstream_failed(self._deployment, err)
+            raise
+        if not suppressed and isinstance(exc, GatewayError):
+            pipeline._upstream_failed(self._deployment, exc)
+        return suppressed
 
 
 class _Failed(Exception):

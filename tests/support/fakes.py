@@ -24,7 +24,7 @@ from sluicegate.core.limits import (
     StoreUnavailable,
 )
 from sluicegate.core.types import Deployment, Endpoint
-from sluicegate.providers.base import timed_out
+from sluicegate.providers.base import interrupted, timed_out
 from sluicegate.stores.memory import MemoryLimitStore
 from tests.support.clock import FakeClock
 
@@ -32,14 +32,19 @@ OK_BODY = b'{"choices": [{"message": {"content": "hi"}}]}'
 
 
 class FakeResponse:
-    def __init__(self, used_tokens: int | None, chunks: list[bytes]) -> None:
+    def __init__(
+        self, used_tokens: int | None, chunks: list[bytes], broken: GatewayError | None = None
+    ) -> None:
         self._reported = used_tokens
         self._chunks = chunks
+        self._broken = broken
         self.used_tokens: int | None = None
         self.completion_tokens: int | None = None
         self.cached_tokens: int | None = None
 
     async def read(self) -> bytes:
+        if self._broken is not None:
+            raise self._broken
         self.used_tokens = self._reported
         self.completion_tokens = None if self._reported is None else 2
         return OK_BODY
@@ -52,7 +57,8 @@ class FakeResponse:
 
 class ScriptedProvider:
     """A `Provider` that answers as told: `answer` (with `used_tokens`), `fail` (a
-    failover error), `hang` (until cancelled), `raise` (the `error` set on it) or
+    failover error), `hang` (until cancelled), `raise` (the `error` set on it),
+    `break` (starts answering, then the body fails with `interrupted`) or
     `slow` (answers after `delay_s` on `clock`, or times out as a real transport
     does once its `budget_s` is spent). Records every body it was sent and how many
     calls are still open."""
@@ -91,7 +97,9 @@ class ScriptedProvider:
                 await sleep_until(self.clock, self.clock.now() + min(self.delay_s, budget_s))
                 if budget_s < self.delay_s:
                     raise timed_out(self.deployment.name)
-            yield FakeResponse(self.used_tokens, [b"data: {}\n\n", b"data: [DONE]\n\n"])
+            broken = interrupted(self.deployment.name) if self.mode == "break" else None
+            chunks = [b"data: {}\n\n", b"data: [DONE]\n\n"]
+            yield FakeResponse(self.used_tokens, chunks, broken)
         except asyncio.CancelledError:
             self.cancelled += 1
             raise

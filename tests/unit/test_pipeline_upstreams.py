@@ -98,3 +98,14 @@ async def test_a_deadline_shorter_than_the_allowance_is_not_the_deployments_fail
         assert h.providers["b"].bodies == []
         breaker = h.runtime.dispatchers["chat"].targets[0].breaker
         assert (breaker.state, breaker.in_flight) == (BreakerState.CLOSED, 0)
+
+
+@pytest.mark.parametrize("mode", ["raise", "break"])
+async def test_each_failed_attempt_is_counted_whether_it_failed_at_its_start_or_in_its_body(mode):
+    async with running(config({"name": "a"}), {"a": mode}) as h:
+        h.providers["a"].error = classify_status("a", 502, b"", {})
+        err = await failure(h, h.inbound())
+        errors = h.runtime.metrics.registry.get_sample_value(
+            "sluicegate_upstream_errors_total", {"deployment": "a", "code": err.code}
+        )
+        assert errors == len(h.providers["a"].bodies) > 0
