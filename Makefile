@@ -34,7 +34,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/lint-imports
 
-# Two workers: the suite mostly waits on the processes it starts (README, "Development"). The unit
+# Two workers: the suite mostly waits on the processes it starts (docs/development.md, "Tests"). The unit
 # suite runs a second time as on a machine booted a minute ago (tests/conftest.py).
 test: lint
 	$(BIN)/pytest -n 2

@@ -1,4 +1,4 @@
-"""A screenshot of the status page during the demo's noisy neighbour, for the README.
+"""A screenshot of the status page during the demo's noisy neighbour, for the README's quickstart.
 
 Starts the demo as `make run` does (its own free ports), sends it the load `make
 demo-load` sends, logs in through the page's form in Debian's headless chromium and

@@ -46,7 +46,7 @@ FIGURES = (
 KEEP_IN = 3
 """Variants (of six) in which some figure must be worse for a mechanism to stay."""
 PROMISE_S = 2.0
-"""The README's top-lane promise (`ttft_slo_s`) the family runs with."""
+"""docs/configuration.md's top-lane promise (`ttft_slo_s`) the family runs with."""
 
 
 def worse(figure: Figure, on: Sequence[float | None], off: float | None) -> bool:

@@ -107,7 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="change one gateway setting for every variant (a dotted key, a YAML value), "
-        "e.g. scheduling.reserve=0: an experiment, no longer the README's settings",
+        "e.g. scheduling.reserve=0: an experiment, no longer the documented settings",
     )
     add(
         "--redis",

@@ -6,9 +6,10 @@ the capacity measured for it in the same run, so the same variant overloads a fa
 slow machine alike. `scenario` renders a variant as an ordinary scenario file, which
 `sluicegate bench run` replays alone.
 
-The gateway config is the same for every variant: the lane settings of the README's
-example (a 2 s TTFT promise, a 10 s queue age, a batch lane below, VTC fairness, a pool
-sized to the backend's batch, the vLLM metrics gate). Nothing about a variant may narrow it.
+The gateway config is the same for every variant: the lane settings of
+docs/configuration.md's example (a 2 s TTFT promise, a 10 s queue age, a batch lane below,
+VTC fairness, a pool sized to the backend's batch, the vLLM metrics gate). Nothing about a
+variant may narrow it.
 """
 
 from __future__ import annotations
@@ -299,7 +300,7 @@ def key_env(tenant: str) -> str:
 
 
 def gateway_config(variant: Variant) -> dict[str, Any]:
-    """The README's example lanes, whatever the variant: only the batch size and the
+    """docs/configuration.md's example lanes, whatever the variant: only the batch size and the
     tenants (names, weights) come from it. The deployment is declared `resumable`, as a
     vLLM one may be: the simulator continues a final assistant message and, like vLLM,
     keeps a prefix cache, so a slot handed over costs little prefill again."""

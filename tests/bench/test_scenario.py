@@ -75,10 +75,11 @@ def test_every_library_scenario_starts_a_valid_gateway(path):
     parse_settings(gateway, str(path), {**env, SIM_URL_ENV: "http://127.0.0.1:8001"})
 
 
-def test_the_small_slow_backend_runs_the_readme_lanes():
-    """The README's example `scheduling` block as a user would copy it, less its
-    `fairness_scope: local`, the default that the scenarios leave out."""
-    blocks = (ROOT / "README.md").read_text().split("```yaml\n")[1:]
+def test_the_small_slow_backend_runs_the_documented_lanes():
+    """The `scheduling` block of docs/configuration.md's complete example as a user
+    would copy it, less its `fairness_scope: local`, the default that the scenarios
+    leave out."""
+    blocks = (ROOT / "docs" / "configuration.md").read_text().split("```yaml\n")[1:]
     example = next(block.split("```", 1)[0] for block in blocks if "\nscheduling:" in block)
     readme = yaml.safe_load(example)["scheduling"]
     assert readme.pop("fairness_scope") == "local"

@@ -48,7 +48,8 @@ tenants:
     keys: [{{env: {key_env}}}]
 {limits}"""
 _TENANT_LIMITS = "    limits: {limits}\n"
-"""The bench tenant's `limits` (README), as a JSON flow mapping, which YAML reads as is."""
+"""The bench tenant's `limits` (docs/configuration.md), as a JSON flow mapping, which YAML
+reads as is."""
 
 
 class ServiceError(RuntimeError):
