@@ -16,8 +16,10 @@ usage: gateway_instructions.py SRC MODE N1 N2   (MODE: plain | stream)
 SIM_TIME_SCALE=1 paces the simulator (events arrive apart, as from a real deployment;
 default 0: no latency, a short answer arrives in one or two reads). SPEND=1 prices the
 deployment and gives the tenant a budget (in memory): the cost of spend accounting.
-FLOOR=edge or FLOOR=proxy runs bench/floor_app.py in place of the gateway: the same
-server with no rules behind it, answering at once or relaying through aiohttp.
+CONFIG_FILE=PATH serves that config instead (bench/overhead/*.yaml: a feature configured
+as its docs page shows). FLOOR=edge or FLOOR=proxy runs bench/floor_app.py in place of
+the gateway: the same server with no rules behind it, answering at once or relaying
+through aiohttp.
 """
 
 from __future__ import annotations
@@ -50,7 +52,10 @@ tenants:
   - name: bench
     keys: [{env: SLUICEGATE_BENCH_KEY}]
 """
-if os.environ.get("SPEND") == "1":
+if os.environ.get("CONFIG_FILE"):
+    with open(os.environ["CONFIG_FILE"]) as config_file:
+        CONFIG = config_file.read()
+elif os.environ.get("SPEND") == "1":
     CONFIG = (
         CONFIG.replace(
             "        max_connections: 256\n",

@@ -14,7 +14,9 @@ the serial, Poisson and closed-loop phases, each with its own direct blocks besi
 gateway's, and reads the overhead benchmark's figures from them. Each figure is then
 reported per arm as the median over the blocks, with the lowest and highest.
 
-`--arm NAME=SRC@N` runs that arm as `serve --workers N`; with any such arm, every arm's
+`--config NAME=FILE` serves that arm another config (bench/overhead/*.yaml: the same
+model, tenant and key, with a feature configured). `--arm NAME=SRC@N` runs that arm
+as `serve --workers N`; with any such arm, every arm's
 gateway keeps its state in Redis (a key prefix of its own), so the number of processes
 is the only difference between arms.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import random
 import secrets
 import statistics
@@ -71,6 +74,9 @@ class Arm:
     name: str
     src: Path
     workers: int
+    config: str = CONFIG.format(
+        model=GATEWAY_MODEL, sim_url=SIM_URL_ENV, sim_model=SIM_MODEL, key_env=KEY_ENV
+    )
 
 
 def arm(text: str) -> Arm:
@@ -82,6 +88,18 @@ def arm(text: str) -> Arm:
 
 
 @contextmanager
+def configured(arms: list[Arm], configs: list[str]) -> list[Arm]:
+    """`arms`, those named in `configs` (NAME=FILE) serving that file's config."""
+    files = dict(text.split("=", 1) for text in configs)
+    unknown = set(files) - {a.name for a in arms}
+    if unknown:
+        raise SystemExit(f"--config names no arm: {', '.join(sorted(unknown))}")
+    return [
+        dataclasses.replace(a, config=Path(files[a.name]).read_text()) if a.name in files else a
+        for a in arms
+    ]
+
+
 def gateways(arms: list[Arm], redis_url: str) -> Iterator[tuple[Child, dict[str, Child], str]]:
     """The simulator and one gateway per arm, all stopped at the end."""
     key = f"sk-bench-{secrets.token_urlsafe(16)}"
@@ -91,9 +109,7 @@ def gateways(arms: list[Arm], redis_url: str) -> Iterator[tuple[Child, dict[str,
         sim = stack.enter_context(service("sim", ["sim", "--time-scale", "0"], "/health", folder))
         started: dict[str, Child] = {}
         for a in arms:
-            config = CONFIG.format(
-                model=GATEWAY_MODEL, sim_url=SIM_URL_ENV, sim_model=SIM_MODEL, key_env=KEY_ENV
-            )
+            config = a.config
             if fleet:
                 prefix = f"sluicegate-arms-{secrets.token_hex(4)}:"
                 config += f"store: redis\nredis: {{url: {redis_url!r}, key_prefix: {prefix!r}}}\n"
@@ -162,6 +178,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = parser.add_argument
     add("--arm", type=arm, action="append", required=True, help="NAME=SRC[@WORKERS]")
+    add("--config", action="append", default=[], help="NAME=FILE: that arm's config")
     add("--blocks", type=int, default=5, help="rounds over every arm (default 5)")
     add("--requests", type=int, default=200, help="serial requests per path and mode")
     add("--warmup", type=int, default=30, help="warm-up requests per path and mode")
@@ -177,8 +194,9 @@ def main() -> None:
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1_000_000)
     print(f"seed {args.seed}", file=sys.stderr, flush=True)
+    arms = configured(args.arm, args.config)
     with (
-        gateways(args.arm, args.redis_url) as (sim, started, key),
+        gateways(arms, args.redis_url) as (sim, started, key),
         asyncio.Runner(loop_factory=loop_factory()) as runner,
     ):
         values, units = runner.run(measure(args, sim, started, key))

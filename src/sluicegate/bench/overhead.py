@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import dataclasses
 import random
-import secrets
 import sys
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ from sluicegate.bench.procs import (
     ProcessMeter,
     ServiceError,
     Services,
+    redis_store,
     services,
 )
 
@@ -135,9 +135,9 @@ def _services(args: argparse.Namespace, workers: int) -> AbstractContextManager[
     """The memory store for a plain run; Redis for both layouts of a `--workers` run."""
     if args.workers == 1:
         return services()
-    prefix = f"sluicegate-bench-{secrets.token_hex(4)}:"
-    redis = f"store: redis\nredis: {{url: {args.redis_url!r}, key_prefix: {prefix!r}}}\n"
-    return services(extra_config=redis, serve_args=["--workers", str(workers)])
+    return services(
+        extra_config=redis_store(args.redis_url), serve_args=["--workers", str(workers)]
+    )
 
 
 def _run_async(plan: Plan, started: Services) -> dict[str, PhaseRun]:

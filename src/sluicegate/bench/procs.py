@@ -52,6 +52,13 @@ _TENANT_LIMITS = "    limits: {limits}\n"
 reads as is."""
 
 
+def redis_store(url: str) -> str:
+    """Top-level YAML keeping the gateway's state in Redis under a key prefix of the
+    run's own, for layouts of several workers (`serve --workers N`)."""
+    prefix = f"sluicegate-bench-{secrets.token_hex(4)}:"
+    return f"store: redis\nredis: {{url: {url!r}, key_prefix: {prefix!r}}}\n"
+
+
 class ServiceError(RuntimeError):
     """A child process did not start or went away; the message carries its log's tail."""
 

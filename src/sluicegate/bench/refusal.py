@@ -17,7 +17,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +28,14 @@ from sluicegate.bench import report
 from sluicegate.bench.args import add_sized, loop_factory, positive, sized_values
 from sluicegate.bench.loadgen import LoadGen, Request, Tally, chat_request, make_session
 from sluicegate.bench.phases import CLOSED, SERIAL
-from sluicegate.bench.procs import GATEWAY_MODEL, ProcessMeter, ServiceError, Services, services
+from sluicegate.bench.procs import (
+    GATEWAY_MODEL,
+    ProcessMeter,
+    ServiceError,
+    Services,
+    redis_store,
+    services,
+)
 from sluicegate.core.refusals import Refusal
 
 FULL = {"requests": 2000, "warmup": 200, "duration": 5.0}
@@ -45,6 +52,7 @@ PROMPT_CHARS = 400
 MAX_TOKENS = 16
 CLIENT_P99_MS = 2.0
 CPU_PER_REFUSAL_MS = 1.0
+REDIS_URL = "redis://127.0.0.1:6379/0"
 HELD = 1
 """Requests the gateway admits on purpose: the one hung at the simulator."""
 SETTLE_TIMEOUT_S = 10.0
@@ -55,6 +63,8 @@ DEFINITIONS = {
     "gateway CPU per refusal": "gateway user+system CPU time (psutil) over the block, divided "
     "by the expected refusals in it (any other answer is charged to them too)",
     "refusals/s": "expected refusals over the closed loop's wall time",
+    "refusals/CPU-s": "1 / CPU per refusal: the refusals one core of gateway CPU answers per "
+    "second (with --workers N, the CPU of every worker and the supervisor together)",
     "reached simulator": "the simulator's `received` counter (every inference request it got) "
     "at the end; it must not exceed the requests the gateway admitted, the held one included",
     "unexpected answers": "answers in the measured blocks that were neither the kind's "
@@ -190,6 +200,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--concurrency", type=positive(int), default=16, help="closed-loop workers" + shown)
     add("--quick", action="store_true", help="a short run, for the smoke test")
     add("--out", type=Path, default=Path(DEFAULT_OUT), help="JSON results file" + shown)
+    add(
+        "--workers",
+        type=positive(int),
+        default=1,
+        help="above 1: `serve --workers N` on Redis, whose limits every worker shares" + shown,
+    )
+    add("--redis-url", default=REDIS_URL, help="Redis for --workers" + shown)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -197,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     plan = _plan(args)
     try:
         with (
-            services(TENANT_LIMITS) as started,
+            _services(args) as started,
             asyncio.Runner(loop_factory=loop_factory()) as runner,
         ):
             result = runner.run(_measure(plan, started))
@@ -205,11 +222,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"bench refusal: {exc}", file=sys.stderr)
         return 1
     found = figures(result)
-    config = {**dataclasses.asdict(plan), "out": str(plan.out), "tenant_limits": TENANT_LIMITS}
+    config = {
+        **dataclasses.asdict(plan),
+        "out": str(plan.out),
+        "tenant_limits": TENANT_LIMITS,
+        "workers": args.workers,
+    }
     report.write_json(plan.out, document(config, result, found))
     print(text(result, found))
     print(f"bench refusal: results written to {plan.out}", file=sys.stderr)
     return 0
+
+
+def _services(args: argparse.Namespace) -> AbstractContextManager[Services]:
+    if args.workers == 1:
+        return services(TENANT_LIMITS)
+    fleet = ["--workers", str(args.workers)]
+    return services(TENANT_LIMITS, extra_config=redis_store(args.redis_url), serve_args=fleet)
 
 
 async def _measure(plan: Plan, started: Services) -> Result:
@@ -367,6 +396,7 @@ def text(result: Result, found: Sequence[report.Figure]) -> str:
             "p99 ms",
             "refusals/s",
             "CPU ms/refusal",
+            "refusals/CPU-s",
         ],
         [
             [
@@ -377,6 +407,7 @@ def text(result: Result, found: Sequence[report.Figure]) -> str:
                 *(report.num(block.tally.percentile_ms(q)) for q in (50, 95, 99)),
                 report.num(block.tally.throughput_rps, 0),
                 report.num(block.cpu_per_refusal_ms),
+                report.num(1000 / block.cpu_per_refusal_ms, 0),
             ]
             for name, run in result.runs.items()
             for phase, block in run.blocks.items()
