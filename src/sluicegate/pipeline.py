@@ -183,7 +183,7 @@ class Pipeline:
                     timeline.dispatched_s = started.attempt.dispatched_s
                     answer = started.answer
                     timeline.upstream_s = answer.primed_s
-                    answer.part = started.stack
+                    answer.part = started.held
                     answer.checks = checks
                     try:
                         async with answer:
@@ -384,31 +384,31 @@ class Pipeline:
         self, call: Call, number: int, tried: set[str], trail: list[str], hedge: bool = False
     ) -> _Started:
         """One attempt up to its first bytes. Whatever it took is released if it fails or
-        is cancelled; on success the caller owns its exit stack."""
+        is cancelled; on success the caller owns what it holds (`_Held`)."""
         dispatcher = self._dispatchers[call.model.name]
         attempt = Attempt(call, number, frozenset(tried), hedge=hedge)
-        stack = AsyncExitStack()
+        held = _Held(dispatcher.release, attempt)
         try:
             with self._spans.queue(call, number):
                 await dispatcher.acquire(attempt)
-            stack.push_async_callback(dispatcher.release, attempt)
+            held.granted = True
             target = attempt.target
             assert target is not None
             tried.add(target.deployment.name)
             trail.append(target.deployment.name)
             try:
                 with self._spans.attempt(call, target.deployment, number):
-                    answer = await self._first_bytes(stack, attempt, target)
+                    answer = await self._first_bytes(held, attempt, target)
             except GatewayError as err:
                 attempt.end(err)
                 raise _Failed(err, await self._worth_another(attempt, err, tried)) from None
-            return _Started(stack, attempt, answer)
+            return _Started(held, attempt, answer)
         except BaseException as err:
             attempt.end(err)
-            await stack.aclose()
+            await held.aclose()
             raise
 
-    async def _first_bytes(self, stack: AsyncExitStack, attempt: Attempt, target: Target) -> Answer:
+    async def _first_bytes(self, held: _Held, attempt: Attempt, target: Target) -> Answer:
         call, deployment = attempt.call, target.deployment
         attempt.body = body_for(call, deployment, self._top_priority)
         t = deployment.timeouts
@@ -418,9 +418,7 @@ class Pipeline:
         started = self._clock.now()
         try:
             async with timeout_at(self._clock, None if wait is None else started + wait):
-                upstream = await stack.enter_async_context(
-                    _Opened(self, attempt, deployment, self._budget_s(call))
-                )
+                upstream = await held.open(_Opened(self, attempt, deployment, self._budget_s(call)))
                 gives = not call.resumed and resumable(call, deployment)
                 answer = Answer(
                     upstream, attempt, self._clock, self._first_token, self._resume, gives
@@ -724,20 +722,59 @@ def _status(error: BaseException | None) -> int:
 
 @dataclass(slots=True)
 class _Started:
-    """An attempt whose first bytes arrived: its permits live on `stack`."""
+    """An attempt whose first bytes arrived: its grant and upstream call are `held`."""
 
-    stack: AsyncExitStack
+    held: _Held
     attempt: Attempt
     answer: Answer
 
     async def discard(self) -> None:
         """Nobody will read this answer (a hedge that lost): end it as abandoned."""
         self.attempt.end(asyncio.CancelledError())
-        await self.stack.aclose()
+        await self.held.aclose()
+
+
+class _Held:
+    """What one attempt holds: its dispatcher grant (once `granted`) and its upstream
+    call (once opened), released in reverse order exactly once, the grant even when
+    ending the call fails. Two fixed parts, so a plain class rather than an exit stack:
+    every attempt makes one."""
+
+    __slots__ = ("_attempt", "_opened", "_release", "granted")
+
+    def __init__(self, release: Callable[[Attempt], Awaitable[None]], attempt: Attempt) -> None:
+        self._release = release
+        self._attempt = attempt
+        self._opened: _Opened | None = None
+        self.granted = False
+
+    async def open(self, opened: _Opened) -> UpstreamResponse:
+        upstream = await opened.__aenter__()
+        self._opened = opened
+        return upstream
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool | None:
+        opened, self._opened = self._opened, None
+        granted, self.granted = self.granted, False
+        try:
+            if opened is not None:
+                return await opened.__aexit__(exc_type, exc, traceback)
+            return None
+        finally:
+            if granted:
+                await self._release(self._attempt)
+
+    async def aclose(self) -> None:
+        await self.__aexit__(None, None, None)
 
 
 class _Opened:
-    """An attempt's upstream call, held on the attempt's exit stack: when it ends, the
+    """An attempt's upstream call, held by its `_Held`: when it ends, the
     attempt takes the tokens the deployment reported (spend settles them), and a
     failure of the deployment, at the start or while the answer is read, is counted.
     A class rather than a generator-based context manager: every attempt enters one."""
@@ -845,7 +882,7 @@ class Answer:
         self._rest: AsyncIterator[bytes] | None = None
         self.giver = Giver() if gives else None
         """The current stream's side of a hand-over, while it may give its slot away."""
-        self.part: AsyncExitStack | None = None
+        self.part: _Held | None = None
         self._before = 0
         """Tokens the parts before the current one produced."""
         self.primed_s: float | None = None
@@ -950,7 +987,7 @@ class Answer:
         await part.aclose()
         started = await self._resume(attempt.call, text, produced)
         rest = started.answer
-        self.part, self.attempt = started.stack, started.attempt
+        self.part, self.attempt = started.held, started.attempt
         self._upstream, self._rest = rest._upstream, rest._rest
         self.attempt.first_byte_s = self._clock.now()
         self.giver = None
