@@ -31,7 +31,6 @@ MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 100
 READ_AHEAD_BYTES = 256 * 1024
 """Body bytes held for a consumer that lags before the socket stops being read."""
-RESUME_BYTES = 64 * 1024
 
 
 class Disconnected(ConnectionError):
@@ -89,7 +88,6 @@ class Connection(asyncio.Protocol):
     kept in `_error`, aborts the connection and wakes the consumer."""
 
     __slots__ = (
-        "_active",
         "_body_ends_at_close",
         "_chunks",
         "_deadline",
@@ -120,10 +118,9 @@ class Connection(asyncio.Protocol):
         self._loop = pool.loop
         self._transport: asyncio.Transport | None = None
         self._parser = HttpResponseParser(self)
-        self._chunks: deque[bytes] = deque()
+        self._chunks: list[bytes] = []
         self._waiter: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._active = False
         self.pooled = False
         """Idle in its pool's keeping, rather than carrying an answer."""
         self.reusable = False
@@ -154,12 +151,14 @@ class Connection(asyncio.Protocol):
         assert self._transport is not None
         self._reset()
         self.reusable = False
-        self._active = True
         self._deadline, self._idle_s = deadline, idle_s
         self._last_read = now = self._loop.time()
         due = deadline if idle_s is None else min(deadline, now + idle_s)
         self._timer = self._loop.call_at(due, self._on_time)
-        self._transport.write(request)
+        if self._transport.is_closing():
+            self._fail(Disconnected("the upstream closed the connection"))
+        else:
+            self._transport.write(request)
 
     async def head(self) -> None:
         """Return once the status and headers are in; raise what broke the answer first."""
@@ -169,17 +168,19 @@ class Connection(asyncio.Protocol):
             await self._wait()
 
     async def read(self) -> bytes:
-        """The next part of the body; b"" once it is complete."""
+        """All of the body that arrived since the last read (one part per read, however
+        many the upstream framed it in); b"" once it is complete."""
         while True:
             chunks = self._chunks
             if chunks:
-                chunk = chunks.popleft()
-                self._read_ahead -= len(chunk)
-                if self._paused and self._read_ahead <= RESUME_BYTES:
+                taken = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                chunks.clear()
+                self._read_ahead = 0
+                if self._paused:
                     self._paused = False
                     assert self._transport is not None
                     self._transport.resume_reading()
-                return chunk
+                return taken
             if self._done:
                 return b""
             if self._error is not None:
@@ -190,7 +191,6 @@ class Connection(asyncio.Protocol):
     def finish(self) -> None:
         """The answer's holder is done with it: its timer ends; a connection whose answer
         did not complete cannot carry another and closes."""
-        self._active = False
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -242,11 +242,6 @@ class Connection(asyncio.Protocol):
         self._transport = transport  # type: ignore[assignment]  # a stream transport
 
     def data_received(self, data: bytes) -> None:
-        if not self._active:
-            # Nothing was asked: a broken or hostile upstream; the connection is unusable.
-            self.reusable = False
-            self.close()
-            return
         if not self.head_done:
             self._head_bytes += len(data)
         try:
@@ -262,7 +257,7 @@ class Connection(asyncio.Protocol):
         if self.pooled:
             self._pool.lost(self)
             return
-        if self._active and not self._done:
+        if not self._done:
             if exc is None and self._body_ends_at_close:
                 self._done = True
                 self._wake()
@@ -276,6 +271,7 @@ class Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         if self._done:
+            # Bytes past the answer's end, or sent unasked to an idle connection.
             raise Unparsable("bytes after the answer's end")
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -286,6 +282,10 @@ class Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.status = self._parser.get_status_code()
+        if self.status < 200:
+            # An interim answer (103 Early Hints): the answer itself follows.
+            self.headers = {}
+            return
         self.head_done = True
         headers = self.headers
         self._body_ends_at_close = "content-length" not in headers and not headers.get(
@@ -303,6 +303,8 @@ class Connection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if not self.head_done:
+            return
         self._done = True
         self.reusable = self._parser.should_keep_alive()
         self._wake()

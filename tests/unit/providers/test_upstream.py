@@ -213,6 +213,26 @@ async def test_a_chunked_answer_arrives_whole_and_its_connection_is_reused():
     assert backend.connections == 1
 
 
+async def test_chunks_that_arrive_together_are_read_as_one_part():
+    """However finely the upstream frames its bytes, the gateway relays what arrived at
+    once in one piece: a send per piece would cost a write each."""
+    events = [b"data: %d\n\n" % n for n in range(5)]
+    answer = SSE_HEAD + b"".join(chunk(e) for e in events) + b"0\r\n\r\n"
+    async with (
+        serving(Backend(answer)) as transport,
+        transport.post(url(transport), b"{}", 5, classify_status, True) as body,
+    ):
+        parts = [part async for part in body.chunks()]
+    assert parts == [b"".join(events)]
+
+
+async def test_an_interim_answer_is_passed_over():
+    backend = Backend(b"HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n" + JSON)
+    async with serving(backend) as transport:
+        assert [await call(transport), await call(transport)] == [b"{}", b"{}"]
+    assert backend.connections == 1
+
+
 async def test_a_body_that_ends_with_its_connection_is_whole_and_not_reused():
     async def until_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await request(reader)
