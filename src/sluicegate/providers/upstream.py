@@ -57,10 +57,12 @@ def split(url: str) -> tuple[Origin, bytes]:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"not an http(s) URL: {url!r}")
+    if parts.username is not None:
+        raise ValueError("credentials in a URL are never sent: give the deployment an api_key")
     tls = parts.scheme == "https"
     port = parts.port or (443 if tls else 80)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    host = parts.netloc.rpartition("@")[2]
+    host = parts.netloc
     head = f"POST {target} HTTP/1.1\r\nhost: {host}\r\n".encode("ascii")
     return Origin(parts.hostname, port, tls), head
 

@@ -14,7 +14,7 @@ from sluicegate.core.errors import GatewayError, Upstream
 from sluicegate.core.types import Deployment, Timeouts
 from sluicegate.providers.base import classify_status
 from sluicegate.providers.transport import Transport
-from sluicegate.providers.upstream import MAX_HEAD_BYTES, MAX_HEADERS, header_lines
+from sluicegate.providers.upstream import MAX_HEAD_BYTES, MAX_HEADERS, header_lines, split
 
 Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -123,6 +123,11 @@ async def test_the_request_carries_its_head_fixed_headers_and_body():
 async def test_a_header_value_with_a_line_break_is_refused():
     with pytest.raises(ValueError, match="line break"):
         header_lines({"x-request-id": "a\r\nx-evil: 1"})
+
+
+def test_a_url_with_credentials_is_refused_rather_than_sent_without_them():
+    with pytest.raises(ValueError, match="credentials"):
+        split("https://user:secret@api.example.com/v1")
 
 
 async def test_the_pool_holds_at_most_max_connections_and_serves_waiters_in_order():
