@@ -175,6 +175,21 @@ async def test_a_caller_waiting_for_a_full_pool_gives_up_after_connect_s():
     assert backend.connections == 1
 
 
+async def test_a_caller_cancelled_as_a_connection_is_handed_to_it_gives_it_back():
+    backend = Backend(JSON)
+    async with serving(backend, max_connections=1, timeouts=Timeouts(0.5, 5, 10)) as transport:
+        async with transport.post(url(transport), b"{}", 5, classify_status, False) as body:
+            waiting = asyncio.create_task(call(transport))
+            await asyncio.sleep(0.01)
+            assert await body.read() == b"{}"
+        # Leaving the block handed the connection to the waiting caller, not yet woken.
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert await call(transport) == b"{}"
+    assert backend.connections == 1
+
+
 async def test_an_answer_left_unfinished_closes_its_connection():
     backend = Backend(SSE_HEAD + chunk(b"data: 1\n\n"), JSON)
     async with serving(backend) as transport:
