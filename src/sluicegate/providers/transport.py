@@ -1,8 +1,9 @@
-"""The HTTP side every adapter shares: a pooled session per deployment and one upstream call.
+"""The HTTP side every adapter shares: a connection pool per deployment and one upstream call.
 
 Adapters differ in URLs, headers, body shapes and error vocabularies; how a call is sent
-within its budget, how aiohttp's failures become `GatewayError`s and how long an abandoned
-call keeps its permits do not, so they live here once.
+within its budget, how the client's failures become `GatewayError`s and how long an
+abandoned call keeps its permits do not, so they live here once. The client is the hot
+path's own (`providers.upstream`).
 """
 
 from __future__ import annotations
@@ -12,12 +13,11 @@ import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 
-import aiohttp
-
 from sluicegate.core.errors import GatewayError
 from sluicegate.core.ids import current
 from sluicegate.core.types import Deployment
 from sluicegate.providers.base import interrupted, malformed, timed_out, unreachable
+from sluicegate.providers.upstream import Connection, Pool, header_lines, split
 
 Classify = Callable[[str, int, bytes, Mapping[str, str]], GatewayError]
 """(deployment, status, body, headers) -> the error the caller should see."""
@@ -31,10 +31,10 @@ class UpstreamBody:
     """A started upstream answer (status < 300), its read failures already normalised
     and its size bounded by the deployment's `max_response_bytes`."""
 
-    __slots__ = ("_deployment", "_limit", "_response", "ended", "handed_over")
+    __slots__ = ("_conn", "_deployment", "_limit", "ended", "handed_over")
 
-    def __init__(self, response: aiohttp.ClientResponse, deployment: str, limit: int) -> None:
-        self._response = response
+    def __init__(self, conn: Connection, deployment: str, limit: int) -> None:
+        self._conn = conn
         self._deployment = deployment
         self._limit = limit
         self.ended = False
@@ -51,16 +51,18 @@ class UpstreamBody:
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The bytes as they arrive; judging whether the body is complete is the adapter's."""
-        size, limit = 0, self._limit
+        size, limit, read = 0, self._limit, self._conn.read
         try:
-            async for chunk in self._response.content.iter_any():
+            while chunk := await read():
                 size += len(chunk)
                 if size > limit:
                     raise malformed(self._deployment, f"a body over {limit} bytes")
                 yield chunk
         except TimeoutError:
             raise timed_out(self._deployment) from None
-        except aiohttp.ClientError as exc:
+        except Exception as exc:
+            if isinstance(exc, GatewayError):
+                raise
             self.ended = True
             raise interrupted(self._deployment, exc) from None
         self.ended = True
@@ -70,13 +72,13 @@ class UpstreamBody:
         parts: list[bytes] = []
         left = ERROR_BODY_BYTES
         try:
-            while left > 0 and (part := await self._response.content.read(left)):
-                parts.append(part)
+            while left > 0 and (part := await self._conn.read()):
+                parts.append(part[:left])
                 left -= len(part)
             return b"".join(parts)
         except TimeoutError:
             raise timed_out(self._deployment) from None
-        except aiohttp.ClientError as exc:
+        except Exception as exc:
             self.ended = True
             raise interrupted(self._deployment, exc) from None
 
@@ -101,37 +103,29 @@ def request_headers() -> dict[str, str] | None:
 
 
 class Transport:
-    """One pooled aiohttp session per deployment, so each has its own connection limit."""
+    """One connection pool per deployment, so each has its own connection limit; each
+    URL's request line and fixed headers are encoded once."""
 
     def __init__(self, deployment: Deployment, headers: Mapping[str, str]) -> None:
         self.deployment = deployment
-        self._headers = {"content-type": "application/json", "accept-encoding": "identity"}
-        self._headers.update(headers)
-        self._session: aiohttp.ClientSession | None = None
+        fixed = {"content-type": "application/json", "accept-encoding": "identity"}
+        fixed.update(headers)
+        self._fixed = header_lines(fixed)
+        self._origin, _ = split(deployment.base_url)
+        self._heads: dict[str, bytes] = {}
+        self._pool: Pool | None = None
         t = deployment.timeouts
-        self._timeout = aiohttp.ClientTimeout(
-            total=t.total_s, connect=t.connect_s, sock_read=t.read_s
-        )
-        self._unread_timeout = aiohttp.ClientTimeout(total=t.total_s, connect=t.connect_s)
-        """For a non-streamed answer, whose bytes all come at its end."""
+        self._total_s = t.total_s
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(
-            limit=self.deployment.max_connections,
-            limit_per_host=0,
-            keepalive_timeout=self.deployment.idle_connection_s,
-        )
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=self._timeout,
-            headers=self._headers,
-            auto_decompress=False,
-            cookie_jar=aiohttp.DummyCookieJar(),
+        d = self.deployment
+        self._pool = Pool(
+            self._origin, d.max_connections, d.idle_connection_s, d.timeouts.connect_s
         )
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        if self._pool is not None:
+            self._pool.close()
 
     @asynccontextmanager
     async def post(
@@ -141,62 +135,82 @@ class Transport:
         included: none is followed) is raised as `classify` names it, and an answer that
         is not what a `streamed` (or not) request expects is malformed.
 
-        A non-streamed answer's bytes come only once it is complete, so no read timeout
-        applies to it: the pipeline bounds its wait by the output asked for.
+        The call has one deadline, from the budget and the deployment's `total_s`. A
+        non-streamed answer's bytes come only once it is complete, so no read timeout
+        applies to it: the pipeline bounds its wait by the output asked for; a stream's
+        reads are each bounded by `read_s`.
 
         Closing the connection is all a client can do to stop an upstream call, and it
         proves nothing: an attempt abandoned mid-way (cancelled, timed out) keeps its
         caller's permits for `cancel_grace_s` more, the time a server takes to notice.
         One ended to hand its slot over does not: its successor is the very request the
         slot is for, and the engine holds it at most one step while it notices."""
-        assert self._session is not None, "provider used before start()"
+        pool = self._pool
+        assert pool is not None, "provider used before start()"
         name = self.deployment.name
+        request = self._request(url, body)
+        deadline = pool.loop.time() + min(budget_s, self._total_s)
         upstream: UpstreamBody | None = None
         ended = False
         try:
             try:
-                response = await self._session.post(
-                    url,
-                    data=body,
-                    timeout=self._timeout_within(budget_s, streamed),
-                    allow_redirects=False,
-                    headers=request_headers(),
-                )
+                conn = await pool.acquire(deadline)
             except TimeoutError:
                 raise timed_out(name) from None
-            except aiohttp.ClientError as exc:
+            except OSError as exc:
                 ended = True
                 raise unreachable(name, exc) from None
-            async with response:
-                upstream = UpstreamBody(response, name, self.deployment.max_response_bytes)
-                if response.status >= 300:
+            try:
+                conn.send(request, deadline, self.deployment.timeouts.read_s if streamed else None)
+                try:
+                    await conn.head()
+                except TimeoutError:
+                    raise timed_out(name) from None
+                except Exception as exc:
+                    ended = True
+                    raise unreachable(name, exc) from None
+                upstream = UpstreamBody(conn, name, self.deployment.max_response_bytes)
+                if conn.status >= 300:
                     error = await upstream.error_text()
-                    raise classify(name, response.status, error, response.headers)
-                self._check(response, streamed)
+                    raise classify(name, conn.status, error, conn.headers)
+                self._check(conn.headers, streamed)
                 yield upstream
+            finally:
+                conn.finish()
+                pool.release(conn)
         finally:
             if not (ended or (upstream is not None and (upstream.ended or upstream.handed_over))):
                 await asyncio.sleep(self.deployment.cancel_grace_s)
 
-    def _check(self, response: aiohttp.ClientResponse, streamed: bool) -> None:
+    def _request(self, url: str, body: bytes) -> bytes:
+        """The whole request: its URL's head, the call's own headers, the body."""
+        head = self._heads.get(url)
+        if head is None:
+            origin, line = split(url)
+            if origin != self._origin:
+                raise ValueError(f"{url!r} is not at the deployment's origin")
+            head = self._heads[url] = line + self._fixed
+        extra = request_headers()
+        own = b"" if extra is None else header_lines(extra)
+        length = b"content-length: %d\r\n\r\n" % len(body)
+        return b"".join((head, own, length, body))
+
+    def _check(self, headers: Mapping[str, str], streamed: bool) -> None:
         """Refuse, before reading it, an answer that announces itself as something else:
         over the size bound, compressed although the gateway asked for identity, or a
         stream that is not an event stream."""
         name, limit = self.deployment.name, self.deployment.max_response_bytes
-        length = response.content_length
-        if length is not None and length > limit:
+        length = headers.get("content-length")
+        if length is not None and int(length) > limit:
             raise malformed(name, f"a Content-Length of {length}, over {limit} bytes")
-        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        encoding = headers.get("content-encoding", "identity").strip().lower()
         if encoding != "identity":
             raise malformed(name, f"a {encoding[:40]!r}-encoded body, not the identity asked for")
-        if streamed and response.content_type != "text/event-stream":
-            raise malformed(name, f"a {response.content_type[:80]!r} body to a stream request")
-
-    def _timeout_within(self, budget_s: float, streamed: bool) -> aiohttp.ClientTimeout:
-        t = self._timeout if streamed else self._unread_timeout
-        if t.total is not None and budget_s >= t.total:
-            return t
-        return aiohttp.ClientTimeout(total=budget_s, connect=t.connect, sock_read=t.sock_read)
+        if streamed:
+            kind = headers.get("content-type", "application/octet-stream")
+            kind = kind.partition(";")[0].strip().lower()
+            if kind != "text/event-stream":
+                raise malformed(name, f"a {kind[:80]!r} body to a stream request")
 
 
 class AdapterResponse:

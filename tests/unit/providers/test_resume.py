@@ -167,11 +167,12 @@ async def test_a_call_ended_to_hand_its_slot_over_keeps_no_grace():
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    deployment = dataclasses.replace(DEPLOYMENT, cancel_grace_s=30.0)
+    base_url = f"http://127.0.0.1:{port}/v1"
+    deployment = dataclasses.replace(DEPLOYMENT, base_url=base_url, cancel_grace_s=30.0)
     transport = Transport(deployment, {})
     await transport.start()
     try:
-        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        url = f"{base_url}/chat/completions"
         async with asyncio.timeout(5):
             async with transport.post(url, b"{}", 10, classify_status, True) as body:
                 chunks: AsyncIterator[bytes] = body.chunks()

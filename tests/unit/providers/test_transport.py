@@ -51,20 +51,21 @@ async def backend() -> AsyncIterator[tuple[ClosingBackend, str]]:
     server = await asyncio.start_server(closing.handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     async with server:
-        yield closing, f"http://127.0.0.1:{port}/v1/chat/completions"
+        yield closing, f"http://127.0.0.1:{port}/v1"
 
 
 async def post_twice(idle_connection_s: float) -> tuple[list[str], ClosingBackend]:
     """Two calls a little more than the backend's keep-alive apart; what each got."""
-    deployment = Deployment(
-        "d", "openai", "http://127.0.0.1:9/v1", "m", None, Timeouts(2, 2, 2), 8, ("p",),
-        idle_connection_s=idle_connection_s,
-    )  # fmt: skip
-    transport = Transport(deployment, {})
-    await transport.start()
     outcomes: list[str] = []
-    try:
-        async with backend() as (closing, url):
+    async with backend() as (closing, base_url):
+        deployment = Deployment(
+            "d", "openai", base_url, "m", None, Timeouts(2, 2, 2), 8, ("p",),
+            idle_connection_s=idle_connection_s,
+        )  # fmt: skip
+        transport = Transport(deployment, {})
+        await transport.start()
+        url = f"{base_url}/chat/completions"
+        try:
             for pause_s in (0.0, BACKEND_KEEP_ALIVE_S + 0.2):
                 await asyncio.sleep(pause_s)
                 try:
@@ -72,8 +73,8 @@ async def post_twice(idle_connection_s: float) -> tuple[list[str], ClosingBacken
                         outcomes.append((await body.read()).decode())
                 except GatewayError as exc:
                     outcomes.append(exc.code)
-    finally:
-        await transport.close()
+        finally:
+            await transport.close()
     return outcomes, closing
 
 
