@@ -87,7 +87,6 @@ def arm(text: str) -> Arm:
     return Arm(name, Path(src).resolve(), int(workers or 1))
 
 
-@contextmanager
 def configured(arms: list[Arm], configs: list[str]) -> list[Arm]:
     """`arms`, those named in `configs` (NAME=FILE) serving that file's config."""
     files = dict(text.split("=", 1) for text in configs)
@@ -100,6 +99,7 @@ def configured(arms: list[Arm], configs: list[str]) -> list[Arm]:
     ]
 
 
+@contextmanager
 def gateways(arms: list[Arm], redis_url: str) -> Iterator[tuple[Child, dict[str, Child], str]]:
     """The simulator and one gateway per arm, all stopped at the end."""
     key = f"sk-bench-{secrets.token_urlsafe(16)}"

@@ -5,7 +5,8 @@ Starts the overhead benchmark's zero-latency simulator and gateway (`sluicegate.
 drives the gateway with the overhead benchmark's load generator, one in flight (`serial`) or
 16 (`closed`), and attaches `py-spy record --pid` to the gateway for the load's duration
 (idle samples left out). Each sample is charged to the innermost
-frame's package (its self time); C code is charged to the Python frame that called it, so
+frame's package (its self time; the gateway's own upstream client, providers/upstream.py,
+counts as the upstream client); C code is charged to the Python frame that called it, so
 a socket write from the HTTP server counts as the HTTP server's.
 
     .venv/bin/python bench/profile_gateway.py --mode plain --load closed --seconds 20
@@ -33,7 +34,7 @@ from sluicegate.bench.procs import GATEWAY_MODEL, services
 
 PARTS = (
     ("HTTP server", ("uvicorn/", "httptools/", "h11/", "starlette/")),
-    ("upstream client", ("aiohttp/", "yarl/", "multidict/", "aiohappyeyeballs/")),
+    ("upstream client", ("aiohttp/", "yarl/", "multidict/", "sluicegate/providers/upstream.py")),
     ("event loop", ("asyncio/", "uvloop/", "selectors.py", "socket.py", "ssl.py")),
     ("metrics", ("prometheus_client/",)),
     ("json and validation", ("orjson", "pydantic", "json/")),

@@ -64,6 +64,10 @@ class Connection(Protocol):
         """Call `on_lost` once when the client goes away (at once if it has gone);
         None stops watching."""
 
+    def hold_head(self) -> None:
+        """The response about to start has its first body bytes in hand: its head waits
+        for them, so that both leave in one write."""
+
 
 class ClientDisconnected(CallerGone):
     """The HTTP client disconnected."""

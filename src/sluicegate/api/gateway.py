@@ -67,6 +67,7 @@ class Exchange:
 
     send: Send
     timeline: Timeline
+    connection: Connection | None = None
     started: bool = False
 
     def timed(self, headers: Headers, now: float) -> Headers:
@@ -85,8 +86,14 @@ class Exchange:
         )
         return [*headers, (b"server-timing", timing)]
 
-    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+    async def start(
+        self, status: int, headers: list[tuple[bytes, bytes]], body_follows: bool = False
+    ) -> None:
+        """`body_follows`: the first body bytes are in hand and sent next, so the head
+        may wait for them (`Connection.hold_head`)."""
         self.started = True
+        if body_follows and self.connection is not None:
+            self.connection.hold_head()
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
 
@@ -141,7 +148,7 @@ class Gateway:
         self, endpoint: Endpoint, scope: Scope, receive: Receive, send: Send
     ) -> None:
         connection: Connection | None = scope.get("extensions", _NO_EXTENSIONS).get(CONNECTION)
-        exchange = Exchange(send, Timeline(self._clock.now()))
+        exchange = Exchange(send, Timeline(self._clock.now()), connection)
         in_flight = self._metrics.in_flight(endpoint.value)
         in_flight.inc()
         task = asyncio.current_task()
@@ -247,13 +254,15 @@ class Gateway:
         if exchange.started:
             await exchange.send({"type": "http.response.body", "body": b""})
         else:
-            await exchange.start(200, exchange.timed(JSON_HEADERS, self._clock.now()))
+            headers = exchange.timed(JSON_HEADERS, self._clock.now())
+            await exchange.start(200, headers, body_follows=True)
             await exchange.send({"type": "http.response.body", "body": body})
 
     async def _relay_stream(self, exchange: Exchange, answer: Answer) -> None:
         """Pass upstream bytes through as they arrive: no buffering, no re-serialisation."""
         send = exchange.send
-        await exchange.start(200, exchange.timed(SSE_HEADERS, self._clock.now()))
+        headers = exchange.timed(SSE_HEADERS, self._clock.now())
+        await exchange.start(200, headers, body_follows=answer.checks is None)
         async for chunk in answer.chunks():
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
 

@@ -25,7 +25,7 @@ from typing import NoReturn, Protocol
 
 import orjson
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from sluicegate.api.asgi import CONNECTION, Handler
 from sluicegate.core.errors import ErrorType
@@ -328,6 +328,14 @@ class GuardedHttp(HttpToolsProtocol):
     def abort(self) -> None:
         self.transport.abort()
 
+    def hold_head(self) -> None:
+        """One segment instead of two for the head and the first body bytes: the client
+        wakes once, and the gateway makes one write. A HEAD answer writes no body, so
+        its head is never held."""
+        cycle = self.cycle
+        if cycle.scope["method"] != "HEAD" and not cycle.response_started:
+            cycle.transport = HeldHead(cycle, self.transport)  # type: ignore[assignment]
+
     def watch(self, on_lost: Callable[[], None] | None) -> None:
         """Reading goes on while a request is watched, as a `receive()` waiting for the
         disconnect would have it: a paused transport would not see the client leave."""
@@ -390,6 +398,42 @@ class GuardedHttp(HttpToolsProtocol):
         if not self.transport.is_closing():
             self.transport.write(head + length + body)
             self.transport.close()
+
+
+class HeldHead:
+    """The transport as one response's cycle sees it while the response's head waits:
+    uvicorn writes the head first, then each body message, so the first write is held
+    and goes out with the second, after which the cycle writes to the transport
+    itself again. Closing sends what is held first."""
+
+    __slots__ = ("_cycle", "_head", "_transport")
+
+    def __init__(self, cycle: RequestResponseCycle, transport: asyncio.Transport) -> None:
+        self._cycle = cycle
+        self._transport = transport
+        self._head: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        head = self._head
+        if head is None:
+            self._head = data
+            return
+        self._release()
+        self._transport.write(head + data)
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def close(self) -> None:
+        head = self._head
+        self._release()
+        if head is not None:
+            self._transport.write(head)
+        self._transport.close()
+
+    def _release(self) -> None:
+        self._head = None
+        self._cycle.transport = self._transport
 
 
 _TOO_LARGE = b"431 Request Header Fields Too Large"

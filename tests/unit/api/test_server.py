@@ -84,6 +84,7 @@ class Loop:
 class Transport:
     def __init__(self) -> None:
         self.written = b""
+        self.writes: list[bytes] = []
         self.closed = self.aborted = False
 
     def get_extra_info(self, name: str, default: object = None) -> object:
@@ -91,6 +92,7 @@ class Transport:
 
     def write(self, data: bytes) -> None:
         self.written += data
+        self.writes.append(data)
 
     def close(self) -> None:
         self.closed = True
@@ -212,6 +214,44 @@ def test_a_watch_begun_on_a_lost_connection_hears_at_once_and_one_ended_hears_no
 def test_uvicorn_rewrites_no_client_address_from_forwarded_headers(loop):
     """Nothing reads it, and the rewrite is a wrapper around every request."""
     assert server_config(answer_at_once, LIMITS).proxy_headers is False
+
+
+def answering(hold: bool, fail_after_head: bool = False):
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        if hold:
+            scope["extensions"][CONNECTION].hold_head()
+        await send({"type": "http.response.start", "status": 200, "headers": EMPTY})
+        if fail_after_head:
+            raise RuntimeError("the app failed after the head")
+        await send({"type": "http.response.body", "body": b""})
+
+    return app
+
+
+@pytest.mark.parametrize(("hold", "writes"), [(True, 1), (False, 2)])
+def test_a_held_head_leaves_with_the_first_body_bytes_in_one_write(loop, hold, writes):
+    protocol, transport = connect(loop, answering(hold))
+    protocol.data_received(REQUEST)
+    loop.run_tasks()
+    assert len(transport.writes) == writes
+    assert transport.written.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert protocol.cycle.transport is transport  # later writes go straight out
+
+
+def test_a_head_answer_never_holds_its_head(loop):
+    protocol, transport = connect(loop, answering(True))
+    protocol.data_received(b"HEAD /v1/x HTTP/1.1\r\nhost: gw\r\n\r\n")
+    loop.run_tasks()
+    assert transport.written.startswith(b"HTTP/1.1 200 OK\r\n")
+
+
+def test_a_held_head_is_sent_before_the_connection_closes(loop):
+    protocol, transport = connect(loop, answering(True, fail_after_head=True))
+    protocol.data_received(REQUEST)
+    loop.run_tasks()
+    assert transport.written.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert transport.closed
 
 
 def test_a_body_is_complete_only_once_its_last_byte_is_in(loop):
