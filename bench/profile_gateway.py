@@ -4,10 +4,11 @@ into the HTTP server, the upstream client, the event loop and the project's own 
 Starts the overhead benchmark's zero-latency simulator and gateway (`sluicegate.bench.procs`),
 drives the gateway with the overhead benchmark's load generator, one in flight (`serial`) or
 16 (`closed`), and attaches `py-spy record --pid` to the gateway for the load's duration
-(idle samples left out). Each sample is charged to the innermost
-frame's package (its self time; the gateway's own upstream client, providers/upstream.py,
-counts as the upstream client); C code is charged to the Python frame that called it, so
-a socket write from the HTTP server counts as the HTTP server's.
+(idle samples left out). Each sample is charged to the innermost frame's package (its
+self time; the gateway's own upstream client, providers/upstream.py, counts as the
+upstream client, and its uvicorn protocol, api/server.py, as the server); C code is
+charged to the Python frame that called it, so a socket write from the HTTP server
+counts as the HTTP server's.
 
     .venv/bin/python bench/profile_gateway.py --mode plain --load closed --seconds 20
 
@@ -33,7 +34,7 @@ from sluicegate.bench.loadgen import LoadGen, Tally, chat_request, make_session
 from sluicegate.bench.procs import GATEWAY_MODEL, services
 
 PARTS = (
-    ("HTTP server", ("uvicorn/", "httptools/", "h11/", "starlette/")),
+    ("HTTP server", ("uvicorn/", "httptools/", "h11/", "sluicegate/api/server.py")),
     ("upstream client", ("aiohttp/", "yarl/", "multidict/", "sluicegate/providers/upstream.py")),
     ("event loop", ("asyncio/", "uvloop/", "selectors.py", "socket.py", "ssl.py")),
     ("metrics", ("prometheus_client/",)),
