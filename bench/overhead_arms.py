@@ -43,7 +43,8 @@ from sluicegate.bench import report
 from sluicegate.bench.args import loop_factory
 from sluicegate.bench.loadgen import LoadGen, Request, chat_request, make_session, poisson_arrivals
 from sluicegate.bench.phases import CLOSED, MODES, POISSON, SERIAL, Bench, Paths, per_round
-from sluicegate.bench.procs import (
+from sluicegate.bench.procs import (  # the load generator's checkout: its private config too
+    _GATEWAY_CONFIG,
     GATEWAY_MODEL,
     KEY_ENV,
     SIM_MODEL,
@@ -53,20 +54,8 @@ from sluicegate.bench.procs import (
     service,
 )
 
-CONFIG = """\
-server: {{max_body_bytes: 4194304}}
-models:
-  - name: {model}
-    deployments:
-      - name: sim
-        provider: openai
-        base_url: ${{{sim_url}}}/v1
-        model: {sim_model}
-        max_connections: 256
-tenants:
-  - name: bench
-    keys: [{{env: {key_env}}}]
-"""
+CONFIG = _GATEWAY_CONFIG.replace("{limits}", "")
+"""The overhead benchmark's own gateway config, as the load generator's checkout has it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +64,7 @@ class Arm:
     src: Path
     workers: int
     config: str = CONFIG.format(
-        model=GATEWAY_MODEL, sim_url=SIM_URL_ENV, sim_model=SIM_MODEL, key_env=KEY_ENV
+        model=GATEWAY_MODEL, sim_url_env=SIM_URL_ENV, sim_model=SIM_MODEL, key_env=KEY_ENV
     )
 
 

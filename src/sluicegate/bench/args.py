@@ -6,6 +6,17 @@ import argparse
 import asyncio
 from collections.abc import Callable, Mapping
 
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def add_workers(parser: argparse.ArgumentParser, above_one: str) -> None:
+    """`--workers` (what a value above 1 measures: `above_one`) and the Redis it needs."""
+    shown = " (default %(default)s)"
+    parser.add_argument(
+        "--workers", type=positive(int), default=1, help=f"above 1: {above_one}" + shown
+    )
+    parser.add_argument("--redis-url", default=REDIS_URL, help="Redis for --workers" + shown)
+
 
 def positive(kind: Callable[[str], float]) -> Callable[[str], float]:
     def parse(text: str) -> float:

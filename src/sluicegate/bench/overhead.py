@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sluicegate.bench import report
-from sluicegate.bench.args import add_sized, loop_factory, positive, sized_values
+from sluicegate.bench.args import add_sized, add_workers, loop_factory, positive, sized_values
 from sluicegate.bench.loadgen import (
     LoadGen,
     Request,
@@ -54,7 +54,6 @@ from sluicegate.bench.procs import (
 FULL = {"requests": 300, "warmup": 30, "duration": 8.0, "rounds": 4}
 QUICK = {"requests": 100, "warmup": 10, "duration": 1.5, "rounds": 2}
 DEFAULT_OUT = "bench/results/overhead.json"
-REDIS_URL = "redis://127.0.0.1:6379/0"
 SIZED = {
     "requests": (int, "serial requests per path and mode"),
     "warmup": (int, "discarded warm-up requests per path and mode"),
@@ -99,13 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--seed", type=int, default=1, help="seed of the Poisson arrivals" + shown)
     add("--quick", action="store_true", help="a short run, for the smoke test")
     add("--out", type=Path, default=Path(DEFAULT_OUT), help="JSON results file" + shown)
-    add(
-        "--workers",
-        type=positive(int),
-        default=1,
-        help="above 1: measure one worker, then `serve --workers N`, both on Redis" + shown,
-    )
-    add("--redis-url", default=REDIS_URL, help="Redis for --workers" + shown)
+    add_workers(parser, "measure one worker, then `serve --workers N`, both on Redis")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -25,7 +25,7 @@ import aiohttp
 import orjson
 
 from sluicegate.bench import report
-from sluicegate.bench.args import add_sized, loop_factory, positive, sized_values
+from sluicegate.bench.args import add_sized, add_workers, loop_factory, positive, sized_values
 from sluicegate.bench.loadgen import LoadGen, Request, Tally, chat_request, make_session
 from sluicegate.bench.phases import CLOSED, SERIAL
 from sluicegate.bench.procs import (
@@ -52,7 +52,6 @@ PROMPT_CHARS = 400
 MAX_TOKENS = 16
 CLIENT_P99_MS = 2.0
 CPU_PER_REFUSAL_MS = 1.0
-REDIS_URL = "redis://127.0.0.1:6379/0"
 HELD = 1
 """Requests the gateway admits on purpose: the one hung at the simulator."""
 SETTLE_TIMEOUT_S = 10.0
@@ -200,13 +199,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--concurrency", type=positive(int), default=16, help="closed-loop workers" + shown)
     add("--quick", action="store_true", help="a short run, for the smoke test")
     add("--out", type=Path, default=Path(DEFAULT_OUT), help="JSON results file" + shown)
-    add(
-        "--workers",
-        type=positive(int),
-        default=1,
-        help="above 1: `serve --workers N` on Redis, whose limits every worker shares" + shown,
-    )
-    add("--redis-url", default=REDIS_URL, help="Redis for --workers" + shown)
+    add_workers(parser, "`serve --workers N` on Redis, whose limits every worker shares")
 
 
 def run(args: argparse.Namespace) -> int:
