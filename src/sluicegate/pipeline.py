@@ -19,7 +19,6 @@ import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, NamedTuple
 
@@ -32,6 +31,7 @@ from sluicegate.admission.estimate import (
     output_tokens,
     prompt_tokens,
 )
+from sluicegate.answer import Answer, Held, Started
 from sluicegate.core.call import Bill, Call, Tally
 from sluicegate.core.clock import Clock, sleep_until, timeout_at
 from sluicegate.core.errors import (
@@ -60,7 +60,7 @@ from sluicegate.observability.metrics import UNKNOWN_MODEL, GatewayMetrics
 from sluicegate.observability.slo import SloAccounts
 from sluicegate.observability.tracing import NO_SPAN, Spans
 from sluicegate.providers.base import Provider, UpstreamResponse, timed_out
-from sluicegate.providers.resume import Relay, continuation, resumable, without_opening
+from sluicegate.providers.resume import continuation, resumable
 from sluicegate.scheduling.attempt import Attempt, Target, patience_s
 from sluicegate.scheduling.dispatcher import Dispatcher
 from sluicegate.scheduling.handover import Giver
@@ -341,7 +341,7 @@ class Pipeline:
             if giver is not None:
                 dispatcher.may_give(attempt, giver)
 
-    async def _first_answer(self, call: Call, avoid: frozenset[str], trail: list[str]) -> _Started:
+    async def _first_answer(self, call: Call, avoid: frozenset[str], trail: list[str]) -> Started:
         """An attempt whose first bytes have arrived, after as many attempts as the route
         allows. An attempt that fails before that (connection, timeout, 5xx, throttling,
         a context window too small) releases its permits, and the next one re-enters the
@@ -368,7 +368,7 @@ class Pipeline:
         assert failure is not None
         raise failure
 
-    async def _race(self, call: Call, number: int, tried: set[str], trail: list[str]) -> _Started:
+    async def _race(self, call: Call, number: int, tried: set[str], trail: list[str]) -> Started:
         """One attempt, or two when the route hedges (see `Hedging`)."""
         hedge_after = call.route.hedge_after_s
         if hedge_after is None or len(call.model.deployments) < 2 or call.resumed:
@@ -377,17 +377,17 @@ class Pipeline:
         return await self._hedging.race(
             lambda hedge: self._start(call, number, tried, trail, hedge),
             patience_s(call, hedge_after, per_token),
-            _Started.discard,
+            Started.discard,
         )
 
     async def _start(
         self, call: Call, number: int, tried: set[str], trail: list[str], hedge: bool = False
-    ) -> _Started:
+    ) -> Started:
         """One attempt up to its first bytes. Whatever it took is released if it fails or
-        is cancelled; on success the caller owns what it holds (`_Held`)."""
+        is cancelled; on success the caller owns what it holds (`Held`)."""
         dispatcher = self._dispatchers[call.model.name]
         attempt = Attempt(call, number, frozenset(tried), hedge=hedge)
-        held = _Held(dispatcher.release, attempt)
+        held = Held(dispatcher.release, attempt)
         try:
             with self._spans.queue(call, number):
                 await dispatcher.acquire(attempt)
@@ -402,13 +402,13 @@ class Pipeline:
             except GatewayError as err:
                 attempt.end(err)
                 raise _Failed(err, await self._worth_another(attempt, err, tried)) from None
-            return _Started(held, attempt, answer)
+            return Started(held, attempt, answer)
         except BaseException as err:
             attempt.end(err)
             await held.aclose()
             raise
 
-    async def _first_bytes(self, held: _Held, attempt: Attempt, target: Target) -> Answer:
+    async def _first_bytes(self, held: Held, attempt: Attempt, target: Target) -> Answer:
         call, deployment = attempt.call, target.deployment
         attempt.body = body_for(call, deployment, self._top_priority)
         t = deployment.timeouts
@@ -436,7 +436,7 @@ class Pipeline:
             raise
         return answer
 
-    async def _resume(self, call: Call, text: str, produced: int) -> _Started:
+    async def _resume(self, call: Call, text: str, produced: int) -> Started:
         """The rest of `call`'s answer after `text` (`produced` tokens), whose stream gave
         its slot away: a request of its own, first among those beyond their share."""
         rest = call._replace(
@@ -600,17 +600,6 @@ def _retrieved(task: asyncio.Task[Any]) -> None:
         task.exception()
 
 
-async def _counted(chunks: AsyncIterator[bytes], attempt: Attempt) -> AsyncIterator[bytes]:
-    """A priced stream's chunks, its events counted as they pass: its output, should it
-    end without the provider's usage."""
-    try:
-        async for chunk in chunks:
-            attempt.relayed += chunk.count(b"data:")
-            yield chunk
-    finally:
-        await chunks.aclose()  # type: ignore[attr-defined]
-
-
 def _ms(seconds: float) -> float:
     return round(seconds * 1000, 1)
 
@@ -720,61 +709,8 @@ def _status(error: BaseException | None) -> int:
     return 500
 
 
-@dataclass(slots=True)
-class _Started:
-    """An attempt whose first bytes arrived: its grant and upstream call are `held`."""
-
-    held: _Held
-    attempt: Attempt
-    answer: Answer
-
-    async def discard(self) -> None:
-        """Nobody will read this answer (a hedge that lost): end it as abandoned."""
-        self.attempt.end(asyncio.CancelledError())
-        await self.held.aclose()
-
-
-class _Held:
-    """What one attempt holds: its dispatcher grant (once `granted`) and its upstream
-    call (once opened), released in reverse order exactly once, the grant even when
-    ending the call fails. Two fixed parts, so a plain class rather than an exit stack:
-    every attempt makes one."""
-
-    __slots__ = ("_attempt", "_opened", "_release", "granted")
-
-    def __init__(self, release: Callable[[Attempt], Awaitable[None]], attempt: Attempt) -> None:
-        self._release = release
-        self._attempt = attempt
-        self._opened: _Opened | None = None
-        self.granted = False
-
-    async def open(self, opened: _Opened) -> UpstreamResponse:
-        upstream = await opened.__aenter__()
-        self._opened = opened
-        return upstream
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> bool | None:
-        opened, self._opened = self._opened, None
-        granted, self.granted = self.granted, False
-        try:
-            if opened is not None:
-                return await opened.__aexit__(exc_type, exc, traceback)
-            return None
-        finally:
-            if granted:
-                await self._release(self._attempt)
-
-    async def aclose(self) -> None:
-        await self.__aexit__(None, None, None)
-
-
 class _Opened:
-    """An attempt's upstream call, held by its `_Held`: when it ends, the
+    """An attempt's upstream call, held by its `Held`: when it ends, the
     attempt takes the tokens the deployment reported (spend settles them), and a
     failure of the deployment, at the start or while the answer is read, is counted.
     A class rather than a generator-based context manager: every attempt enters one."""
@@ -831,165 +767,3 @@ class _Failed(Exception):
         super().__init__(error.message)
         self.error = error
         self.worth_another = worth_another
-
-
-class Answer:
-    """An upstream answer whose first bytes are in hand: from here on no retry can happen
-    without the client seeing it. A stream that may give its slot away (`gives`) offers
-    it to its dispatcher through a `Giver`; asked, it goes on from a new attempt, its
-    caller seeing a pause between two whole events (`providers.resume`); `part` holds
-    the current attempt's permits and upstream, released when the answer ends. The last
-    attempt's usage is the request's own (the answer before the pause counted as its
-    prompt), what its quotas settle on; the prefill again is the hand-over's cost, not
-    the caller's."""
-
-    __slots__ = (
-        "_before",
-        "_body",
-        "_clock",
-        "_first",
-        "_on_first",
-        "_rest",
-        "_resume",
-        "_upstream",
-        "attempt",
-        "checked_s",
-        "checks",
-        "giver",
-        "opened",
-        "part",
-        "primed_s",
-    )
-
-    def __init__(
-        self,
-        upstream: UpstreamResponse,
-        attempt: Attempt,
-        clock: Clock,
-        on_first: Callable[[Attempt, Giver | None], None],
-        resume: Callable[[Call, str, int], Awaitable[_Started]],
-        gives: bool = False,
-    ) -> None:
-        self._upstream = upstream
-        self.attempt = attempt
-        self.opened = attempt
-        """The attempt whose first bytes the caller got: the request's timings are its."""
-        self._clock = clock
-        self._on_first = on_first
-        self._resume = resume
-        self._body = b""
-        self._first = b""
-        self._rest: AsyncIterator[bytes] | None = None
-        self.giver = Giver() if gives else None
-        """The current stream's side of a hand-over, while it may give its slot away."""
-        self.part: _Held | None = None
-        self._before = 0
-        """Tokens the parts before the current one produced."""
-        self.primed_s: float | None = None
-        """When the deployment's first bytes (a non-streamed answer's whole body) were
-        in hand."""
-        self.checks: OutputChecks | None = None
-        """The guardrails the answer must pass before its caller gets it; None: none."""
-        self.checked_s: float | None = None
-        """When a non-streamed answer passed them."""
-
-    async def __aenter__(self) -> Answer:
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> bool | None:
-        assert self.part is not None
-        return await self.part.__aexit__(*exc_info)
-
-    @property
-    def call(self) -> Call:
-        return self.attempt.call
-
-    @property
-    def upstream(self) -> UpstreamResponse:
-        return self._upstream
-
-    async def prime(self) -> None:
-        attempt = self.attempt
-        if attempt.call.stream:
-            chunks = self._upstream.chunks()
-            priced = attempt.call.bill is not None
-            # A stream that may be handed over is relayed through `Relay`: counted by a
-            # layer of its own; any other is counted where `chunks` relays it.
-            self._rest = _counted(chunks, attempt) if priced and self.giver else chunks
-            self._first = await anext(self._rest)
-            if priced and not self.giver:
-                attempt.relayed += self._first.count(b"data:")
-            self.primed_s = self._clock.now()
-        else:
-            self._body = await self._upstream.read()
-            self.primed_s = self.attempt.first_byte_s = self._clock.now()
-
-    async def read(self) -> bytes:
-        checks = self.checks
-        if checks is None:
-            return self._body
-        body = await checks.body(self._body)
-        self.checked_s = self._clock.now()
-        return body
-
-    def produced(self) -> int | None:
-        """The answer's completion tokens over all its parts; None while unknown."""
-        produced = self.attempt.produced()
-        return None if produced is None else self._before + produced
-
-    def chunks(self) -> AsyncIterator[bytes]:
-        """The stream as it arrives, through its guardrails when it has any."""
-        checks = self.checks
-        if checks is None:
-            return self._chunks()
-        return checks.stream(self._chunks())
-
-    async def _chunks(self) -> AsyncIterator[bytes]:
-        """The stream as it arrives; its first byte is timed as it is handed over."""
-        self.attempt.first_byte_s = self._clock.now()
-        self._on_first(self.attempt, self.giver)
-        first = self._first
-        while True:
-            rest, giver = self._rest, self.giver
-            assert rest is not None, "chunks() of a non-streamed answer"
-            if first:
-                yield first
-            if giver is None:
-                attempt = self.attempt
-                if attempt.call.bill is None:
-                    async for chunk in rest:
-                        yield chunk
-                    return
-                async for chunk in rest:
-                    attempt.relayed += chunk.count(b"data:")
-                    yield chunk
-                return
-            relay = Relay(giver, first)
-            async for chunk in relay.chunks(rest):
-                yield chunk
-            if relay.handing_over is None:
-                return
-            first = await self._go_on(*relay.handing_over)
-
-    async def _go_on(self, text: str, produced: int) -> bytes:
-        """End this part where the caller's stream stands, after `text` (`produced`
-        tokens), and continue in a new attempt: the first bytes of its stream, less the
-        opening the caller already had."""
-        attempt, upstream, part = self.attempt, self._upstream, self.part
-        assert part is not None
-        assert self._rest is not None
-        upstream.used_tokens = attempt.call.prompt_tokens + produced
-        upstream.completion_tokens = produced
-        self._before = produced
-        upstream.hand_over()
-        await self._rest.aclose()
-        attempt.end(asyncio.CancelledError())
-        await part.aclose()
-        started = await self._resume(attempt.call, text, produced)
-        rest = started.answer
-        self.part, self.attempt = started.held, started.attempt
-        self._upstream, self._rest = rest._upstream, rest._rest
-        self.attempt.first_byte_s = self._clock.now()
-        self.giver = None
-        self._on_first(self.attempt, None)
-        return without_opening(rest._first)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sluicegate.pipeline import _Held
+from sluicegate.answer import Held
 
 
 class Opened:
@@ -21,11 +21,11 @@ class Opened:
             raise RuntimeError("closing failed")
 
 
-def held(log: list[str]) -> _Held:
+def held(log: list[str]) -> Held:
     async def release(attempt: object) -> None:
         log.append(f"released {attempt}")
 
-    return _Held(release, "a")  # type: ignore[arg-type]
+    return Held(release, "a")  # type: ignore[arg-type]
 
 
 async def test_the_call_ends_before_the_grant_and_both_only_once():

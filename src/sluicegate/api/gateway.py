@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from sluicegate.answer import Answer
 from sluicegate.api.asgi import (
     CLOSE,
     CONNECTION,
@@ -48,7 +49,7 @@ from sluicegate.core.refusals import Refusal
 from sluicegate.core.slo import Timeline
 from sluicegate.core.types import Endpoint, Settings, Tenant
 from sluicegate.observability.metrics import GatewayMetrics
-from sluicegate.pipeline import Answer, Inbound, Pipeline
+from sluicegate.pipeline import Inbound, Pipeline
 from sluicegate.providers.sse import frame
 
 log = logging.getLogger("sluicegate")
