@@ -1,13 +1,11 @@
 """The hot path's HTTP/1.1 client: one connection pool per deployment, one POST per attempt.
 
-Every request the gateway serves makes one upstream call, and a general client costs that
-call more than the gateway's own work around it: aiohttp's spends about a quarter of the
-gateway's instructions per request on what a call to one known origin never uses (a
-timer per timeout per request, a write task, header merging, cookie, redirect and proxy
-machinery). This client does only what `Transport` needs, on asyncio protocols and
-httptools' parser, and measured far cheaper (docs/benchmarks.md, "The upstream client
-(issue 56)"). Calls off the per-request path (backend metrics, guardrail checkers) keep
-aiohttp.
+Every request the gateway serves makes one upstream call. A general client spends much
+of that call on what a call to one known origin never uses (a timer per timeout per
+request, a write task, header merging, cookie, redirect and proxy machinery); this
+client does only what `Transport` needs, on asyncio protocols and httptools' parser
+(the measured difference: docs/benchmarks.md). Calls off the per-request path (backend
+metrics, guardrail checkers) keep aiohttp.
 
 Every peer may be hostile: the head's size and header count are bounded, bytes read ahead
 of the consumer are bounded (reading pauses), each call has one deadline and a stream a
